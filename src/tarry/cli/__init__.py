@@ -1,0 +1,1 @@
+"""(package docstring to be written with its first module)"""

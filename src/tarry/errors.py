@@ -1,0 +1,183 @@
+"""tarry's error types: one registry of stable codes shared by the server, the client and the CLI.
+
+Hierarchy::
+
+    TarryError
+    ├── InvalidArgument        invalid_argument      400
+    ├── ExpiryError            expiry_error          400
+    ├── OptionsError           options_error         400
+    ├── Unauthenticated        unauthenticated       401
+    ├── NotAuthorized          not_authorized        403
+    ├── NotFound               not_found             404
+    ├── UnknownDestination     unknown_destination   404
+    ├── PutDisabled            put_disabled          409
+    ├── NotCancellable         not_cancellable       409
+    ├── PreconditionFailed     precondition_failed   409
+    ├── MessageTooLarge        message_too_large     413
+    ├── DestinationFull        destination_full      429
+    ├── Unavailable            unavailable           503
+    └── DeliveryFailed         delivery_failed       502 (raised by transports, never to producers)
+
+Each subclass registers itself under its ``code`` so that a code read off the wire (an HTTP
+error body, an AMQP header, a Spark rejects row) turns back into the same class.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "DeliveryFailed",
+    "DestinationFull",
+    "ExpiryError",
+    "InvalidArgument",
+    "MessageTooLarge",
+    "NotAuthorized",
+    "NotCancellable",
+    "NotFound",
+    "OptionsError",
+    "PreconditionFailed",
+    "PutDisabled",
+    "TarryError",
+    "Unauthenticated",
+    "Unavailable",
+    "UnknownDestination",
+    "error_class_for",
+    "registered_codes",
+]
+
+_REGISTRY: dict[str, type[TarryError]] = {}
+
+
+class TarryError(Exception):
+    """Base of every error tarry reports; carries a stable ``code`` and an HTTP status."""
+
+    code: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            _REGISTRY[cls.code] = cls
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message}
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class InvalidArgument(TarryError):
+    """Raised when a request field is missing, malformed or out of range."""
+
+    code = "invalid_argument"
+    http_status = 400
+
+
+class ExpiryError(TarryError):
+    """Raised when a message's time-to-live ends before its delivery time (IBM MQ 2013)."""
+
+    code = "expiry_error"
+    http_status = 400
+
+
+class OptionsError(TarryError):
+    """Raised when options cannot be combined, e.g. a group or retained message with a delay."""
+
+    code = "options_error"
+    http_status = 400
+
+
+class Unauthenticated(TarryError):
+    """Raised when a request carries no bearer token, or an unknown one, and tokens are required."""
+
+    code = "unauthenticated"
+    http_status = 401
+
+
+class NotAuthorized(TarryError):
+    """Raised when the token lacks the permission for this destination and action."""
+
+    code = "not_authorized"
+    http_status = 403
+
+
+class NotFound(TarryError):
+    """Raised when a message, queue, topic or policy of that name or id does not exist."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class UnknownDestination(TarryError):
+    """Raised when a message is sent to a destination that was never declared."""
+
+    code = "unknown_destination"
+    http_status = 404
+
+
+class PutDisabled(TarryError):
+    """Raised when the destination queue is put-disabled (IBM MQ 2051)."""
+
+    code = "put_disabled"
+    http_status = 409
+
+
+class NotCancellable(TarryError):
+    """Raised when a message has left the ``scheduled`` state and can no longer be changed."""
+
+    code = "not_cancellable"
+    http_status = 409
+
+
+class PreconditionFailed(TarryError):
+    """Raised when a queue or topic is re-declared with different arguments."""
+
+    code = "precondition_failed"
+    http_status = 409
+
+
+class MessageTooLarge(TarryError):
+    """Raised when the body is larger than the destination's ``max_message_bytes``."""
+
+    code = "message_too_large"
+    http_status = 413
+
+
+class DestinationFull(TarryError):
+    """Raised when the destination queue is at ``max_length`` with ``overflow = reject_publish``."""
+
+    code = "destination_full"
+    http_status = 429
+
+
+class Unavailable(TarryError):
+    """Raised when the store cannot accept writes now; nothing of the request was stored."""
+
+    code = "unavailable"
+    http_status = 503
+
+
+class DeliveryFailed(TarryError):
+    """Raised by a transport when the destination did not accept a message."""
+
+    code = "delivery_failed"
+    http_status = 502
+
+    def __init__(self, message: str, *, reason: str = "delivery_failed", **details: Any) -> None:
+        super().__init__(message, **details)
+        self.reason = reason
+
+
+def error_class_for(code: str) -> type[TarryError]:
+    """The registered class for ``code``; unknown codes map to the base ``TarryError``."""
+    return _REGISTRY.get(code, TarryError)
+
+
+def registered_codes() -> frozenset[str]:
+    return frozenset(_REGISTRY)

@@ -1,0 +1,181 @@
+"""The message model: what a producer asks for (``SendRequest``), what validation decides
+(``SendPlan``), and what tarry keeps (``Message``, with its ``Death`` records)."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tarry.model.state import MessageState
+
+__all__ = [
+    "MAX_DELAY_MS",
+    "Death",
+    "DeathReason",
+    "Message",
+    "Report",
+    "SendPlan",
+    "SendRequest",
+    "Undeliverable",
+]
+
+#: 2^28 − 1 seconds (about 8.5 years): the span of the 28-level RabbitMQ delay topology.
+MAX_DELAY_MS = ((1 << 28) - 1) * 1000
+
+
+class Report(StrEnum):
+    #: A report to ``reply_to`` when the message expires before a consumer takes it.
+    EXPIRATION = "expiration"
+    #: A report to ``reply_to`` when the message cannot be delivered to its destination.
+    EXCEPTION = "exception"
+
+
+class Undeliverable(StrEnum):
+    #: Move an undeliverable or expired message to a dead-letter queue (the default).
+    DEAD_LETTER = "dead_letter"
+    #: Throw it away (IBM MQ's ``MQRO_DISCARD_MSG``).
+    DISCARD = "discard"
+
+
+class DeathReason(StrEnum):
+    EXPIRED = "expired"
+    REJECTED = "rejected"
+    MAXLEN = "maxlen"
+    DELIVERY_FAILED = "delivery_failed"
+
+
+@dataclass(slots=True)
+class Death:
+    """One entry of a message's ``deaths``: one per (queue, reason) pair, newest first, as in
+    RabbitMQ's ``x-death``; ``time_ms`` is the first death for the pair."""
+
+    reason: DeathReason
+    queue: str
+    time_ms: int
+    count: int
+    destination: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason.value,
+            "queue": self.queue,
+            "time": self.time_ms,
+            "count": self.count,
+            "destination": self.destination,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Death:
+        return cls(
+            reason=DeathReason(data["reason"]),
+            queue=data["queue"],
+            time_ms=int(data["time"]),
+            count=int(data["count"]),
+            destination=data["destination"],
+        )
+
+
+@dataclass(slots=True)
+class SendRequest:
+    """A send as a producer states it, after syntax parsing, before any rule is checked."""
+
+    destination: str
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_ms: int | None = None
+    deliver_at_ms: int | None = None
+    ttl_ms: int | None = None
+    message_id: str | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    report: frozenset[Report] = frozenset()
+    on_undeliverable: Undeliverable = Undeliverable.DEAD_LETTER
+    group_id: str | None = None
+    retain: bool = False
+    persistent: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SendPlan:
+    """What validation decided: when the message was sent, falls due and expires."""
+
+    request: SendRequest
+    sent_at_ms: int
+    deliver_at_ms: int
+    expires_at_ms: int | None
+
+    @property
+    def delayed(self) -> bool:
+        return self.deliver_at_ms > self.sent_at_ms
+
+
+@dataclass(slots=True)
+class Message:
+    """A message as tarry keeps it. One row of the store; one copy per topic subscriber."""
+
+    id: str
+    destination: str
+    body: bytes
+    headers: dict[str, str]
+    sent_at_ms: int
+    deliver_at_ms: int
+    expires_at_ms: int | None
+    state: MessageState = MessageState.SCHEDULED
+    message_id: str | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    report: frozenset[Report] = frozenset()
+    on_undeliverable: Undeliverable = Undeliverable.DEAD_LETTER
+    persistent: bool = True
+    #: The topic a copy was fanned out from, if any.
+    topic: str | None = None
+    #: Failed delivery attempts so far (the MSMQ store's ``RetryCount``).
+    failures: int = 0
+    last_error: str | None = None
+    deaths: list[Death] = field(default_factory=list)
+    #: Set once the message is in a local queue.
+    queue: str | None = None
+    enqueued_at_ms: int | None = None
+    #: The earlier of the message's own expiry and the queue's TTL, fixed on entering the queue.
+    queue_expires_at_ms: int | None = None
+    redelivered: bool = False
+    delivery_count: int = 0
+    #: When the last state change happened (release, receive, ack, ...).
+    updated_at_ms: int = 0
+
+    @property
+    def body_text(self) -> str | None:
+        try:
+            return self.body.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    @property
+    def body_base64(self) -> str:
+        return base64.b64encode(self.body).decode("ascii")
+
+    def to_public(self) -> dict[str, Any]:
+        """The message's metadata and state as the HTTP API shows it."""
+        return {
+            "id": self.id,
+            "destination": self.destination,
+            "topic": self.topic,
+            "state": self.state.value,
+            "deliver_at": self.deliver_at_ms,
+            "expires_at": self.expires_at_ms,
+            "sent_at": self.sent_at_ms,
+            "message_id": self.message_id,
+            "correlation_id": self.correlation_id,
+            "reply_to": self.reply_to,
+            "report": sorted(r.value for r in self.report),
+            "on_undeliverable": self.on_undeliverable.value,
+            "headers": dict(self.headers),
+            "size": len(self.body),
+            "failures": self.failures,
+            "last_error": self.last_error,
+            "deaths": [d.to_dict() for d in self.deaths],
+            "queue": self.queue,
+            "redelivered": self.redelivered,
+        }

@@ -1,0 +1,118 @@
+"""Time: the only module that reads the wall clock, plus duration and RFC 3339 parsing.
+
+Inside tarry every instant is an ``int`` of milliseconds since the Unix epoch and every span an
+``int`` of milliseconds; names carry the unit (``deliver_at_ms``, ``ttl_ms``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import UTC, datetime
+from typing import Protocol
+
+from tarry.errors import InvalidArgument
+
+__all__ = [
+    "Clock",
+    "ManualClock",
+    "SystemClock",
+    "format_duration_ms",
+    "format_rfc3339",
+    "parse_duration_ms",
+    "parse_instant_ms",
+]
+
+
+class Clock(Protocol):
+    """Tells the current time; injected wherever "due" or "expired" is decided."""
+
+    def now_ms(self) -> int: ...
+
+
+class SystemClock:
+    """The machine's wall clock, in epoch milliseconds."""
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+
+class ManualClock:
+    """A clock that moves only when a test moves it."""
+
+    def __init__(self, now_ms: int = 1_700_000_000_000) -> None:
+        self._now_ms = now_ms
+
+    def now_ms(self) -> int:
+        return self._now_ms
+
+    def set(self, now_ms: int) -> None:
+        self._now_ms = now_ms
+
+    def advance(self, ms: int) -> None:
+        self._now_ms += ms
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str | int, *, field: str = "duration") -> int:
+    """Read ``250ms``, ``5s``, ``1.5s``, ``10m``, ``2h``, ``3d`` (a bare number is milliseconds)."""
+    if isinstance(text, bool):
+        raise InvalidArgument(f"{field} must be a duration such as 250ms, 5s, 10m, 2h or 3d")
+    if isinstance(text, int):
+        if text < 0:
+            raise InvalidArgument(f"{field} ({text}) must not be negative")
+        return text
+    match = _DURATION.match(text)
+    if match is None:
+        raise InvalidArgument(
+            f"{field} {text!r} is not a duration; write it as 250ms, 5s, 10m, 2h or 3d"
+        )
+    number, unit = match.groups()
+    ms = float(number) * _UNIT_MS[unit or "ms"]
+    if ms != int(ms):
+        raise InvalidArgument(f"{field} {text!r} is finer than 1 ms; round it to whole ms")
+    return int(ms)
+
+
+def format_duration_ms(ms: int) -> str:
+    for unit in ("d", "h", "m", "s"):
+        size = _UNIT_MS[unit]
+        if ms >= size and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def parse_instant_ms(value: str | int, *, field: str = "time") -> int:
+    """An instant given as epoch milliseconds or as an RFC 3339 string (``2027-03-01T09:00Z``)."""
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{field} must be epoch milliseconds or an RFC 3339 time")
+    if isinstance(value, int):
+        if value < 0:
+            raise InvalidArgument(f"{field} ({value}) must not be before 1970")
+        return value
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{field} must be epoch milliseconds or an RFC 3339 time")
+    text = value.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        parsed = datetime.fromisoformat(text.replace("z", "Z"))
+    except ValueError:
+        raise InvalidArgument(
+            f"{field} {value!r} is not an RFC 3339 time; write e.g. 2027-03-01T09:00:00Z"
+        ) from None
+    if parsed.tzinfo is None:
+        raise InvalidArgument(
+            f"{field} {value!r} has no time zone; add Z or an offset such as +01:00"
+        )
+    delta = parsed - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000 + delta.microseconds // 1_000
+
+
+def format_rfc3339(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z"
+    )

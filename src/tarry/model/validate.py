@@ -1,0 +1,330 @@
+"""The one place that knows the send-time rules. The HTTP API, the AMQP ingress, the Spark import
+and the CLI (through the server) all end here.
+
+Rules, in the order they are checked (the first that fails is reported):
+
+1. syntax: field types, names, sizes of ids, ``delay_ms`` xor ``deliver_at``,
+   ``report`` needs ``reply_to``                                          → ``invalid_argument``
+2. ``group_id`` or ``retain`` together with a non-zero delay              → ``options_error``
+3. the delay is at most 2^28 − 1 s                                        → ``invalid_argument``
+4. ``ttl_ms < delay_ms`` (both non-zero)                                  → ``expiry_error``
+5. the token may send to the destination                                  → ``not_authorized``
+6. the destination exists                                                 → ``unknown_destination``
+7. every target queue is put-enabled                                      → ``put_disabled``
+8. the body fits the server's and every target queue's limit              → ``message_too_large``
+9. no target queue is full under ``overflow = reject_publish``            → ``destination_full``
+
+A topic's targets are its subscribed queues at send time (JMS: only subscriptions that exist at
+send); the publish is refused as a whole when any copy would be.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tarry.errors import (
+    DestinationFull,
+    ExpiryError,
+    InvalidArgument,
+    MessageTooLarge,
+    NotAuthorized,
+    OptionsError,
+    PutDisabled,
+    UnknownDestination,
+)
+from tarry.model.message import MAX_DELAY_MS, Report, SendPlan, SendRequest, Undeliverable
+from tarry.model.time import parse_instant_ms
+
+__all__ = [
+    "DestinationView",
+    "SendLimits",
+    "TargetView",
+    "check_name",
+    "parse_send",
+    "validate_send",
+]
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:@/\-]{0,199}$")
+_MAX_ID_CHARS = 256
+_MAX_HEADERS = 256
+_MAX_HEADER_CHARS = 4096
+
+SEND_FIELDS = frozenset(
+    {
+        "destination", "body", "body_base64", "headers", "delay_ms", "deliver_at", "ttl_ms",
+        "message_id", "correlation_id", "reply_to", "report", "on_undeliverable", "group_id",
+        "retain", "persistent",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SendLimits:
+    """Server-wide limits that apply to every send."""
+
+    max_message_bytes: int = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TargetView:
+    """What the rules need to know of one queue a send would land in."""
+
+    name: str
+    put_enabled: bool = True
+    max_message_bytes: int | None = None
+    #: True when the queue is at ``max_length`` and its overflow is ``reject_publish``.
+    full: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationView:
+    """A destination as the rules see it: ``kind`` is None when it does not exist."""
+
+    name: str
+    kind: str | None
+    targets: tuple[TargetView, ...] = ()
+
+
+def check_name(name: object, *, field: str = "name") -> str:
+    """A queue, topic or destination name: 1–200 of letters, digits and ``._:@/-``."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidArgument(
+            f"{field} {name!r} is not a valid name; use 1 to 200 letters, digits or . _ : @ / -, "
+            "not starting with a punctuation mark"
+        )
+    return name
+
+
+def _opt_str(data: Mapping[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > _MAX_ID_CHARS:
+        raise InvalidArgument(f"{key} must be a non-empty string of at most {_MAX_ID_CHARS} chars")
+    return value
+
+
+def _opt_int(data: Mapping[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{key} must be a whole number of milliseconds, got {value!r}")
+    if value < 0:
+        raise InvalidArgument(f"{key} ({value}) must not be negative")
+    return value
+
+
+def _bool(data: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = data.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+def _headers(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidArgument("headers must be an object of string keys to string values")
+    if len(value) > _MAX_HEADERS:
+        raise InvalidArgument(f"headers has {len(value)} entries; at most {_MAX_HEADERS} allowed")
+    headers: dict[str, str] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key or not isinstance(item, str):
+            raise InvalidArgument(
+                f"header {key!r} must map a non-empty string key to a string value"
+            )
+        if len(key) + len(item) > _MAX_HEADER_CHARS:
+            raise InvalidArgument(f"header {key!r} is longer than {_MAX_HEADER_CHARS} characters")
+        headers[key] = item
+    return headers
+
+
+def _body(data: Mapping[str, Any]) -> bytes:
+    text, encoded = data.get("body"), data.get("body_base64")
+    if text is not None and encoded is not None:
+        raise InvalidArgument("give body or body_base64, not both")
+    if encoded is not None:
+        if not isinstance(encoded, str):
+            raise InvalidArgument("body_base64 must be a base64 string")
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidArgument("body_base64 is not valid base64") from None
+    if text is None:
+        return b""
+    if isinstance(text, bytes):
+        return text
+    if not isinstance(text, str):
+        raise InvalidArgument("body must be UTF-8 text; send binary data as body_base64")
+    return text.encode("utf-8")
+
+
+def _report(value: Any) -> frozenset[Report]:
+    if value is None:
+        return frozenset()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple | set | frozenset):
+        raise InvalidArgument("report must be a list of 'expiration' and/or 'exception'")
+    try:
+        return frozenset(Report(v) for v in value)
+    except ValueError:
+        raise InvalidArgument(
+            f"report {value!r} names an unknown report; use 'expiration' and/or 'exception'"
+        ) from None
+
+
+def parse_send(data: Mapping[str, Any]) -> SendRequest:
+    """Turn a JSON-shaped send (HTTP body, AMQP headers, a Spark row) into a ``SendRequest``.
+
+    Checks only syntax; ``validate_send`` applies the rules."""
+    if not isinstance(data, Mapping):
+        raise InvalidArgument("a message must be a JSON object")
+    unknown = set(data) - SEND_FIELDS
+    if unknown:
+        raise InvalidArgument(
+            f"unknown message field(s) {', '.join(sorted(unknown))}; "
+            f"allowed: {', '.join(sorted(SEND_FIELDS))}"
+        )
+    if "destination" not in data or data["destination"] is None:
+        raise InvalidArgument("destination is required: name the queue or topic to deliver to")
+    destination = check_name(data["destination"], field="destination")
+    delay_ms = _opt_int(data, "delay_ms")
+    deliver_at_raw = data.get("deliver_at")
+    if delay_ms is not None and deliver_at_raw is not None:
+        raise InvalidArgument("give delay_ms or deliver_at, not both")
+    deliver_at_ms = (
+        None if deliver_at_raw is None else parse_instant_ms(deliver_at_raw, field="deliver_at")
+    )
+    report = _report(data.get("report"))
+    reply_to = _opt_str(data, "reply_to")
+    if reply_to is not None:
+        check_name(reply_to, field="reply_to")
+    if report and reply_to is None:
+        raise InvalidArgument("report needs reply_to: name the queue that receives the reports")
+    undeliverable = data.get("on_undeliverable", Undeliverable.DEAD_LETTER.value)
+    try:
+        on_undeliverable = Undeliverable(undeliverable)
+    except ValueError:
+        raise InvalidArgument(
+            f"on_undeliverable {undeliverable!r} is unknown; use 'dead_letter' or 'discard'"
+        ) from None
+    return SendRequest(
+        destination=destination,
+        body=_body(data),
+        headers=_headers(data.get("headers")),
+        delay_ms=delay_ms,
+        deliver_at_ms=deliver_at_ms,
+        ttl_ms=_opt_int(data, "ttl_ms"),
+        message_id=_opt_str(data, "message_id"),
+        correlation_id=_opt_str(data, "correlation_id"),
+        reply_to=reply_to,
+        report=report,
+        on_undeliverable=on_undeliverable,
+        group_id=_opt_str(data, "group_id"),
+        retain=_bool(data, "retain", False),
+        persistent=_bool(data, "persistent", True),
+    )
+
+
+def plan_times(request: SendRequest, *, now_ms: int) -> SendPlan:
+    """Rules 2–4: when the message falls due and when it expires. No destination needed."""
+    if request.delay_ms is not None and request.deliver_at_ms is not None:
+        raise InvalidArgument("give delay_ms or deliver_at, not both")
+    if request.deliver_at_ms is not None:
+        delay_ms = max(0, request.deliver_at_ms - now_ms)  # a time in the past means "now"
+    else:
+        delay_ms = request.delay_ms or 0
+    if delay_ms > 0 and (request.group_id is not None or request.retain):
+        what = "group_id" if request.group_id is not None else "retain"
+        raise OptionsError(
+            f"{what} cannot be combined with a delay; send grouped or retained messages "
+            "without delay_ms/deliver_at"
+        )
+    if delay_ms > MAX_DELAY_MS:
+        raise InvalidArgument(
+            f"the delay ({delay_ms} ms) is longer than the maximum of {MAX_DELAY_MS} ms "
+            "(2^28 - 1 s, about 8.5 years); shorten it"
+        )
+    ttl_ms = request.ttl_ms
+    if ttl_ms is not None and ttl_ms > 0 and delay_ms > 0 and ttl_ms < delay_ms:
+        raise ExpiryError(
+            f"ttl_ms ({ttl_ms}) is shorter than the delay ({delay_ms} ms), so the message would "
+            "expire before it is due; raise ttl_ms or drop it"
+        )
+    deliver_at_ms = now_ms + delay_ms
+    if ttl_ms is None:
+        expires_at_ms = None
+    elif ttl_ms == 0:
+        # TTL 0: expire on arrival unless a consumer is waiting (RabbitMQ), so it counts from
+        # the moment the message reaches its queue, not from the send.
+        expires_at_ms = deliver_at_ms
+    else:
+        expires_at_ms = now_ms + ttl_ms
+    return SendPlan(
+        request=request, sent_at_ms=now_ms, deliver_at_ms=deliver_at_ms, expires_at_ms=expires_at_ms
+    )
+
+
+def validate_send(
+    request: SendRequest,
+    *,
+    now_ms: int,
+    destination: DestinationView,
+    may_send: bool = True,
+    limits: SendLimits = SendLimits(),
+) -> SendPlan:
+    """Apply every send-time rule (see the module docstring) and return the plan, or raise."""
+    plan = plan_times(request, now_ms=now_ms)
+    if not may_send:
+        raise NotAuthorized(
+            f"this token may not send to {request.destination!r}; ask for a token with send "
+            "permission on it"
+        )
+    if destination.kind is None:
+        raise UnknownDestination(
+            f"destination {request.destination!r} does not exist; declare it first "
+            f"(PUT /v1/queues/{request.destination} or tarry queue declare)"
+        )
+    size = len(request.body)
+    if size > limits.max_message_bytes:
+        raise MessageTooLarge(
+            f"the body is {size} bytes, over the server's limit of {limits.max_message_bytes}; "
+            "send a smaller body"
+        )
+    for target in destination.targets:
+        _check_target(target, size)
+    return plan
+
+
+def _check_target(target: TargetView, size: int) -> None:
+    if not target.put_enabled:
+        raise PutDisabled(
+            f"queue {target.name!r} is put-disabled; enable it (put_enabled=true) before sending"
+        )
+    if target.max_message_bytes is not None and size > target.max_message_bytes:
+        raise MessageTooLarge(
+            f"the body is {size} bytes, over queue {target.name!r}'s max_message_bytes of "
+            f"{target.max_message_bytes}; send a smaller body"
+        )
+    if target.full:
+        raise DestinationFull(
+            f"queue {target.name!r} is full (max_length reached, overflow reject_publish); "
+            "retry later or consume from it"
+        )
+
+
+def check_batch_size(items: Sequence[Any], *, limit: int = 10_000) -> None:
+    if not items:
+        raise InvalidArgument("messages must hold at least one message")
+    if len(items) > limit:
+        raise InvalidArgument(f"a batch holds at most {limit} messages, got {len(items)}")
