@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from tarry.engine.types import Delivery, MayAccess, MessageQuery, QueueInfo, SendResult
+from tarry.engine.types import Delivery, EventListener, MayAccess, MessageQuery, QueueInfo, SendResult
 from tarry.errors import TarryError
 from tarry.model.message import Message
 from tarry.model.queue_args import Policy
@@ -98,3 +98,6 @@ class EngineAPI(Protocol):
 
     async def stats(self) -> dict[str, Any]:
         """Counts by state, per queue, dispatcher figures."""
+
+    def add_listener(self, listener: EventListener) -> None:
+        """Register a listener for every state change (see ``EventListener``)."""

@@ -11,6 +11,7 @@ from tarry.model.queue_args import EffectiveQueueArgs, QueueArgs
 
 __all__ = [
     "Delivery",
+    "EventListener",
     "MayAccess",
     "MessageQuery",
     "QueueInfo",
@@ -118,3 +119,11 @@ class MessageQuery:
     #: Opaque: the (deliver_at, id) after which the next page starts.
     cursor: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+#: Called synchronously for every state change, after it is durable:
+#: ``listener(event, message, time_ms, queue, reason)``. Events: ``scheduled``, ``released``,
+#: ``received``, ``acked``, ``nacked``, ``expired``, ``dead_lettered``, ``cancelled``,
+#: ``rescheduled``, ``failed``, ``delivered`` (accepted by an external destination).
+#: Listeners must be fast and must not raise (the journal and the metrics are listeners).
+EventListener = Callable[[str, Message, int, "str | None", "str | None"], None]
