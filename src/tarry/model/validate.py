@@ -56,9 +56,21 @@ _MAX_HEADER_CHARS = 4096
 
 SEND_FIELDS = frozenset(
     {
-        "destination", "body", "body_base64", "headers", "delay_ms", "deliver_at", "ttl_ms",
-        "message_id", "correlation_id", "reply_to", "report", "on_undeliverable", "group_id",
-        "retain", "persistent",
+        "destination",
+        "body",
+        "body_base64",
+        "headers",
+        "delay_ms",
+        "deliver_at",
+        "ttl_ms",
+        "message_id",
+        "correlation_id",
+        "reply_to",
+        "report",
+        "on_undeliverable",
+        "group_id",
+        "retain",
+        "persistent",
     }
 )
 
@@ -328,3 +340,36 @@ def check_batch_size(items: Sequence[Any], *, limit: int = 10_000) -> None:
         raise InvalidArgument("messages must hold at least one message")
     if len(items) > limit:
         raise InvalidArgument(f"a batch holds at most {limit} messages, got {len(items)}")
+
+
+def validate_reschedule(data: Mapping[str, Any], *, now_ms: int, expires_at_ms: int | None) -> int:
+    """The new due time of a reschedule: ``{"delay_ms"}`` from now or ``{"deliver_at"}``. It must
+    stay within the maximum delay and not pass the message's expiry (which still counts from
+    the original send)."""
+    if not isinstance(data, Mapping):
+        raise InvalidArgument('send {"delay_ms": N} or {"deliver_at": TIME}')
+    unknown = set(data) - {"delay_ms", "deliver_at"}
+    if unknown:
+        raise InvalidArgument(
+            f"unknown field(s) {', '.join(sorted(unknown))}; use delay_ms or deliver_at"
+        )
+    delay_ms = _opt_int(data, "delay_ms")
+    at = data.get("deliver_at")
+    if (delay_ms is None) == (at is None):
+        raise InvalidArgument("give exactly one of delay_ms or deliver_at")
+    deliver_at_ms = (
+        now_ms + delay_ms
+        if delay_ms is not None
+        else max(now_ms, parse_instant_ms(at, field="deliver_at"))
+    )
+    if deliver_at_ms - now_ms > MAX_DELAY_MS:
+        raise InvalidArgument(
+            f"the delay ({deliver_at_ms - now_ms} ms) is longer than the maximum of "
+            f"{MAX_DELAY_MS} ms (2^28 - 1 s); shorten it"
+        )
+    if expires_at_ms is not None and deliver_at_ms > expires_at_ms:
+        raise ExpiryError(
+            f"the new due time {deliver_at_ms} is after the message expires ({expires_at_ms}); "
+            "choose an earlier time"
+        )
+    return deliver_at_ms

@@ -1,1 +1,5 @@
-"""(package docstring to be written with its first module)"""
+"""Durable delayed-message storage behind the ``DelayedStore`` contract (``store/base.py``).
+
+Owns: keeping scheduled messages, claiming due ones, failure counts. May import ``model`` and
+``errors``; never ``server``, ``dispatch`` or ``transports``.
+"""

@@ -1,0 +1,152 @@
+"""One SQLite connection on one thread, with group commit.
+
+Every operation runs on a single dedicated thread (SQLite connections are not shared between
+threads). Writes submitted while a commit is in progress are gathered into the next transaction,
+each in its own SAVEPOINT, so concurrent producers share one fsync without sharing failures:
+a write that raises is rolled back alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tarry.errors import TarryError, Unavailable
+from tarry.store.sqlite.schema import migrate
+
+__all__ = ["Database"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Work = Callable[[sqlite3.Connection], Any]
+
+
+class Database:
+    def __init__(
+        self, path: Path | None, *, synchronous: str = "full", max_pages: int | None = None
+    ):
+        """``path`` None keeps everything in memory (nothing survives the process)."""
+        self.path = path
+        self._synchronous = synchronous
+        self._max_pages = max_pages
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-db")
+        self._conn: sqlite3.Connection | None = None
+        self._pending: list[tuple[Work, asyncio.Future[Any]]] = []
+        self._flushing = False
+        self.commits = 0
+
+    async def open(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._open)
+
+    def _open(self) -> None:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            ":memory:" if self.path is None else str(self.path),
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        # full: the WAL is fsynced at every commit, so a 201 means the message is on disk.
+        conn.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
+        conn.execute("PRAGMA foreign_keys=OFF")
+        conn.execute("PRAGMA cache_size=-65536")
+        conn.execute("PRAGMA temp_store=MEMORY")
+        if self._max_pages is not None:
+            conn.execute(f"PRAGMA max_page_count={int(self._max_pages)}")
+        migrate(conn)
+        self._conn = conn
+
+    async def close(self) -> None:
+        while self._pending or self._flushing:
+            await asyncio.sleep(0.005)
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
+        self._executor.shutdown(wait=True)
+
+    async def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` on the database thread outside any write transaction."""
+        conn = self._require()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, work, conn)
+        except sqlite3.Error as exc:
+            raise _unavailable(exc) from exc
+
+    async def write(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` inside a transaction shared with other concurrent writes; return once
+        the transaction is committed (and fsynced under ``synchronous = full``)."""
+        self._require()
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending.append((work, future))
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().create_task(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    results = await loop.run_in_executor(self._executor, self._run_batch, batch)
+                except BaseException as exc:  # the commit itself failed: nothing was stored
+                    error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(error)
+                    continue
+                for (_, future), (ok, value) in zip(batch, results, strict=True):
+                    if future.done():
+                        continue
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+        finally:
+            self._flushing = False
+
+    def _run_batch(self, batch: list[tuple[Work, asyncio.Future[Any]]]) -> list[tuple[bool, Any]]:
+        conn = self._require()
+        results: list[tuple[bool, Any]] = []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for work, _ in batch:
+                conn.execute("SAVEPOINT w")
+                try:
+                    value = work(conn)
+                except TarryError as exc:
+                    conn.execute("ROLLBACK TO w")
+                    results.append((False, exc))
+                except sqlite3.Error as exc:
+                    conn.execute("ROLLBACK TO w")
+                    results.append((False, _unavailable(exc)))
+                except Exception as exc:  # a bug in work: keep it apart from the others
+                    log.exception("store write failed")
+                    conn.execute("ROLLBACK TO w")
+                    results.append((False, exc))
+                else:
+                    results.append((True, value))
+                conn.execute("RELEASE w")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        self.commits += 1
+        return results
+
+    def _require(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise Unavailable("the store is not open; wait for the server to finish starting")
+        return self._conn
+
+
+def _unavailable(exc: BaseException) -> Unavailable:
+    return Unavailable(f"the store cannot take writes now ({exc}); nothing was stored, retry later")

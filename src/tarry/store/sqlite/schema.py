@@ -1,0 +1,92 @@
+"""The SQLite schema and its versioned migrations.
+
+One database holds the delayed store and the local queues, so that moving a due message into
+its queue is one transaction: that is what makes release exactly-once across crashes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from tarry.errors import Unavailable
+
+__all__ = ["SCHEMA_VERSION", "migrate"]
+
+_TERMINAL = "('acked','cancelled','expired','dead_lettered')"
+
+#: Each entry moves the schema from version i to i + 1.
+MIGRATIONS: list[str] = [
+    f"""
+    CREATE TABLE messages (
+        id TEXT PRIMARY KEY,
+        destination TEXT NOT NULL,
+        topic TEXT,
+        state TEXT NOT NULL,
+        body BLOB,
+        headers TEXT NOT NULL,
+        sent_at_ms INTEGER NOT NULL,
+        deliver_at_ms INTEGER NOT NULL,
+        expires_at_ms INTEGER,
+        message_id TEXT,
+        dedupe_key TEXT,
+        correlation_id TEXT,
+        reply_to TEXT,
+        report TEXT NOT NULL DEFAULT '',
+        on_undeliverable TEXT NOT NULL,
+        persistent INTEGER NOT NULL,
+        failures INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        deaths TEXT,
+        retry_at_ms INTEGER NOT NULL DEFAULT 0,
+        queue TEXT,
+        seq INTEGER,
+        enqueued_at_ms INTEGER,
+        queue_expires_at_ms INTEGER,
+        visible_at_ms INTEGER,
+        receipt TEXT,
+        redelivered INTEGER NOT NULL DEFAULT 0,
+        delivery_count INTEGER NOT NULL DEFAULT 0,
+        updated_at_ms INTEGER NOT NULL
+    );
+    -- "the next due messages" is a range scan over scheduled rows only
+    CREATE INDEX messages_due ON messages(deliver_at_ms, id) WHERE state = 'scheduled';
+    CREATE UNIQUE INDEX messages_dedupe ON messages(dedupe_key) WHERE dedupe_key IS NOT NULL;
+    CREATE INDEX messages_queue ON messages(queue, seq) WHERE state IN ('ready', 'delivered');
+    CREATE INDEX messages_queue_expiry ON messages(queue_expires_at_ms)
+        WHERE state IN ('ready', 'delivered') AND queue_expires_at_ms IS NOT NULL;
+    CREATE INDEX messages_receipt ON messages(receipt) WHERE receipt IS NOT NULL;
+    CREATE INDEX messages_finished ON messages(updated_at_ms) WHERE state IN {_TERMINAL};
+    CREATE INDEX messages_correlation ON messages(correlation_id) WHERE correlation_id IS NOT NULL;
+    CREATE INDEX messages_destination ON messages(destination, deliver_at_ms, id);
+    CREATE INDEX messages_by_due ON messages(deliver_at_ms, id);
+    CREATE TABLE queues (
+        name TEXT PRIMARY KEY,
+        args TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        last_used_ms INTEGER NOT NULL
+    );
+    CREATE TABLE topics (name TEXT PRIMARY KEY, created_at_ms INTEGER NOT NULL);
+    CREATE TABLE subscriptions (
+        topic TEXT NOT NULL,
+        queue TEXT NOT NULL,
+        PRIMARY KEY (topic, queue)
+    );
+    CREATE TABLE policies (name TEXT PRIMARY KEY, definition TEXT NOT NULL);
+    """,
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring the database up to ``SCHEMA_VERSION``; refuse a database from a newer tarry."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise Unavailable(
+            f"the database has schema version {version}, newer than this tarry understands "
+            f"({SCHEMA_VERSION}); upgrade tarry"
+        )
+    for target in range(version, SCHEMA_VERSION):
+        conn.executescript(
+            "BEGIN;" + MIGRATIONS[target] + f"; PRAGMA user_version = {target + 1}; COMMIT;"
+        )

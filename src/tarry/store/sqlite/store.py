@@ -1,0 +1,276 @@
+"""``SQLiteStore``: the durable embedded ``DelayedStore`` (WAL, group commit, partial index on the
+due time). Claims live in memory: one process owns the database file (the data directory is
+locked), so a claim correctly vanishes with the process that made it.
+"""
+
+from __future__ import annotations
+
+import base64
+import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import orjson
+
+from tarry.engine.types import MessageQuery
+from tarry.errors import InvalidArgument, NotCancellable, NotFound
+from tarry.model.message import Message
+from tarry.model.state import TERMINAL, MessageState, transition
+from tarry.store.base import StoreOutcome
+from tarry.store.sqlite.database import Database
+from tarry.store.sqlite.rows import INSERT_SQL, SELECT_SQL, dedupe_key, from_row, to_row
+
+__all__ = ["SQLiteStore"]
+
+T = TypeVar("T")
+_TERMINAL_SQL = "(" + ",".join(f"'{s.value}'" for s in TERMINAL) + ")"
+
+
+class SQLiteStore:
+    def __init__(
+        self, path: Path | None, *, synchronous: str = "full", max_pages: int | None = None
+    ):
+        self.db = Database(path, synchronous=synchronous, max_pages=max_pages)
+        #: id → claim expiry (ms); see the module docstring.
+        self._claims: dict[str, int] = {}
+
+    async def open(self) -> None:
+        await self.db.open()
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    # The local queues share this database (``tarry.queues.local``); they run their work here.
+    async def write(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        return await self.db.write(work)
+
+    async def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        return await self.db.read(work)
+
+    # --- DelayedStore -------------------------------------------------------------------------
+    async def store(self, messages: Sequence[Message]) -> list[StoreOutcome]:
+        return await self.db.write(lambda conn: insert_messages(conn, messages))
+
+    async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:
+        claims = self._claims
+        for message_id, until in list(claims.items()):
+            if until <= now_ms:
+                del claims[message_id]
+
+        def work(conn: sqlite3.Connection) -> list[Message]:
+            rows = conn.execute(
+                f"{SELECT_SQL} WHERE state = 'scheduled' AND deliver_at_ms <= ? "
+                "AND retry_at_ms <= ? ORDER BY deliver_at_ms, id LIMIT ?",
+                (now_ms, now_ms, limit + len(claims)),
+            ).fetchall()
+            return [from_row(r) for r in rows if r[0] not in claims][:limit]
+
+        due = await self.db.read(work)
+        for message in due:
+            claims[message.id] = now_ms + lease_ms
+        return due
+
+    async def next_due_time(self) -> int | None:
+        claims = self._claims
+
+        def work(conn: sqlite3.Connection) -> int | None:
+            cursor = conn.execute(
+                "SELECT id, max(deliver_at_ms, retry_at_ms) FROM messages "
+                "WHERE state = 'scheduled' ORDER BY deliver_at_ms, id LIMIT ?",
+                (len(claims) + 64,),
+            )
+            times = [due for message_id, due in cursor if message_id not in claims]
+            return min(times) if times else None
+
+        return await self.db.read(work)
+
+    def release_claims(self, ids: Sequence[str]) -> None:
+        for message_id in ids:
+            self._claims.pop(message_id, None)
+
+    def is_claimed(self, message_id: str) -> bool:
+        return message_id in self._claims
+
+    async def remove(self, ids: Sequence[str], *, state: MessageState, now_ms: int) -> int:
+        def work(conn: sqlite3.Connection) -> int:
+            cursor = conn.executemany(
+                "UPDATE messages SET state = ?, body = NULL, updated_at_ms = ? "
+                "WHERE id = ? AND state = 'scheduled'",
+                [(state.value, now_ms, i) for i in ids],
+            )
+            return cursor.rowcount
+
+        try:
+            return await self.db.write(work)
+        finally:
+            self.release_claims(ids)
+
+    async def record_failure(self, message_id: str, *, error: str, retry_at_ms: int) -> int:
+        def work(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "UPDATE messages SET failures = failures + 1, last_error = ?, retry_at_ms = ? "
+                "WHERE id = ? AND state = 'scheduled' RETURNING failures",
+                (error[:2000], retry_at_ms, message_id),
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        try:
+            return await self.db.write(work)
+        finally:
+            self.release_claims([message_id])
+
+    async def cancel(self, message_id: str, *, now_ms: int) -> Message:
+        self._refuse_claimed(message_id)
+
+        def work(conn: sqlite3.Connection) -> Message:
+            message = _get_or_raise(conn, message_id)
+            transition(message_id, message.state, MessageState.CANCELLED)
+            conn.execute(
+                "UPDATE messages SET state = 'cancelled', body = NULL, updated_at_ms = ? "
+                "WHERE id = ?",
+                (now_ms, message_id),
+            )
+            message.state, message.updated_at_ms = MessageState.CANCELLED, now_ms
+            return message
+
+        return await self.db.write(work)
+
+    async def reschedule(self, message_id: str, *, deliver_at_ms: int, now_ms: int) -> Message:
+        self._refuse_claimed(message_id)
+
+        def work(conn: sqlite3.Connection) -> Message:
+            message = _get_or_raise(conn, message_id)
+            if message.state is not MessageState.SCHEDULED:
+                raise NotCancellable(
+                    f"message {message_id} is {message.state.value}; only scheduled messages can "
+                    "be rescheduled"
+                )
+            conn.execute(
+                "UPDATE messages SET deliver_at_ms = ?, retry_at_ms = 0, updated_at_ms = ? "
+                "WHERE id = ?",
+                (deliver_at_ms, now_ms, message_id),
+            )
+            message.deliver_at_ms, message.updated_at_ms = deliver_at_ms, now_ms
+            return message
+
+        return await self.db.write(work)
+
+    async def get(self, message_id: str) -> Message | None:
+        def work(conn: sqlite3.Connection) -> Message | None:
+            row = conn.execute(f"{SELECT_SQL} WHERE id = ?", (message_id,)).fetchone()
+            return from_row(row) if row else None
+
+        return await self.db.read(work)
+
+    async def list(self, query: MessageQuery) -> tuple[list[Message], str | None]:
+        where, params = ["1 = 1"], []
+        for column, value in (
+            ("destination", query.destination),
+            ("correlation_id", query.correlation_id),
+            ("message_id", query.message_id),
+            ("state", query.state),
+        ):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if query.due_after_ms is not None:
+            where.append("deliver_at_ms >= ?")
+            params.append(query.due_after_ms)
+        if query.due_before_ms is not None:
+            where.append("deliver_at_ms < ?")
+            params.append(query.due_before_ms)
+        if query.cursor:
+            after_due, after_id = decode_cursor(query.cursor)
+            where.append("(deliver_at_ms > ? OR (deliver_at_ms = ? AND id > ?))")
+            params += [after_due, after_due, after_id]
+        sql = f"{SELECT_SQL} WHERE {' AND '.join(where)} ORDER BY deliver_at_ms, id LIMIT ?"
+        limit = query.limit
+
+        def work(conn: sqlite3.Connection) -> list[Message]:
+            return [from_row(r) for r in conn.execute(sql, (*params, limit + 1))]
+
+        rows = await self.db.read(work)
+        if len(rows) > limit:
+            last = rows[limit - 1]
+            return rows[:limit], encode_cursor(last.deliver_at_ms, last.id)
+        return rows, None
+
+    async def count_scheduled(self) -> int:
+        return await self.db.read(
+            lambda conn: conn.execute(
+                "SELECT count(*) FROM messages WHERE state = 'scheduled'"
+            ).fetchone()[0]
+        )
+
+    async def purge_finished(self, *, before_ms: int, limit: int = 5000) -> int:
+        """Forget finished messages older than the retention window."""
+
+        def work(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                f"DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE state IN "
+                f"{_TERMINAL_SQL} AND updated_at_ms < ? LIMIT ?)",
+                (before_ms, limit),
+            ).rowcount
+
+        return await self.db.write(work)
+
+    async def check(self) -> list[str]:
+        """Integrity problems found (empty when the database is sound)."""
+
+        def work(conn: sqlite3.Connection) -> list[str]:
+            problems = [r[0] for r in conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
+            bad = conn.execute(
+                "SELECT count(*) FROM messages WHERE state = 'ready' AND queue IS NULL"
+            ).fetchone()[0]
+            if bad:
+                problems.append(f"{bad} queued messages have no queue")
+            return problems
+
+        return await self.db.read(work)
+
+    def _refuse_claimed(self, message_id: str) -> None:
+        if message_id in self._claims:
+            raise NotCancellable(
+                f"message {message_id} is being delivered right now; it can no longer be changed"
+            )
+
+
+def insert_messages(conn: sqlite3.Connection, messages: Sequence[Message]) -> list[StoreOutcome]:
+    """Insert ``messages``; one whose (destination, message_id) is already kept is not stored
+    again and the kept one is returned instead."""
+    if not any(m.message_id for m in messages):
+        conn.executemany(INSERT_SQL, [to_row(m) for m in messages])
+        return [StoreOutcome(m, True) for m in messages]
+    outcomes = []
+    for message in messages:
+        key = dedupe_key(message)
+        if key is not None:
+            row = conn.execute(f"{SELECT_SQL} WHERE dedupe_key = ?", (key,)).fetchone()
+            if row is not None:
+                outcomes.append(StoreOutcome(from_row(row), False))
+                continue
+        conn.execute(INSERT_SQL, to_row(message))
+        outcomes.append(StoreOutcome(message, True))
+    return outcomes
+
+
+def _get_or_raise(conn: sqlite3.Connection, message_id: str) -> Message:
+    row = conn.execute(f"{SELECT_SQL} WHERE id = ?", (message_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no message with id {message_id}")
+    return from_row(row)
+
+
+def encode_cursor(deliver_at_ms: int, message_id: str) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([deliver_at_ms, message_id])).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[int, str]:
+    try:
+        due, message_id = orjson.loads(base64.urlsafe_b64decode(cursor.encode()))
+        return int(due), str(message_id)
+    except Exception:
+        raise InvalidArgument(
+            "cursor is not one this server handed out; start without it"
+        ) from None
