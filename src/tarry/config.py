@@ -127,7 +127,10 @@ class TarryConfig(BaseSettings):
     """Everything ``tarry serve`` can be told."""
 
     model_config = SettingsConfigDict(
-        env_prefix="TARRY_", env_nested_delimiter="__", extra="forbid", nested_model_default_partial_update=True
+        env_prefix="TARRY_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        nested_model_default_partial_update=True,
     )
 
     server: ServerConfig = ServerConfig()

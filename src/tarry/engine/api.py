@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from tarry.engine.types import Delivery, EventListener, MayAccess, MessageQuery, QueueInfo, SendResult
+from tarry.engine.types import (
+    Delivery,
+    EventListener,
+    MayAccess,
+    MessageQuery,
+    QueueInfo,
+    SendResult,
+)
 from tarry.errors import TarryError
 from tarry.model.message import Message
 from tarry.model.queue_args import Policy
@@ -26,7 +33,9 @@ class EngineAPI(Protocol):
         """Stop the dispatcher, flush the journal, close the store."""
 
     # --- messages -------------------------------------------------------------------------
-    async def send(self, data: Mapping[str, Any], *, may_send: MayAccess | None = None) -> SendResult:
+    async def send(
+        self, data: Mapping[str, Any], *, may_send: MayAccess | None = None
+    ) -> SendResult:
         """Validate (``tarry.model.validate``) and durably store one message; returns once it is
         on disk. A repeated ``message_id`` for the same destination returns the first message's
         result with ``created=False``."""
@@ -65,7 +74,12 @@ class EngineAPI(Protocol):
         """Deletes the queue and its ready/in-flight messages (not dead-lettered, as RabbitMQ)."""
 
     async def receive(
-        self, queue: str, *, max_messages: int = 1, wait_ms: int = 0, visibility_ms: int | None = None
+        self,
+        queue: str,
+        *,
+        max_messages: int = 1,
+        wait_ms: int = 0,
+        visibility_ms: int | None = None,
     ) -> list[Delivery]:
         """Up to ``max_messages`` ready messages, waiting up to ``wait_ms`` for the first one.
         Expired messages are never returned. Raises ``not_found``, ``invalid_argument``."""

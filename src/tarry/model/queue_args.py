@@ -78,10 +78,19 @@ class EffectiveQueueArgs:
         return data
 
 
-_POLICY_KEYS = frozenset({"message_ttl_ms", "expires_ms", "dead_letter_to", "max_length", "overflow"})
+_POLICY_KEYS = frozenset(
+    {"message_ttl_ms", "expires_ms", "dead_letter_to", "max_length", "overflow"}
+)
 _QUEUE_KEYS = frozenset(
-    {"message_ttl_ms", "expires_ms", "dead_letter_to", "max_length", "overflow",
-     "max_message_bytes", "put_enabled"}
+    {
+        "message_ttl_ms",
+        "expires_ms",
+        "dead_letter_to",
+        "max_length",
+        "overflow",
+        "max_message_bytes",
+        "put_enabled",
+    }
 )
 
 
@@ -105,7 +114,9 @@ class Policy:
 
     def to_dict(self) -> dict[str, Any]:
         definition = {
-            k: v for k, v in self.definition.to_dict().items() if k in _POLICY_KEYS and v is not None
+            k: v
+            for k, v in self.definition.to_dict().items()
+            if k in _POLICY_KEYS and v is not None
         }
         return {
             "name": self.name,
@@ -195,7 +206,11 @@ def parse_policy(name: str, data: Mapping[str, Any]) -> Policy:
         raise InvalidArgument(f"operator must be true or false, got {operator!r}")
     definition = _parse_args(data.get("definition") or {}, _POLICY_KEYS, "policy definition")
     return Policy(
-        name=name, pattern=pattern, definition=definition, priority=priority, operator=operator,
+        name=name,
+        pattern=pattern,
+        definition=definition,
+        priority=priority,
+        operator=operator,
         apply_to=apply_to,
     )
 
