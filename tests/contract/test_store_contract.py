@@ -20,7 +20,9 @@ NOW = 1_700_000_000_000
 ids = IdGenerator()
 
 
-def message(due_in_ms: int = 0, *, destination: str = "q", message_id: str | None = None) -> Message:
+def message(
+    due_in_ms: int = 0, *, destination: str = "q", message_id: str | None = None
+) -> Message:
     return Message(
         id=ids.new(NOW),
         destination=destination,
@@ -53,7 +55,10 @@ async def test_stored_message_can_be_read_back_unchanged(store) -> None:
     got = await store.get(m.id)
     assert got is not None
     assert (got.body, got.headers, got.deliver_at_ms, got.state) == (
-        b"hello", {"k": "v"}, NOW + 5000, MessageState.SCHEDULED,
+        b"hello",
+        {"k": "v"},
+        NOW + 5000,
+        MessageState.SCHEDULED,
     )
 
 

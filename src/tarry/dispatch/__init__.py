@@ -1,1 +1,3 @@
-"""(package docstring to be written with its first module)"""
+"""Moving due messages to their destinations: the due-time loop (``dispatcher.py``), retry
+back-off (``backoff.py``) and circuit breakers (``breaker.py``). May import ``store.base``,
+``transports.base`` and ``model``."""

@@ -355,13 +355,12 @@ def validate_reschedule(data: Mapping[str, Any], *, now_ms: int, expires_at_ms: 
         )
     delay_ms = _opt_int(data, "delay_ms")
     at = data.get("deliver_at")
-    if (delay_ms is None) == (at is None):
+    if delay_ms is not None and at is None:
+        deliver_at_ms = now_ms + delay_ms
+    elif at is not None and delay_ms is None:
+        deliver_at_ms = max(now_ms, parse_instant_ms(at, field="deliver_at"))
+    else:
         raise InvalidArgument("give exactly one of delay_ms or deliver_at")
-    deliver_at_ms = (
-        now_ms + delay_ms
-        if delay_ms is not None
-        else max(now_ms, parse_instant_ms(at, field="deliver_at"))
-    )
     if deliver_at_ms - now_ms > MAX_DELAY_MS:
         raise InvalidArgument(
             f"the delay ({deliver_at_ms - now_ms} ms) is longer than the maximum of "

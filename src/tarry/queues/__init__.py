@@ -1,1 +1,3 @@
-"""(package docstring to be written with its first module)"""
+"""Local queues with RabbitMQ's TTL semantics: the catalog of queues, topics and policies, and the
+queue rules applied inside one store transaction (``txn.py``). May import ``model`` and the
+SQLite store's row codec; never ``server`` or ``dispatch``."""

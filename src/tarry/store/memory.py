@@ -67,7 +67,8 @@ class MemoryStore:
         for message_id, until in list(self._claims.items()):
             if until <= now_ms:
                 del self._claims[message_id]
-        due, skipped = [], []
+        due: list[Message] = []
+        skipped: list[tuple[int, str]] = []
         while self._heap and len(due) < limit and self._heap[0][0] <= now_ms:
             entry = heapq.heappop(self._heap)
             message_id = entry[1]

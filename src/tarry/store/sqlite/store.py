@@ -5,6 +5,8 @@ locked), so a claim correctly vanishes with the process that made it.
 
 from __future__ import annotations
 
+import builtins
+
 import base64
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -164,7 +166,8 @@ class SQLiteStore:
         return await self.db.read(work)
 
     async def list(self, query: MessageQuery) -> tuple[list[Message], str | None]:
-        where, params = ["1 = 1"], []
+        where: list[str] = ["1 = 1"]
+        params: list[object] = []
         for column, value in (
             ("destination", query.destination),
             ("correlation_id", query.correlation_id),
@@ -215,7 +218,7 @@ class SQLiteStore:
 
         return await self.db.write(work)
 
-    async def check(self) -> list[str]:
+    async def check(self) -> builtins.list[str]:
         """Integrity problems found (empty when the database is sound)."""
 
         def work(conn: sqlite3.Connection) -> list[str]:

@@ -1,0 +1,209 @@
+"""Foundation benchmarks against a real `tarry serve` process on this machine; prints JSON.
+
+    .venv/bin/python bench/foundation.py [--store sqlite] [--quick]
+
+1. batch scheduling over HTTP (goal >= 20,000 messages/s)
+2. 1,000 messages/s steady, delays 1-10 s, consumed over HTTP long-poll: lateness p50/p99/max
+   (goal p99 <= 20 ms), and early deliveries (must be 0)
+3. 100,000 pending messages held: server RSS (goal <= 300 MB)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+def start_server(data_dir: Path, store: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tarry.cli.main",
+            "serve",
+            "--port",
+            "0",
+            "--data",
+            str(data_dir),
+            "--store",
+            store,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("tarry serving on "):
+            return proc, line.split()[-1].strip()
+    proc.kill()
+    raise RuntimeError("tarry serve did not start")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+async def batch_schedule(url: str, total: int, batch: int, concurrency: int) -> dict[str, float]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        await client.put("/v1/queues/bench.batch", json={})
+        bodies = [
+            {
+                "messages": [
+                    {"destination": "bench.batch", "body": f"m{i}-{j}", "delay_ms": 3_600_000}
+                    for j in range(batch)
+                ]
+            }
+            for i in range(total // batch)
+        ]
+        queue: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+        for body in bodies:
+            queue.put_nowait(body)
+
+        async def worker() -> None:
+            while not queue.empty():
+                body = queue.get_nowait()
+                response = await client.post("/v1/messages/batch", json=body)
+                response.raise_for_status()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return {
+        "messages": total,
+        "seconds": round(elapsed, 3),
+        "messages_per_s": round(total / elapsed),
+    }
+
+
+async def steady(url: str, rate: int, seconds: int) -> dict[str, float]:
+    lateness: list[float] = []
+    early = 0
+    sent = 0
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        await client.put("/v1/queues/bench.steady", json={})
+        stop_at = time.time() + seconds
+        expected = rate * seconds
+
+        async def produce() -> None:
+            nonlocal sent
+            tick = 0.05
+            per_tick = max(1, int(rate * tick))
+            next_at = time.monotonic()
+            while time.time() < stop_at:
+                batch = [
+                    {
+                        "destination": "bench.steady",
+                        "body": "x",
+                        "delay_ms": random.randint(1000, 10_000),
+                    }
+                    for _ in range(per_tick)
+                ]
+                response = await client.post("/v1/messages/batch", json={"messages": batch})
+                response.raise_for_status()
+                sent += per_tick
+                next_at += tick
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+        async def consume() -> None:
+            nonlocal early
+            received = 0
+            deadline = stop_at + 15
+            while received < expected and time.time() < deadline:
+                response = await client.post(
+                    "/v1/queues/bench.steady/receive", json={"max": 500, "wait_ms": 1000}
+                )
+                now_ms = time.time() * 1000
+                messages = response.json()["messages"]
+                for m in messages:
+                    late = now_ms - m["deliver_at"]
+                    if late < 0:
+                        early += 1
+                    lateness.append(late)
+                received += len(messages)
+                if messages:
+                    await client.post(
+                        "/v1/queues/bench.steady/ack",
+                        json={"receipts": [m["receipt"] for m in messages]},
+                    )
+
+        await asyncio.gather(produce(), consume(), consume())
+    return {
+        "rate_per_s": rate,
+        "seconds": seconds,
+        "sent": sent,
+        "received": len(lateness),
+        "early": early,
+        "lateness_ms_p50": round(percentile(lateness, 50), 2),
+        "lateness_ms_p99": round(percentile(lateness, 99), 2),
+        "lateness_ms_max": round(max(lateness) if lateness else float("nan"), 2),
+        "lateness_ms_mean": round(statistics.fmean(lateness), 2) if lateness else None,
+    }
+
+
+async def pending(url: str, pid: int, total: int) -> dict[str, float]:
+    result = await batch_schedule(url, total, 1000, 2)
+    await asyncio.sleep(1)
+    return {
+        "pending": total,
+        "schedule_messages_per_s": result["messages_per_s"],
+        "server_rss_mb": round(rss_mb(pid), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--store", default="sqlite")
+    parser.add_argument("--quick", action="store_true", help="smaller runs, for a smoke test")
+    args = parser.parse_args()
+    scale = 10 if args.quick else 1
+    results: dict[str, object] = {"store": args.store, "cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_server(Path(tmp) / "batch", args.store)
+        try:
+            results["batch_schedule_http"] = asyncio.run(
+                batch_schedule(url, 200_000 // scale, 1000, 2)
+            )
+        finally:
+            proc.terminate()
+            proc.wait()
+        proc, url = start_server(Path(tmp) / "steady", args.store)
+        try:
+            results["steady_1000_per_s"] = asyncio.run(steady(url, 1000, 60 // scale))
+        finally:
+            proc.terminate()
+            proc.wait()
+        proc, url = start_server(Path(tmp) / "pending", args.store)
+        try:
+            results["pending_100k"] = asyncio.run(pending(url, proc.pid, 100_000 // scale))
+        finally:
+            proc.terminate()
+            proc.wait()
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

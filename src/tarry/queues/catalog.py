@@ -1,0 +1,134 @@
+"""What exists: queues (with their arguments and the policies in force), topics with their
+subscriptions, and policies. Kept in memory for the hot path, written through to the database.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+
+import orjson
+
+from tarry.model.queue_args import (
+    EffectiveQueueArgs,
+    Overflow,
+    Policy,
+    QueueArgs,
+    effective_args,
+    parse_policy,
+)
+
+__all__ = ["Catalog", "QueueEntry"]
+
+
+@dataclass(slots=True)
+class QueueEntry:
+    name: str
+    args: QueueArgs
+    created_at_ms: int
+    last_used_ms: int
+    effective: EffectiveQueueArgs = field(default_factory=EffectiveQueueArgs)
+
+
+class Catalog:
+    def __init__(self) -> None:
+        self.queues: dict[str, QueueEntry] = {}
+        self.topics: dict[str, set[str]] = {}
+        self.topic_created_ms: dict[str, int] = {}
+        self.policies: dict[str, Policy] = {}
+
+    # --- reading -------------------------------------------------------------------------------
+    def effective(self, queue: str) -> EffectiveQueueArgs | None:
+        entry = self.queues.get(queue)
+        return entry.effective if entry else None
+
+    def kind(self, name: str) -> str | None:
+        if name in self.queues:
+            return "queue"
+        if name in self.topics:
+            return "topic"
+        return None
+
+    def recompute(self) -> None:
+        policies = list(self.policies.values())
+        for entry in self.queues.values():
+            entry.effective = effective_args(entry.name, entry.args, policies)
+
+    # --- loading and persisting (run on the database thread) -----------------------------------
+    def load(self, conn: sqlite3.Connection) -> None:
+        for name, args, created, used in conn.execute(
+            "SELECT name, args, created_at_ms, last_used_ms FROM queues"
+        ):
+            self.queues[name] = QueueEntry(name, _args_from_json(args), created, used)
+        for name, created in conn.execute("SELECT name, created_at_ms FROM topics"):
+            self.topics[name] = set()
+            self.topic_created_ms[name] = created
+        for topic, queue in conn.execute("SELECT topic, queue FROM subscriptions"):
+            self.topics.setdefault(topic, set()).add(queue)
+        for name, definition in conn.execute("SELECT name, definition FROM policies"):
+            self.policies[name] = parse_policy(name, orjson.loads(definition))
+        self.recompute()
+
+
+def save_queue(conn: sqlite3.Connection, entry: QueueEntry) -> None:
+    conn.execute(
+        "INSERT INTO queues (name, args, created_at_ms, last_used_ms) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(name) DO UPDATE SET args = excluded.args, last_used_ms = excluded.last_used_ms",
+        (
+            entry.name,
+            orjson.dumps(entry.args.to_dict()).decode(),
+            entry.created_at_ms,
+            entry.last_used_ms,
+        ),
+    )
+
+
+def touch_queue(conn: sqlite3.Connection, name: str, now_ms: int) -> None:
+    conn.execute("UPDATE queues SET last_used_ms = ? WHERE name = ?", (now_ms, name))
+
+
+def delete_queue_rows(conn: sqlite3.Connection, name: str) -> None:
+    conn.execute("DELETE FROM queues WHERE name = ?", (name,))
+    conn.execute("DELETE FROM subscriptions WHERE queue = ?", (name,))
+
+
+def save_topic(conn: sqlite3.Connection, name: str, created_ms: int) -> None:
+    conn.execute(
+        "INSERT OR IGNORE INTO topics (name, created_at_ms) VALUES (?, ?)", (name, created_ms)
+    )
+
+
+def save_subscription(conn: sqlite3.Connection, topic: str, queue: str, present: bool) -> None:
+    if present:
+        conn.execute(
+            "INSERT OR IGNORE INTO subscriptions (topic, queue) VALUES (?, ?)", (topic, queue)
+        )
+    else:
+        conn.execute("DELETE FROM subscriptions WHERE topic = ? AND queue = ?", (topic, queue))
+
+
+def save_policy(conn: sqlite3.Connection, policy: Policy | None, name: str) -> None:
+    if policy is None:
+        conn.execute("DELETE FROM policies WHERE name = ?", (name,))
+        return
+    data = policy.to_dict()
+    data.pop("name")
+    conn.execute(
+        "INSERT INTO policies (name, definition) VALUES (?, ?) "
+        "ON CONFLICT(name) DO UPDATE SET definition = excluded.definition",
+        (name, orjson.dumps(data).decode()),
+    )
+
+
+def _args_from_json(text: str) -> QueueArgs:
+    data = orjson.loads(text)
+    overflow = data.get("overflow")
+    return QueueArgs(
+        message_ttl_ms=data.get("message_ttl_ms"),
+        expires_ms=data.get("expires_ms"),
+        dead_letter_to=data.get("dead_letter_to"),
+        max_length=data.get("max_length"),
+        overflow=Overflow(overflow) if overflow else None,
+        max_message_bytes=data.get("max_message_bytes"),
+        put_enabled=data.get("put_enabled", True),
+    )

@@ -1,0 +1,362 @@
+"""Local-queue semantics inside one database transaction (RabbitMQ's TTL, dead-lettering and
+length rules; IBM MQ's dead-letter-with-reason and reports).
+
+A ``QueueTxn`` runs on the database thread inside a write; everything it does commits or rolls
+back together, which is what makes a release into a local queue exactly-once. It records the
+state changes it made in ``events`` so the engine can tell its listeners after the commit.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import orjson
+
+from tarry.errors import DeliveryFailed
+from tarry.model.deaths import record_death, would_cycle
+from tarry.model.expiry import is_expired, queue_expiry_ms
+from tarry.model.ids import IdGenerator
+from tarry.model.message import DeathReason, Message, Report, Undeliverable
+from tarry.model.queue_args import Overflow
+from tarry.model.state import MessageState
+from tarry.queues.catalog import Catalog, touch_queue
+from tarry.store.sqlite.rows import INSERT_SQL, SELECT_SQL, from_row, to_row
+
+__all__ = ["HANDOFF_MS", "QueueTxn", "Sequencer"]
+
+#: A message that expires on arrival (TTL 0) while a consumer is waiting gets this long to be
+#: taken by that consumer (RabbitMQ: "expire unless a consumer can take it at once").
+HANDOFF_MS = 200
+
+Event = tuple[str, Message, int, "str | None", "str | None"]
+
+
+class Sequencer:
+    """Order of arrival in queues (FIFO); a requeued message keeps its place."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+
+    def next(self) -> int:
+        self.value += 1
+        return self.value
+
+
+class QueueTxn:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        now_ms: int,
+        catalog: Catalog,
+        ids: IdGenerator,
+        seq: Sequencer,
+        waiting: Mapping[str, int],
+        error_queue: str,
+    ) -> None:
+        self.conn = conn
+        self.now_ms = now_ms
+        self.catalog = catalog
+        self.ids = ids
+        self.seq = seq
+        self.waiting = waiting
+        self.error_queue = error_queue
+        self.events: list[Event] = []
+        #: Queues that received ready messages: their waiting consumers are woken after commit.
+        self.filled: set[str] = set()
+
+    def emit(
+        self, event: str, message: Message, queue: str | None, reason: str | None = None
+    ) -> None:
+        self.events.append((event, message, self.now_ms, queue, reason))
+
+    # --- arrival ----------------------------------------------------------------------------------
+    def enqueue(self, message: Message, queue: str) -> None:
+        """Move a scheduled message (already a row) into ``queue``. Raises ``DeliveryFailed``
+        (permanent) when the queue is missing, put-disabled, or full under reject_publish."""
+        now = self.now_ms
+        args = self.catalog.effective(queue)
+        if args is None:
+            raise DeliveryFailed(
+                f"queue {queue!r} does not exist", reason="unknown_destination", permanent=True
+            )
+        if not args.put_enabled:
+            raise DeliveryFailed(
+                f"queue {queue!r} is put-disabled", reason="put_disabled", permanent=True
+            )
+        expires = queue_expiry_ms(
+            message.expires_at_ms, enqueued_at_ms=now, queue_ttl_ms=args.message_ttl_ms
+        )
+        if is_expired(expires, now):
+            if not self.waiting.get(queue):
+                self.dead_letter(message, from_queue=queue, reason=DeathReason.EXPIRED)
+                return
+            expires = now + HANDOFF_MS
+        if args.max_length is not None:
+            ready = self.ready_count(queue)
+            if ready >= args.max_length:
+                if args.overflow is Overflow.REJECT_PUBLISH:
+                    raise DeliveryFailed(
+                        f"queue {queue!r} is full (max_length {args.max_length})",
+                        reason="destination_full",
+                        permanent=True,
+                    )
+                if args.max_length == 0:
+                    self.dead_letter(message, from_queue=queue, reason=DeathReason.MAXLEN)
+                    return
+                self._drop_head(queue, ready - args.max_length + 1)
+        message.state = MessageState.READY
+        message.queue = queue
+        message.enqueued_at_ms = now
+        message.queue_expires_at_ms = expires
+        message.updated_at_ms = now
+        changed = self.conn.execute(
+            "UPDATE messages SET state = 'ready', queue = ?, seq = ?, enqueued_at_ms = ?, "
+            "queue_expires_at_ms = ?, visible_at_ms = ?, updated_at_ms = ? "
+            "WHERE id = ? AND state = 'scheduled'",
+            (queue, self.seq.next(), now, expires, now, now, message.id),
+        ).rowcount
+        if changed:
+            self.filled.add(queue)
+            self.emit("released", message, queue)
+
+    def insert_and_enqueue(self, message: Message, queue: str) -> None:
+        """A message tarry makes itself (dead-letter copy, report) enters ``queue``."""
+        self.conn.execute(INSERT_SQL, to_row(message, dedupe=False))
+        self.enqueue(message, queue)
+
+    def ready_count(self, queue: str) -> int:
+        return int(
+            self.conn.execute(
+                "SELECT count(*) FROM messages WHERE queue = ? AND state IN ('ready', 'delivered') "
+                "AND visible_at_ms <= ?",
+                (queue, self.now_ms),
+            ).fetchone()[0]
+        )
+
+    def _drop_head(self, queue: str, count: int) -> None:
+        rows = self.conn.execute(
+            f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered') AND visible_at_ms <= ? "
+            "ORDER BY seq LIMIT ?",
+            (queue, self.now_ms, count),
+        ).fetchall()
+        for row in rows:
+            self.dead_letter(from_row(row), from_queue=queue, reason=DeathReason.MAXLEN)
+
+    # --- leaving ----------------------------------------------------------------------------------
+    def dead_letter(
+        self,
+        message: Message,
+        *,
+        from_queue: str | None,
+        reason: DeathReason,
+        error: str | None = None,
+    ) -> None:
+        """End ``message`` here: move a copy to the dead-letter target (the queue's
+        ``dead_letter_to``, or the error queue for delivery failures) or, with no target, drop it;
+        send the reports it asked for."""
+        now = self.now_ms
+        if reason is DeathReason.DELIVERY_FAILED:
+            target = None if message.on_undeliverable is Undeliverable.DISCARD else self.error_queue
+        else:
+            args = self.catalog.effective(from_queue) if from_queue else None
+            target = args.dead_letter_to if args else None
+        died_in = from_queue or message.destination
+        deaths = record_death(
+            message.deaths,
+            reason=reason,
+            queue=died_in,
+            now_ms=now,
+            destination=message.destination,
+        )
+        copied = False
+        if target is not None and target in self.catalog.queues and not would_cycle(deaths, target):
+            headers = dict(message.headers)
+            headers.setdefault("tarry-original-id", message.id)
+            headers["tarry-death-reason"] = reason.value
+            if error:
+                headers["tarry-failure"] = error[:1000]
+            copy = replace(
+                message,
+                id=self.ids.new(now),
+                destination=target,
+                headers=headers,
+                state=MessageState.SCHEDULED,
+                deliver_at_ms=now,
+                # RabbitMQ removes the per-message expiration on dead-lettering.
+                expires_at_ms=None,
+                deaths=deaths,
+                topic=None,
+                queue=None,
+                enqueued_at_ms=None,
+                queue_expires_at_ms=None,
+                redelivered=False,
+                delivery_count=0,
+                failures=0,
+                report=frozenset(),
+                updated_at_ms=now,
+            )
+            self.insert_and_enqueue(copy, target)
+            copied = True
+        final = (
+            MessageState.EXPIRED
+            if reason is DeathReason.EXPIRED and not copied
+            else MessageState.DEAD_LETTERED
+        )
+        self.conn.execute(
+            "UPDATE messages SET state = ?, body = NULL, receipt = NULL, deaths = ?, "
+            "last_error = coalesce(?, last_error), updated_at_ms = ? WHERE id = ?",
+            (
+                final.value,
+                orjson.dumps([d.to_dict() for d in deaths]).decode(),
+                error,
+                now,
+                message.id,
+            ),
+        )
+        message.state, message.deaths, message.updated_at_ms = final, deaths, now
+        self.emit(final.value, message, from_queue, reason.value)
+        if reason is DeathReason.EXPIRED and Report.EXPIRATION in message.report:
+            self._report(message, "expiration", reason.value)
+        if reason is DeathReason.DELIVERY_FAILED and Report.EXCEPTION in message.report:
+            self._report(message, "exception", error or reason.value)
+
+    def _report(self, original: Message, kind: str, detail: str) -> None:
+        """IBM MQ-style report to ``reply_to``: correlation id = the original's correlation id,
+        else its message_id, else its tarry id (MQRO_COPY_MSG_ID_TO_CORREL_ID)."""
+        reply_to = original.reply_to
+        if reply_to is None or reply_to not in self.catalog.queues:
+            return
+        now = self.now_ms
+        body = orjson.dumps(
+            {
+                "report": kind,
+                "id": original.id,
+                "destination": original.destination,
+                "message_id": original.message_id,
+                "correlation_id": original.correlation_id,
+                "deliver_at": original.deliver_at_ms,
+                "expires_at": original.expires_at_ms,
+                "detail": detail,
+                "time": now,
+            }
+        )
+        report = Message(
+            id=self.ids.new(now),
+            destination=reply_to,
+            body=body,
+            headers={
+                "tarry-report": kind,
+                "tarry-original-id": original.id,
+                "content-type": "application/json",
+            },
+            sent_at_ms=now,
+            deliver_at_ms=now,
+            expires_at_ms=None,
+            correlation_id=original.correlation_id or original.message_id or original.id,
+            updated_at_ms=now,
+        )
+        self.insert_and_enqueue(report, reply_to)
+
+    # --- consumers --------------------------------------------------------------------------------
+    def receive(
+        self, queue: str, *, max_messages: int, visibility_ms: int
+    ) -> list[tuple[Message, str]]:
+        now = self.now_ms
+        rows = self.conn.execute(
+            f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered') AND visible_at_ms <= ? "
+            "AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?) ORDER BY seq LIMIT ?",
+            (queue, now, now, max_messages),
+        ).fetchall()
+        taken = []
+        for row in rows:
+            message = from_row(row)
+            receipt = self.ids.new(now)
+            message.redelivered = message.redelivered or message.delivery_count > 0
+            message.delivery_count += 1
+            message.state = MessageState.DELIVERED
+            message.updated_at_ms = now
+            self.conn.execute(
+                "UPDATE messages SET state = 'delivered', receipt = ?, visible_at_ms = ?, "
+                "delivery_count = ?, redelivered = ?, updated_at_ms = ? WHERE id = ?",
+                (
+                    receipt,
+                    now + visibility_ms,
+                    message.delivery_count,
+                    int(message.redelivered),
+                    now,
+                    message.id,
+                ),
+            )
+            self.emit("received", message, queue)
+            taken.append((message, receipt))
+        touch_queue(self.conn, queue, now)
+        return taken
+
+    def settle(
+        self, queue: str, receipts: Sequence[str], *, ack: bool, requeue: bool
+    ) -> tuple[int, list[str]]:
+        """Ack, requeue, or reject (dead-letter ``rejected``) in-flight messages by receipt."""
+        done, unknown = 0, []
+        for receipt in receipts:
+            row = self.conn.execute(
+                f"{SELECT_SQL} WHERE receipt = ? AND queue = ? AND state = 'delivered'",
+                (receipt, queue),
+            ).fetchone()
+            if row is None:
+                unknown.append(receipt)
+                continue
+            message = from_row(row)
+            if ack:
+                self.conn.execute(
+                    "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
+                    "updated_at_ms = ? WHERE id = ?",
+                    (self.now_ms, message.id),
+                )
+                message.state = MessageState.ACKED
+                self.emit("acked", message, queue)
+            elif requeue:
+                # Back to its old place; it keeps its original expiry.
+                self.conn.execute(
+                    "UPDATE messages SET state = 'ready', receipt = NULL, visible_at_ms = ?, "
+                    "redelivered = 1, updated_at_ms = ? WHERE id = ?",
+                    (self.now_ms, self.now_ms, message.id),
+                )
+                message.state = MessageState.READY
+                self.filled.add(queue)
+                self.emit("nacked", message, queue, "requeued")
+            else:
+                self.dead_letter(message, from_queue=queue, reason=DeathReason.REJECTED)
+            done += 1
+        return done, unknown
+
+    def sweep_expired(self, *, limit: int = 1000) -> int:
+        """Dead-letter (or drop) messages whose queue expiry has come and that no consumer holds."""
+        now = self.now_ms
+        rows = self.conn.execute(
+            f"{SELECT_SQL} WHERE state IN ('ready', 'delivered') AND queue_expires_at_ms <= ? "
+            "AND visible_at_ms <= ? ORDER BY queue_expires_at_ms LIMIT ?",
+            (now, now, limit),
+        ).fetchall()
+        for row in rows:
+            message = from_row(row)
+            self.dead_letter(message, from_queue=message.queue, reason=DeathReason.EXPIRED)
+        return len(rows)
+
+    def expire_queue_contents(self, queue: str) -> int:
+        """A deleted queue's messages are dropped, not dead-lettered (RabbitMQ)."""
+        rows = self.conn.execute(
+            f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered')", (queue,)
+        ).fetchall()
+        self.conn.execute(
+            "UPDATE messages SET state = 'expired', body = NULL, receipt = NULL, updated_at_ms = ? "
+            "WHERE queue = ? AND state IN ('ready', 'delivered')",
+            (self.now_ms, queue),
+        )
+        for row in rows:
+            message = from_row(row)
+            message.state = MessageState.EXPIRED
+            self.emit("expired", message, queue, "queue_deleted")
+        return len(rows)

@@ -1,0 +1,150 @@
+"""The dispatcher's retry, error-queue and breaker policy, deterministic with the in-memory store
+and transport (the same paths run for real in tests/engine and tests/e2e)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from tarry.dispatch.breaker import Breakers
+from tarry.transports.memory import MemoryTransport
+
+from tarry.config import DispatchConfig
+from tarry.dispatch.dispatcher import Dispatcher
+from tarry.errors import DeliveryFailed, Unavailable
+from tarry.model.ids import IdGenerator
+from tarry.model.message import Message
+from tarry.model.state import MessageState
+from tarry.model.time import ManualClock
+from tarry.store.memory import MemoryStore
+
+ids = IdGenerator()
+
+
+class Harness:
+    def __init__(self, **config: int) -> None:
+        self.clock = ManualClock(1_700_000_000_000)
+        self.config = DispatchConfig(**config)
+        self.store = MemoryStore()
+        self.transport = MemoryTransport()
+        self.breakers = Breakers.from_config(self.config, self.clock)
+        self.given_up: list[tuple[Message, DeliveryFailed]] = []
+        self.events: list[tuple[str, str]] = []
+        self.dispatcher = Dispatcher(
+            store=self.store,
+            config=self.config,
+            clock=self.clock,
+            breakers=self.breakers,
+            is_local=lambda name: False,
+            transport_for=lambda name: self.transport,
+            release_local=self._release_local,
+            give_up=self._give_up,
+            notify=lambda event, m, t, q, r: self.events.append((event, m.id)),
+        )
+
+    async def _release_local(
+        self, batch: Sequence[Message]
+    ) -> list[tuple[Message, DeliveryFailed]]:
+        return []
+
+    async def _give_up(self, message: Message, error: DeliveryFailed) -> None:
+        self.given_up.append((message, error))
+        await self.store.remove(
+            [message.id], state=MessageState.DEAD_LETTERED, now_ms=self.clock.now_ms()
+        )
+
+    async def schedule(self, delay_ms: int = 0) -> Message:
+        now = self.clock.now_ms()
+        m = Message(
+            id=ids.new(now),
+            destination="ext",
+            body=b"x",
+            headers={},
+            sent_at_ms=now,
+            deliver_at_ms=now + delay_ms,
+            expires_at_ms=None,
+            updated_at_ms=now,
+        )
+        await self.store.store([m])
+        return m
+
+    async def round(self) -> None:
+        await self.dispatcher.run_once()
+        await self.dispatcher.drain()
+
+
+async def test_a_delivered_message_is_removed_only_after_the_destination_accepted_it() -> None:
+    h = Harness()
+    m = await h.schedule(100)
+    await h.round()
+    assert h.transport.delivered == []
+    h.clock.advance(100)
+    await h.round()
+    assert [d.id for d in h.transport.delivered] == [m.id]
+    assert (await h.store.get(m.id)).state is MessageState.DELIVERED
+
+
+async def test_with_no_retries_the_first_failure_goes_to_the_error_queue() -> None:
+    h = Harness()
+    m = await h.schedule()
+    h.transport.fail_next(1)
+    await h.round()
+    assert [g.id for g, _ in h.given_up] == [m.id]
+
+
+async def test_failures_are_retried_with_backoff_up_to_number_of_retries() -> None:
+    h = Harness(number_of_retries=2, retry_backoff_ms=1000, retry_backoff_max_ms=10_000)
+    m = await h.schedule()
+    h.transport.fail_next(2)
+    await h.round()
+    assert (await h.store.get(m.id)).failures == 1
+    await h.round()  # held back until the backoff ends
+    assert h.transport.delivered == []
+    h.clock.advance(1000)
+    await h.round()
+    assert (await h.store.get(m.id)).failures == 2
+    h.clock.advance(2000)
+    await h.round()
+    assert [d.id for d in h.transport.delivered] == [m.id]
+    assert h.given_up == []
+
+
+async def test_a_permanent_failure_skips_the_retries() -> None:
+    h = Harness(number_of_retries=5)
+    await h.schedule()
+    h.transport.fail_next(1, DeliveryFailed("gone", reason="not_found", permanent=True))
+    await h.round()
+    assert len(h.given_up) == 1
+
+
+async def test_the_dispatch_breaker_opens_after_failing_for_time_to_trigger_and_closes_on_success() -> (
+    None
+):
+    h = Harness(number_of_retries=100, retry_backoff_ms=0, time_to_trigger_dispatch_ms=30_000)
+    await h.schedule()
+    h.transport.fail_next(2)
+    await h.round()
+    assert h.breakers.open_names() == []
+    h.clock.advance(30_000)
+    await h.round()
+    assert "dispatch" in h.breakers.open_names()
+    h.clock.advance(1)
+    await h.round()
+    assert h.breakers.open_names() == []
+
+
+async def test_a_store_that_cannot_fetch_opens_the_fetch_breaker_and_nothing_is_lost() -> None:
+    h = Harness(time_to_trigger_fetch_ms=1000)
+    m = await h.schedule()
+    h.store.fail_next(2, Unavailable("disk gone"))
+    with pytest.raises(Unavailable):
+        await h.dispatcher.run_once()
+    h.breakers.fetch.failure(Unavailable("disk gone"))
+    h.clock.advance(1000)
+    with pytest.raises(Unavailable):
+        await h.dispatcher.run_once()
+    h.breakers.fetch.failure(Unavailable("disk gone"))
+    assert "fetch" in h.breakers.open_names()
+    await h.round()
+    assert [d.id for d in h.transport.delivered] == [m.id]
+    assert h.breakers.open_names() == []

@@ -1,0 +1,164 @@
+"""The engine schedules, releases at the due time (never before), and hands messages to consumers."""
+
+from __future__ import annotations
+
+import pytest
+
+from tarry.errors import (
+    DestinationFull,
+    ExpiryError,
+    NotCancellable,
+    NotFound,
+    PreconditionFailed,
+    UnknownDestination,
+)
+from tarry.model.ids import id_time_ms
+
+
+async def test_a_delayed_message_is_not_receivable_before_its_due_time(make_engine, clock) -> None:
+    engine = await make_engine()
+    await engine.declare_queue("orders", {})
+    result = await engine.send({"destination": "orders", "body": "hi", "delay_ms": 2000})
+    assert result.state == "scheduled" and result.deliver_at_ms == clock.now_ms() + 2000
+    assert id_time_ms(result.id) == clock.now_ms()
+
+    clock.advance(1999)
+    await engine.dispatcher.run_once()
+    assert await engine.receive("orders") == []
+
+    clock.advance(1)
+    assert await engine.dispatcher.run_once() is True
+    [delivery] = await engine.receive("orders")
+    assert delivery.message.body == b"hi"
+    assert (await engine.get_message(result.id)).state.value == "delivered"
+    await engine.ack("orders", [delivery.receipt])
+    assert (await engine.get_message(result.id)).state.value == "acked"
+
+
+async def test_a_message_without_delay_is_ready_at_once(make_engine) -> None:
+    engine = await make_engine()
+    await engine.declare_queue("orders", {})
+    result = await engine.send({"destination": "orders", "body": "now"})
+    assert result.state == "ready"
+    assert [d.message.id for d in await engine.receive("orders")] == [result.id]
+
+
+async def test_sending_to_an_undeclared_destination_is_refused(make_engine) -> None:
+    engine = await make_engine()
+    with pytest.raises(UnknownDestination):
+        await engine.send({"destination": "nowhere", "body": "x"})
+
+
+async def test_auto_declare_creates_the_queue_on_first_send(make_engine) -> None:
+    engine = await make_engine({"server": {"auto_declare": True}})
+    await engine.send({"destination": "fresh", "body": "x"})
+    assert (await engine.queue_info("fresh")).ready == 1
+
+
+async def test_a_repeated_message_id_returns_the_first_message_and_stores_nothing(
+    make_engine,
+) -> None:
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    first = await engine.send({"destination": "q", "body": "a", "message_id": "m1", "delay_ms": 10})
+    again = await engine.send({"destination": "q", "body": "b", "message_id": "m1", "delay_ms": 10})
+    assert again.id == first.id and again.created is False
+    assert (await engine.stats())["messages"]["scheduled"] == 1
+
+
+async def test_cancel_and_reschedule_work_only_while_scheduled(make_engine, clock) -> None:
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    a = await engine.send({"destination": "q", "body": "a", "delay_ms": 1000})
+    b = await engine.send({"destination": "q", "body": "b", "delay_ms": 1000, "ttl_ms": 5000})
+    await engine.cancel(a.id)
+    with pytest.raises(NotCancellable):
+        await engine.cancel(a.id)
+    with pytest.raises(ExpiryError):
+        await engine.reschedule(b.id, {"delay_ms": 6000})
+    await engine.reschedule(b.id, {"delay_ms": 3000})
+    clock.advance(1000)
+    await engine.dispatcher.run_once()
+    assert await engine.receive("q") == []
+    clock.advance(2000)
+    await engine.dispatcher.run_once()
+    [d] = await engine.receive("q")
+    assert d.message.id == b.id
+    with pytest.raises(NotCancellable):
+        await engine.cancel(b.id)
+    with pytest.raises(NotFound):
+        await engine.cancel("01XXXXXXXXXXXXXXXXXXXXXXXX")
+
+
+async def test_release_into_a_local_queue_happens_once_across_a_crash(
+    make_engine, clock, tmp_path
+) -> None:
+    # Given messages claimed by a dispatcher that dies before releasing them
+    data = tmp_path / "crash"
+    engine = await make_engine(data_dir=data)
+    await engine.declare_queue("q", {})
+    sent = [
+        await engine.send({"destination": "q", "body": str(i), "delay_ms": 10}) for i in range(5)
+    ]
+    clock.advance(10)
+    claimed = await engine.store.fetch_due(clock.now_ms(), limit=10, lease_ms=60_000)
+    assert len(claimed) == 5
+    await engine.stop()
+    # When a new process opens the same data
+    engine2 = await make_engine(data_dir=data)
+    await engine2.dispatcher.run_once()
+    await engine2.dispatcher.run_once()
+    # Then each message is in the queue exactly once
+    got = await engine2.receive("q", max_messages=100)
+    assert sorted(d.message.id for d in got) == sorted(s.id for s in sent)
+
+
+async def test_redeclaring_a_queue_with_other_arguments_fails(make_engine) -> None:
+    engine = await make_engine()
+    _, created = await engine.declare_queue("q", {"message_ttl_ms": 1000})
+    _, again = await engine.declare_queue("q", {"message_ttl_ms": 1000})
+    assert (created, again) == (True, False)
+    with pytest.raises(PreconditionFailed):
+        await engine.declare_queue("q", {"message_ttl_ms": 2000})
+
+
+async def test_topic_publish_fans_out_to_the_subscribers_at_send_time(make_engine, clock) -> None:
+    engine = await make_engine()
+    for q in ("a", "b", "late"):
+        await engine.declare_queue(q, {})
+    await engine.declare_topic("news")
+    await engine.subscribe("news", "a")
+    await engine.subscribe("news", "b")
+    result = await engine.send({"destination": "news", "body": "extra", "delay_ms": 100})
+    await engine.subscribe("news", "late")  # subscribed after the send: gets no copy
+    assert sorted(q for _, q in result.copies) == ["a", "b"]
+    clock.advance(100)
+    await engine.dispatcher.run_once()
+    assert len(await engine.receive("a")) == 1
+    assert len(await engine.receive("b")) == 1
+    assert await engine.receive("late") == []
+
+
+async def test_a_full_reject_publish_queue_refuses_sends(make_engine) -> None:
+    engine = await make_engine()
+    await engine.declare_queue("small", {"max_length": 1, "overflow": "reject_publish"})
+    await engine.send({"destination": "small", "body": "1"})
+    with pytest.raises(DestinationFull):
+        await engine.send({"destination": "small", "body": "2"})
+
+
+async def test_a_batch_accepts_and_rejects_each_item_on_its_own(make_engine) -> None:
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    results = await engine.send_batch(
+        [
+            {"destination": "q", "body": "ok", "delay_ms": 5},
+            {"destination": "q", "delay_ms": 5000, "ttl_ms": 10},
+            {"destination": "missing"},
+        ]
+    )
+    assert results[0].state == "scheduled"
+    assert [getattr(r, "code", None) for r in results[1:]] == [
+        "expiry_error",
+        "unknown_destination",
+    ]
