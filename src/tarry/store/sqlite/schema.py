@@ -58,7 +58,6 @@ MIGRATIONS: list[str] = [
     CREATE INDEX messages_finished ON messages(updated_at_ms) WHERE state IN {_TERMINAL};
     CREATE INDEX messages_correlation ON messages(correlation_id) WHERE correlation_id IS NOT NULL;
     CREATE INDEX messages_destination ON messages(destination, deliver_at_ms, id);
-    CREATE INDEX messages_by_due ON messages(deliver_at_ms, id);
     CREATE TABLE queues (
         name TEXT PRIMARY KEY,
         args TEXT NOT NULL,
