@@ -1,0 +1,52 @@
+"""A real store fault (the SQLite file cannot grow) opens the store breaker: producers get
+`unavailable`, /healthz says degraded, nothing accepted is lost, and the engine recovers alone."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from tarry.errors import Unavailable
+
+
+def set_max_pages(engine, pages: int) -> None:
+    engine.store.db._require().execute(f"PRAGMA max_page_count={pages}")
+
+
+async def test_a_full_store_refuses_sends_with_unavailable_then_recovers(make_engine, clock) -> None:
+    engine = await make_engine({"dispatch": {"time_to_trigger_store_ms": 1000}})
+    await engine.declare_queue("q", {})
+    kept = await engine.send({"destination": "q", "body": "kept", "delay_ms": 10})
+    pages = await engine.store.read(lambda c: c.execute("PRAGMA page_count").fetchone()[0])
+
+    # Given a store that cannot grow any more
+    await engine.store.read(lambda c: set_max_pages(engine, pages))
+    big = "x" * 200_000
+    with pytest.raises(Unavailable):
+        await engine.send({"destination": "q", "body": big})
+    assert engine.health()["status"] == "ok"  # armed, not yet triggered
+    clock.advance(1000)
+    with pytest.raises(Unavailable):
+        await engine.send({"destination": "q", "body": big})
+    health = engine.health()
+    assert health["status"] == "degraded" and "store" in health["open"]
+
+    # When the fault clears
+    await engine.store.read(lambda c: set_max_pages(engine, 1_000_000))
+    await engine.send({"destination": "q", "body": big})
+    # Then the breaker closes and what was accepted before is intact
+    assert engine.health()["status"] == "ok"
+    clock.advance(10)
+    await engine.dispatcher.run_once()
+    bodies = sorted(d.message.body[:4] for d in await engine.receive("q", max_messages=10))
+    assert bodies == [b"kept", b"xxxx"]
+    assert (await engine.get_message(kept.id)).state.value == "delivered"
+
+
+def test_sqlite_reports_a_full_database_as_an_operational_error() -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (b BLOB)")
+    conn.execute("PRAGMA max_page_count=3")
+    with pytest.raises(sqlite3.OperationalError):
+        conn.execute("INSERT INTO t VALUES (?)", (b"x" * 100_000,))
