@@ -138,7 +138,7 @@ class Engine:
         await self.store.open()
 
         def load(conn: sqlite3.Connection) -> int:
-            self.catalog.load(conn)
+            self.catalog.load(conn, now_ms=self.clock.now_ms())
             return int(conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()[0])
 
         self._seq.value = await self.store.read(load)
@@ -632,8 +632,14 @@ class Engine:
                         queue, max_messages=max_messages, visibility_ms=visibility
                     )
 
-                txn, taken = await self.store.write(work)
-                self._after(txn)
+                # Look before taking: an empty poll costs a read, not a commit.
+                if await self.store.read(
+                    lambda conn, now=now: self._txn(conn, now).has_ready(queue)
+                ):
+                    txn, taken = await self.store.write(work)
+                    self._after(txn)
+                else:
+                    taken = []
                 if taken or queue not in self.catalog.queues:
                     return [Delivery(m, r) for m, r in taken]
                 remaining = deadline - loop.time()
@@ -785,7 +791,8 @@ class Engine:
             txn.sweep_expired()
             return txn
 
-        self._after(await self.store.write(work))
+        if await self.store.read(lambda conn: self._txn(conn, now).has_expired()):
+            self._after(await self.store.write(work))
         for name, entry in list(self.catalog.queues.items()):
             expires = entry.effective.expires_ms
             if (

@@ -55,11 +55,11 @@ class Catalog:
             entry.effective = effective_args(entry.name, entry.args, policies)
 
     # --- loading and persisting (run on the database thread) -----------------------------------
-    def load(self, conn: sqlite3.Connection) -> None:
-        for name, args, created, used in conn.execute(
-            "SELECT name, args, created_at_ms, last_used_ms FROM queues"
-        ):
-            self.queues[name] = QueueEntry(name, _args_from_json(args), created, used)
+    def load(self, conn: sqlite3.Connection, *, now_ms: int) -> None:
+        """Read everything back; a restart renews every unused queue's lease (its last use
+        is kept in memory only, so it counts from ``now_ms``)."""
+        for name, args, created in conn.execute("SELECT name, args, created_at_ms FROM queues"):
+            self.queues[name] = QueueEntry(name, _args_from_json(args), created, now_ms)
         for name, created in conn.execute("SELECT name, created_at_ms FROM topics"):
             self.topics[name] = set()
             self.topic_created_ms[name] = created
@@ -81,10 +81,6 @@ def save_queue(conn: sqlite3.Connection, entry: QueueEntry) -> None:
             entry.last_used_ms,
         ),
     )
-
-
-def touch_queue(conn: sqlite3.Connection, name: str, now_ms: int) -> None:
-    conn.execute("UPDATE queues SET last_used_ms = ? WHERE name = ?", (now_ms, name))
 
 
 def delete_queue_rows(conn: sqlite3.Connection, name: str) -> None:

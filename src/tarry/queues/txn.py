@@ -21,7 +21,7 @@ from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message, Report, Undeliverable
 from tarry.model.queue_args import Overflow
 from tarry.model.state import MessageState
-from tarry.queues.catalog import Catalog, touch_queue
+from tarry.queues.catalog import Catalog
 from tarry.store.sqlite.rows import INSERT_SQL, SELECT_SQL, from_row, to_row
 
 __all__ = ["HANDOFF_MS", "QueueTxn", "Sequencer"]
@@ -261,6 +261,30 @@ class QueueTxn:
         self.insert_and_enqueue(report, reply_to)
 
     # --- consumers --------------------------------------------------------------------------------
+    def has_ready(self, queue: str) -> bool:
+        """Whether ``receive`` would find anything (a read: no commit for an empty poll)."""
+        now = self.now_ms
+        return (
+            self.conn.execute(
+                "SELECT 1 FROM messages WHERE queue = ? AND state IN ('ready', 'delivered') "
+                "AND visible_at_ms <= ? AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?) "
+                "LIMIT 1",
+                (queue, now, now),
+            ).fetchone()
+            is not None
+        )
+
+    def has_expired(self) -> bool:
+        now = self.now_ms
+        return (
+            self.conn.execute(
+                "SELECT 1 FROM messages WHERE state IN ('ready', 'delivered') "
+                "AND queue_expires_at_ms <= ? AND visible_at_ms <= ? LIMIT 1",
+                (now, now),
+            ).fetchone()
+            is not None
+        )
+
     def receive(
         self, queue: str, *, max_messages: int, visibility_ms: int
     ) -> list[tuple[Message, str]]:
@@ -292,7 +316,6 @@ class QueueTxn:
             )
             self.emit("received", message, queue)
             taken.append((message, receipt))
-        touch_queue(self.conn, queue, now)
         return taken
 
     def settle(
