@@ -1,1 +1,1 @@
-"""(package docstring to be written with its first module)"""
+"""One router per resource: messages, queues, topics, policies, health."""

@@ -1,0 +1,172 @@
+"""The journal: every state change appended as one JSON line, for analysis with Spark
+(``spark.read.json``) or anything else that reads JSON lines.
+
+Files live in ``<data_dir>/journal/``. The file being written is ``journal-<start_ms>-<node>.jsonl.open``;
+it is renamed to ``.jsonl`` when it passes ``max_bytes`` or ``max_age_ms``, or at shutdown. Readers
+take the closed files (and may read the open one). A torn last line left by a crash is cut when
+the next process starts, so readers never see half a record.
+
+The journal is analytics, not the record: the store holds the truth, so lines are flushed to
+the OS every ``flush_ms`` without fsync, and ``record`` never blocks or raises.
+
+Every line has exactly these keys (null when not applicable), so one schema fits all files:
+
+    event          scheduled | released | received | acked | nacked | expired | dead_lettered |
+                   cancelled | rescheduled | failed | delivered
+    time           ms since the epoch when the change happened
+    node           the node that wrote it
+    id, destination, topic, queue, message_id, correlation_id
+    sent_at, deliver_at, expires_at   ms since the epoch
+    size           body bytes
+    failures       delivery failures so far
+    reason         why (expired, rejected, maxlen, delivery_failed, queue_deleted, ...)
+    lateness_ms    time - deliver_at, for released / delivered / received / expired
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import IO
+
+import orjson
+
+from tarry.config import JournalConfig
+from tarry.model.message import Message
+from tarry.model.time import Clock
+
+__all__ = ["Journal"]
+
+log = logging.getLogger(__name__)
+_LATE_EVENTS = frozenset({"released", "delivered", "received", "expired"})
+
+
+class Journal:
+    def __init__(self, directory: Path, config: JournalConfig, *, clock: Clock, node: str) -> None:
+        self.directory = directory
+        self.config = config
+        self.clock = clock
+        self.node = node
+        self.dropped = 0
+        self.written = 0
+        self._buffer: list[bytes] = []
+        self._file: IO[bytes] | None = None
+        self._path: Path | None = None
+        self._opened_ms = 0
+        self._size = 0
+        self._close_leftovers()
+
+    # --- writing -------------------------------------------------------------------------------
+    def record(
+        self, event: str, message: Message, time_ms: int, queue: str | None, reason: str | None
+    ) -> None:
+        """The engine's event listener: buffer one line (no I/O here)."""
+        try:
+            self._buffer.append(
+                orjson.dumps(
+                    {
+                        "event": event,
+                        "time": time_ms,
+                        "node": self.node,
+                        "id": message.id,
+                        "destination": message.destination,
+                        "topic": message.topic,
+                        "queue": queue,
+                        "message_id": message.message_id,
+                        "correlation_id": message.correlation_id,
+                        "sent_at": message.sent_at_ms,
+                        "deliver_at": message.deliver_at_ms,
+                        "expires_at": message.expires_at_ms,
+                        "size": len(message.body),
+                        "failures": message.failures,
+                        "reason": reason,
+                        "lateness_ms": time_ms - message.deliver_at_ms
+                        if event in _LATE_EVENTS
+                        else None,
+                    }
+                )
+                + b"\n"
+            )
+        except Exception:
+            self.dropped += 1
+
+    def flush(self) -> None:
+        """Write buffered lines to the current file, rotating first when it is due."""
+        if not self._buffer:
+            return
+        lines, self._buffer = self._buffer, []
+        data = b"".join(lines)
+        try:
+            if self._file is not None and self._due_for_rotation():
+                self._close_current()
+            if self._file is None:
+                self._open_new()
+            assert self._file is not None
+            self._file.write(data)
+            self._file.flush()
+            self._size += len(data)
+            self.written += len(lines)
+        except OSError as exc:
+            self.dropped += len(lines)
+            log.warning("journal: dropped %d lines: %s", len(lines), exc)
+            self._file = None
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(self.config.flush_ms / 1000)
+                self.flush()
+        finally:
+            self.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self._close_current()
+
+    # --- files ---------------------------------------------------------------------------------
+    def _due_for_rotation(self) -> bool:
+        return (
+            self._size >= self.config.max_bytes
+            or self.clock.now_ms() - self._opened_ms >= self.config.max_age_ms
+        )
+
+    def _open_new(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._opened_ms = self.clock.now_ms()
+        path = self.directory / f"journal-{self._opened_ms}-{self.node}.jsonl.open"
+        suffix = 0
+        while path.exists() or path.with_suffix("").exists():
+            suffix += 1
+            path = self.directory / f"journal-{self._opened_ms}-{self.node}-{suffix}.jsonl.open"
+        self._file = open(path, "ab")  # noqa: SIM115 - kept open across flushes
+        self._path = path
+        self._size = 0
+
+    def _close_current(self) -> None:
+        if self._file is None or self._path is None:
+            return
+        try:
+            self._file.close()
+            os.replace(self._path, self._path.with_suffix(""))
+        except OSError as exc:
+            log.warning("journal: could not close %s: %s", self._path, exc)
+        self._file = None
+        self._path = None
+
+    def _close_leftovers(self) -> None:
+        """Files a crashed process left open: cut a torn last line, then close them."""
+        if not self.directory.is_dir():
+            return
+        for path in sorted(self.directory.glob("*.jsonl.open")):
+            try:
+                data = path.read_bytes()
+                end = data.rfind(b"\n") + 1
+                if end < len(data):
+                    with open(path, "r+b") as handle:
+                        handle.truncate(end)
+                    log.warning("journal: cut a torn line at the end of %s", path.name)
+                os.replace(path, path.with_suffix(""))
+            except OSError as exc:
+                log.warning("journal: could not recover %s: %s", path.name, exc)

@@ -1,0 +1,50 @@
+"""One exception handler: every error leaves as ``{"error": {"code", "message"}}`` with the
+status of its code. Foreign errors (validation, routing, bugs) are translated here, once."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from tarry.server.responses import JSON
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tarry.errors import TarryError
+
+__all__ = ["error_response", "install_error_handlers"]
+
+log = logging.getLogger(__name__)
+
+
+def error_response(status: int, code: str, message: str) -> JSON:
+    return JSON({"error": {"code": code, "message": message}}, status_code=status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(TarryError)
+    async def tarry_error(_: Request, exc: TarryError) -> JSON:
+        return error_response(exc.http_status, exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSON:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'] if p != 'body') or 'body'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        return error_response(400, "invalid_argument", f"invalid request: {problems}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSON:
+        if exc.status_code == 404:
+            return error_response(404, "not_found", f"no such path: {request.url.path}")
+        if exc.status_code == 405:
+            return error_response(
+                405, "invalid_argument", f"{request.method} is not allowed on {request.url.path}"
+            )
+        return error_response(exc.status_code, "invalid_argument", str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSON:
+        log.exception("unexpected error")
+        return error_response(500, "internal", f"internal error: {type(exc).__name__}")

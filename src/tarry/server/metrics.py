@@ -1,0 +1,55 @@
+"""Prometheus metrics: counters fed by the engine's events, gauges read at scrape time. Each app
+has its own registry, so several servers can live in one test process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tarry.engine.api import EngineAPI
+from tarry.model.message import Message
+
+__all__ = ["Metrics"]
+
+_LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.events = Counter(
+            "tarry_messages", "State changes of messages", ["event"], registry=self.registry
+        )
+        self.lateness = Histogram(
+            "tarry_release_lateness_seconds",
+            "How long after its due time a message was released or delivered",
+            buckets=_LATENESS_BUCKETS,
+            registry=self.registry,
+        )
+        self.by_state = Gauge(
+            "tarry_messages_by_state", "Messages kept, by state", ["state"], registry=self.registry
+        )
+        self.breaker_open = Gauge(
+            "tarry_breaker_open",
+            "1 while a circuit breaker is open",
+            ["breaker"],
+            registry=self.registry,
+        )
+
+    def record(
+        self, event: str, message: Message, time_ms: int, queue: str | None, reason: str | None
+    ) -> None:
+        """The engine's event listener."""
+        self.events.labels(event).inc()
+        if event in ("released", "delivered"):
+            self.lateness.observe(max(0, time_ms - message.deliver_at_ms) / 1000)
+
+    async def render(self, engine: EngineAPI) -> tuple[bytes, str]:
+        stats: dict[str, Any] = await engine.stats()
+        for state, count in stats["messages"].items():
+            self.by_state.labels(state).set(count)
+        for name, state in engine.health()["breakers"].items():
+            self.breaker_open.labels(name).set(1 if state == "triggered" else 0)
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,31 @@
+"""Health, statistics and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from tarry.server.deps import caller, engine_of
+from tarry.server.responses import JSON
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get(
+    "/healthz",
+    summary="ok, or degraded with the open circuit breakers (HTTP 200 in both cases)",
+)
+async def healthz(request: Request) -> JSON:
+    return JSON(engine_of(request).health())
+
+
+@router.get("/v1/stats", summary="Counts by state, queues, dispatcher figures")
+async def stats(request: Request) -> JSON:
+    caller(request)
+    return JSON(await engine_of(request).stats())
+
+
+@router.get("/metrics", summary="Prometheus metrics")
+async def metrics(request: Request) -> Response:
+    body, content_type = await request.app.state.metrics.render(engine_of(request))
+    return Response(body, media_type=content_type)

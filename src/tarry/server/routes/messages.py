@@ -1,0 +1,109 @@
+"""Messages: schedule (one or a batch), inspect, list, cancel, reschedule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from tarry.engine.types import MessageQuery, SendResult
+from tarry.errors import InvalidArgument, TarryError
+from tarry.model.time import parse_instant_ms
+from tarry.server import schemas
+from tarry.server.deps import caller, engine_of, json_body, json_object
+from tarry.server.responses import JSON
+
+router = APIRouter(prefix="/v1/messages", tags=["messages"])
+
+
+@router.post(
+    "",
+    status_code=201,
+    summary="Schedule one message",
+    openapi_extra=schemas.body(schemas.SendMessage),
+    responses={201: {"model": schemas.Scheduled}, 200: {"description": "duplicate message_id"}},
+)
+async def send(request: Request) -> JSON:
+    data = await json_object(request)
+    result = await engine_of(request).send(data, may_send=caller(request).may_send)
+    return JSON(result.to_public(), status_code=201 if result.created else 200)
+
+
+@router.post(
+    "/batch",
+    summary="Schedule many messages; each accepted or rejected on its own",
+    openapi_extra=schemas.body(schemas.SendBatch),
+)
+async def send_batch(request: Request) -> JSON:
+    body = await json_body(request)
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        raise InvalidArgument('the body must be {"messages": [...]}')
+    results = await engine_of(request).send_batch(
+        body["messages"], may_send=caller(request).may_send
+    )
+    return JSON({"results": [_result(r) for r in results]})
+
+
+def _result(result: SendResult | TarryError) -> dict[str, Any]:
+    if isinstance(result, TarryError):
+        return {"error": result.to_dict()}
+    return result.to_public()
+
+
+def _instant(value: str | None, name: str) -> int | None:
+    if value is None:
+        return None
+    return parse_instant_ms(int(value) if value.isdigit() else value, field=name)
+
+
+@router.get("", summary="List messages ordered by deliver_at")
+async def list_messages(
+    request: Request,
+    destination: str | None = None,
+    correlation_id: str | None = None,
+    message_id: str | None = None,
+    state: str | None = None,
+    due_after: str | None = None,
+    due_before: str | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> JSON:
+    caller(request)
+    query = MessageQuery(
+        destination=destination,
+        correlation_id=correlation_id,
+        message_id=message_id,
+        state=state,
+        due_after_ms=_instant(due_after, "due_after"),
+        due_before_ms=_instant(due_before, "due_before"),
+        limit=limit,
+        cursor=cursor,
+    )
+    items, next_cursor = await engine_of(request).list_messages(query)
+    return JSON({"items": [m.to_public() for m in items], "next_cursor": next_cursor})
+
+
+@router.get("/{message_id}", summary="A message's metadata and state")
+async def get_message(request: Request, message_id: str) -> JSON:
+    caller(request)
+    message = await engine_of(request).get_message(message_id)
+    return JSON(message.to_public())
+
+
+@router.delete("/{message_id}", summary="Cancel a scheduled message")
+async def cancel(request: Request, message_id: str) -> JSON:
+    message = await engine_of(request).cancel(message_id, may_send=caller(request).may_send)
+    return JSON({"id": message.id, "state": message.state.value})
+
+
+@router.post(
+    "/{message_id}/reschedule",
+    summary="Move a scheduled message to another time",
+    openapi_extra=schemas.body(schemas.Reschedule),
+)
+async def reschedule(request: Request, message_id: str) -> JSON:
+    data = await json_object(request)
+    message = await engine_of(request).reschedule(
+        message_id, data, may_send=caller(request).may_send
+    )
+    return JSON(message.to_public())

@@ -1,0 +1,105 @@
+"""Local queues: declare, inspect, delete, receive, ack, nack."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from tarry.errors import InvalidArgument
+from tarry.server import schemas
+from tarry.server.deps import caller, engine_of, json_object
+from tarry.server.responses import JSON
+
+router = APIRouter(prefix="/v1/queues", tags=["queues"])
+
+
+@router.put(
+    "/{name}",
+    summary="Declare a queue (idempotent for equal arguments)",
+    openapi_extra=schemas.body(schemas.QueueArguments),
+)
+async def declare(request: Request, name: str) -> JSON:
+    principal = caller(request)
+    principal.require(principal.may_admin(name), "declare", name)
+    args = await json_object(request, default={})
+    info, created = await engine_of(request).declare_queue(name, args)
+    return JSON(info.to_public(), status_code=201 if created else 200)
+
+
+@router.get("", summary="All queues with their counts")
+async def list_queues(request: Request) -> JSON:
+    caller(request)
+    return JSON({"items": [q.to_public() for q in await engine_of(request).list_queues()]})
+
+
+@router.get("/{name}", summary="A queue's counts and the arguments in force")
+async def show(request: Request, name: str) -> JSON:
+    caller(request)
+    return JSON((await engine_of(request).queue_info(name)).to_public())
+
+
+@router.delete("/{name}", summary="Delete a queue and its messages (not dead-lettered)")
+async def delete(request: Request, name: str) -> JSON:
+    principal = caller(request)
+    principal.require(principal.may_admin(name), "delete", name)
+    await engine_of(request).delete_queue(name)
+    return JSON({"name": name, "deleted": True})
+
+
+def _int(body: dict[str, object], key: str, default: int | None) -> int | None:
+    value = body.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{key} must be a whole number, got {value!r}")
+    return value
+
+
+@router.post(
+    "/{name}/receive",
+    summary="Take up to max ready messages, waiting up to wait_ms for the first",
+    openapi_extra=schemas.body(schemas.Receive),
+)
+async def receive(request: Request, name: str) -> JSON:
+    principal = caller(request)
+    principal.require(principal.may_receive(name), "receive from", name)
+    body = await json_object(request, default={})
+    unknown = set(body) - {"max", "wait_ms", "visibility_ms"}
+    if unknown:
+        raise InvalidArgument(f"unknown field(s) {', '.join(sorted(unknown))}")
+    deliveries = await engine_of(request).receive(
+        name,
+        max_messages=_int(body, "max", 1) or 0,
+        wait_ms=_int(body, "wait_ms", 0) or 0,
+        visibility_ms=_int(body, "visibility_ms", None),
+    )
+    return JSON({"messages": [d.to_public() for d in deliveries]})
+
+
+def _receipts(body: dict[str, object]) -> list[str]:
+    receipts = body.get("receipts")
+    if not isinstance(receipts, list) or not all(isinstance(r, str) for r in receipts):
+        raise InvalidArgument("receipts must be a list of receipt strings from receive")
+    return receipts
+
+
+@router.post("/{name}/ack", summary="Acknowledge messages", openapi_extra=schemas.body(schemas.Ack))
+async def ack(request: Request, name: str) -> JSON:
+    principal = caller(request)
+    principal.require(principal.may_receive(name), "ack on", name)
+    body = await json_object(request)
+    return JSON(await engine_of(request).ack(name, _receipts(body)))
+
+
+@router.post(
+    "/{name}/nack",
+    summary="Requeue (requeue=true) or dead-letter with reason rejected",
+    openapi_extra=schemas.body(schemas.Nack),
+)
+async def nack(request: Request, name: str) -> JSON:
+    principal = caller(request)
+    principal.require(principal.may_receive(name), "nack on", name)
+    body = await json_object(request)
+    requeue = body.get("requeue", True)
+    if not isinstance(requeue, bool):
+        raise InvalidArgument("requeue must be true or false")
+    return JSON(await engine_of(request).nack(name, _receipts(body), requeue=requeue))

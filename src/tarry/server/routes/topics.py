@@ -1,0 +1,39 @@
+"""Topics and their subscriptions: a delayed publish fans out at send time."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from tarry.server.deps import caller, engine_of
+from tarry.server.responses import JSON
+
+router = APIRouter(prefix="/v1/topics", tags=["topics"])
+
+
+@router.put("/{name}", summary="Declare a topic")
+async def declare(request: Request, name: str) -> JSON:
+    principal = caller(request)
+    principal.require(principal.may_admin(name), "declare", name)
+    info, created = await engine_of(request).declare_topic(name)
+    return JSON(info, status_code=201 if created else 200)
+
+
+@router.get("/{name}", summary="A topic and its subscribed queues")
+async def show(request: Request, name: str) -> JSON:
+    caller(request)
+    return JSON(await engine_of(request).topic_info(name))
+
+
+@router.put("/{name}/subscriptions/{queue}", summary="Subscribe a queue to the topic")
+async def subscribe(request: Request, name: str, queue: str) -> JSON:
+    principal = caller(request)
+    principal.require(principal.may_admin(name), "subscribe to", name)
+    return JSON(await engine_of(request).subscribe(name, queue))
+
+
+@router.delete("/{name}/subscriptions/{queue}", summary="Unsubscribe a queue")
+async def unsubscribe(request: Request, name: str, queue: str) -> JSON:
+    principal = caller(request)
+    principal.require(principal.may_admin(name), "unsubscribe from", name)
+    await engine_of(request).unsubscribe(name, queue)
+    return JSON(await engine_of(request).topic_info(name))
