@@ -1,0 +1,185 @@
+"""Shared fixtures: real `tarry serve` processes, and the service checks behind the markers.
+
+Tests marked ``rabbitmq``, ``postgres`` or ``spark`` need that service. When it is missing they
+skip with a loud reason, unless ``TARRY_REQUIRE_SERVICES=1`` (CI), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REQUIRE_SERVICES = os.environ.get("TARRY_REQUIRE_SERVICES") == "1"
+
+_SERVICES: dict[str, tuple[Callable[[], bool], str]] = {}
+_checked: dict[str, bool] = {}
+_skipped: dict[str, int] = {}
+
+
+def _port_open(port: int) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    return check
+
+
+def _spark_available() -> bool:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return False
+    return subprocess.run(["java", "-version"], capture_output=True).returncode == 0
+
+
+_SERVICES["rabbitmq"] = (_port_open(5672), "RabbitMQ on 127.0.0.1:5672 (start: rabbitmq-server -detached)")
+_SERVICES["postgres"] = (
+    _port_open(5432),
+    "PostgreSQL on 127.0.0.1:5432 (start: pg_ctlcluster --skip-systemctl-redirect "
+    "$(ls /etc/postgresql) main start)",
+)
+_SERVICES["spark"] = (_spark_available, "pyspark and Java 17 (pip install -e '.[spark]')")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for name, (check, how) in _SERVICES.items():
+        if item.get_closest_marker(name) is None:
+            continue
+        if name not in _checked:
+            _checked[name] = check()
+        if _checked[name]:
+            continue
+        message = f"{name} is not available: needs {how}"
+        if REQUIRE_SERVICES:
+            pytest.fail(f"TARRY_REQUIRE_SERVICES=1 and {message}", pytrace=False)
+        _skipped[name] = _skipped.get(name, 0) + 1
+        pytest.skip(f"SKIPPED LOUDLY: {message}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for name, count in _skipped.items():
+        terminalreporter.write_line(
+            f"!!! {count} test(s) skipped because {name} is not available "
+            "(set TARRY_REQUIRE_SERVICES=1 to make this a failure)",
+            red=True,
+        )
+
+
+class ServerProcess:
+    """A real `tarry serve` subprocess on a free loopback port."""
+
+    def __init__(self, data_dir: Path, *, config: Path | None, env: dict[str, str] | None,
+                 args: list[str]) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self.env = env
+        self.args = args
+        self.url = ""
+        self.process: subprocess.Popen[str] | None = None
+        self.stderr_lines: list[str] = []
+        self.start()
+
+    def start(self) -> None:
+        command = [sys.executable, "-m", "tarry.cli.main", "serve", "--port", "0",
+                   "--data", str(self.data_dir), *self.args]
+        if self.config is not None:
+            command += ["--config", str(self.config)]
+        env = {**os.environ, **(self.env or {})}
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        self.stderr_lines = []
+        threading.Thread(target=self._drain_stderr, args=(self.process,), daemon=True).start()
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if line.startswith("tarry serving on "):
+                self.url = line.split()[-1].strip()
+                return
+            if not line and self.process.poll() is not None:
+                break
+        self.process.kill()
+        self.process.wait(10)
+        self._close_stdout()
+        raise RuntimeError(
+            "tarry serve did not start:\n" + "".join(self.stderr_lines[-30:])
+        )
+
+    def _drain_stderr(self, process: subprocess.Popen[str]) -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            self.stderr_lines.append(line)
+        process.stderr.close()
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+        self._close_stdout()
+
+    def _close_stdout(self) -> None:
+        if self.process and self.process.stdout and not self.process.stdout.closed:
+            self.process.stdout.close()
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close_stdout()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture
+def make_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    servers: list[ServerProcess] = []
+
+    def factory(
+        config_toml: str | None = None,
+        data_dir: Path | None = None,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+    ) -> ServerProcess:
+        config = None
+        if config_toml is not None:
+            config = tmp_path / f"tarry-{len(servers)}.toml"
+            config.write_text(config_toml)
+        server = ServerProcess(
+            data_dir or tmp_path / f"data-{len(servers)}", config=config, env=env, args=args or []
+        )
+        servers.append(server)
+        return server
+
+    yield factory
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def server(make_server: Callable[..., ServerProcess]) -> ServerProcess:
+    return make_server()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
