@@ -1,1 +1,2 @@
-"""(package docstring to be written with its first module)"""
+"""The ``tarry`` command line (click + rich). Talks to the server through ``tarry.client``; imports
+``tarry.server.app`` only for ``serve``. Validates nothing but argument syntax."""

@@ -1,18 +1,38 @@
-"""The ``tarry`` command."""
+"""The ``tarry`` command: the server (``serve``) and verbs that talk to it over HTTP."""
 
 from __future__ import annotations
 
 import click
 
+from tarry.cli.messages import cancel, consume, ls, reschedule, send, show
+from tarry.cli.queues import policy, queue, topic
 from tarry.cli.serve import serve
+from tarry.cli.stats import stats
+
+EPILOG = (
+    "Exit status: 0 success; 1 the server refused (the error code is printed on stderr); "
+    "2 the command line is wrong; 3 tarry cannot be reached."
+)
 
 
-@click.group()
-def cli() -> None:
+@click.group(epilog=EPILOG)
+@click.option(
+    "--url",
+    envvar="TARRY_URL",
+    default="http://127.0.0.1:7420",
+    show_default=True,
+    help="The server (env TARRY_URL).",
+)
+@click.option("--token", envvar="TARRY_TOKEN", help="Bearer token (env TARRY_TOKEN).")
+@click.version_option(package_name="tarry")
+@click.pass_context
+def cli(ctx: click.Context, url: str, token: str | None) -> None:
     """tarry: durable delayed-message delivery."""
+    ctx.ensure_object(dict).update(url=url, token=token)
 
 
-cli.add_command(serve)
+for command in (serve, send, ls, show, cancel, reschedule, consume, queue, topic, policy, stats):
+    cli.add_command(command)
 
 
 def main() -> None:

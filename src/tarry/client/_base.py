@@ -1,0 +1,185 @@
+"""What the sync and async clients share: building requests, reading responses, mapping errors.
+The two clients only send what this module builds."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+
+from tarry.client._types import MessageInfo, Page, QueueInfo, Received, Scheduled
+from tarry.errors import TarryError, Unavailable, error_class_for
+from tarry.model.time import parse_duration_ms, parse_instant_ms
+
+__all__ = ["Call", "build_send", "raise_for_error"]
+
+DEFAULT_URL = "http://127.0.0.1:7420"
+Duration = int | str | timedelta
+Instant = int | str | datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One HTTP call and how to read its answer."""
+
+    method: str
+    path: str
+    json: Any = None
+    params: dict[str, Any] | None = None
+
+
+def duration_ms(value: Duration | None, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return int(value.total_seconds() * 1000)
+    return parse_duration_ms(value, field=field)
+
+
+def instant_ms(value: Instant | None, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"{field} needs a time zone (use datetime.now(timezone.utc))")
+        return int(value.timestamp() * 1000)
+    return parse_instant_ms(value, field=field)
+
+
+def build_send(
+    destination: str,
+    body: str | bytes = b"",
+    *,
+    delay: Duration | None = None,
+    deliver_at: Instant | None = None,
+    ttl: Duration | None = None,
+    headers: Mapping[str, str] | None = None,
+    message_id: str | None = None,
+    correlation_id: str | None = None,
+    reply_to: str | None = None,
+    report: Iterable[str] | None = None,
+    on_undeliverable: str | None = None,
+    group_id: str | None = None,
+    retain: bool | None = None,
+    persistent: bool | None = None,
+) -> dict[str, Any]:
+    """The JSON of one send; absent options are left out so the server's defaults apply."""
+    data: dict[str, Any] = {"destination": destination}
+    if isinstance(body, bytes):
+        try:
+            data["body"] = body.decode("utf-8")
+        except UnicodeDecodeError:
+            data["body_base64"] = base64.b64encode(body).decode("ascii")
+    else:
+        data["body"] = body
+    optional = {
+        "delay_ms": duration_ms(delay, "delay"),
+        "deliver_at": instant_ms(deliver_at, "deliver_at"),
+        "ttl_ms": duration_ms(ttl, "ttl"),
+        "headers": dict(headers) if headers else None,
+        "message_id": message_id,
+        "correlation_id": correlation_id,
+        "reply_to": reply_to,
+        "report": list(report) if report else None,
+        "on_undeliverable": on_undeliverable,
+        "group_id": group_id,
+        "retain": retain,
+        "persistent": persistent,
+    }
+    data.update({k: v for k, v in optional.items() if v is not None})
+    return data
+
+
+def raise_for_error(response: httpx.Response) -> None:
+    """Raise the ``TarryError`` subclass named by an error body's code."""
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json()["error"]
+        code, message = error["code"], error["message"]
+    except Exception:
+        raise TarryError(f"HTTP {response.status_code}: {response.text[:200]}") from None
+    raise error_class_for(code)(message)
+
+
+def unreachable(url: str, exc: Exception) -> Unavailable:
+    return Unavailable(f"cannot reach tarry at {url}: {exc}; is `tarry serve` running?")
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+# --- readers: turn a decoded body into the client's value types -----------------------------------
+def read_scheduled(data: dict[str, Any]) -> Scheduled:
+    return Scheduled.from_json(data)
+
+
+def read_batch(data: dict[str, Any]) -> list[Scheduled | TarryError]:
+    out: list[Scheduled | TarryError] = []
+    for item in data["results"]:
+        if "error" in item:
+            out.append(error_class_for(item["error"]["code"])(item["error"]["message"]))
+        else:
+            out.append(Scheduled.from_json(item))
+    return out
+
+
+def read_page(data: dict[str, Any]) -> Page:
+    return Page([MessageInfo.from_json(m) for m in data["items"]], data.get("next_cursor"))
+
+
+def read_received(data: dict[str, Any]) -> list[Received]:
+    return [Received.from_json(m) for m in data["messages"]]
+
+
+def read_queue(data: dict[str, Any]) -> QueueInfo:
+    return QueueInfo.from_json(data)
+
+
+def list_params(**filters: Any) -> dict[str, Any]:
+    params = {k: v for k, v in filters.items() if v is not None}
+    for key in ("due_after", "due_before"):
+        if key in params:
+            params[key] = str(instant_ms(params[key], key))
+    return params
+
+
+def receive_body(max: int, wait: Duration | None, visibility: Duration | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"max": max, "wait_ms": duration_ms(wait, "wait") or 0}
+    visibility_ms = duration_ms(visibility, "visibility")
+    if visibility_ms is not None:
+        body["visibility_ms"] = visibility_ms
+    return body
+
+
+def queue_args(
+    *,
+    message_ttl: Duration | None = None,
+    expires: Duration | None = None,
+    dead_letter_to: str | None = None,
+    max_length: int | None = None,
+    overflow: str | None = None,
+    max_message_bytes: int | None = None,
+    put_enabled: bool | None = None,
+) -> dict[str, Any]:
+    args = {
+        "message_ttl_ms": duration_ms(message_ttl, "message_ttl"),
+        "expires_ms": duration_ms(expires, "expires"),
+        "dead_letter_to": dead_letter_to,
+        "max_length": max_length,
+        "overflow": overflow,
+        "max_message_bytes": max_message_bytes,
+        "put_enabled": put_enabled,
+    }
+    return {k: v for k, v in args.items() if v is not None}
+
+
+def reschedule_body(delay: Duration | None, deliver_at: Instant | None) -> dict[str, Any]:
+    if delay is not None:
+        return {"delay_ms": duration_ms(delay, "delay")}
+    return {"deliver_at": instant_ms(deliver_at, "deliver_at")}

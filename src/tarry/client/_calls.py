@@ -1,0 +1,223 @@
+"""Every client operation as a pure function: arguments in, (HTTP call, reader of the answer)
+out. ``Client`` and ``AsyncClient`` turn each into a method, so both have the same surface."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from tarry.client._base import (
+    Call,
+    Duration,
+    Instant,
+    build_send,
+    list_params,
+    queue_args,
+    read_batch,
+    read_page,
+    read_queue,
+    read_received,
+    read_scheduled,
+    receive_body,
+    reschedule_body,
+)
+from tarry.client._types import MessageInfo, Page, QueueInfo, Received, Scheduled
+from tarry.errors import TarryError
+
+R = TypeVar("R")
+Spec = tuple[Call, Callable[[Any], R]]
+
+
+def _same(data: Any) -> Any:
+    return data
+
+
+def send(
+    destination: str,
+    body: str | bytes = b"",
+    *,
+    delay: Duration | None = None,
+    deliver_at: Instant | None = None,
+    ttl: Duration | None = None,
+    headers: Mapping[str, str] | None = None,
+    message_id: str | None = None,
+    correlation_id: str | None = None,
+    reply_to: str | None = None,
+    report: Iterable[str] | None = None,
+    on_undeliverable: str | None = None,
+    group_id: str | None = None,
+    retain: bool | None = None,
+    persistent: bool | None = None,
+) -> Spec[Scheduled]:
+    """Schedule one message; ``delay``/``ttl`` take ms, ``"5s"`` or a timedelta, ``deliver_at``
+    epoch ms, RFC 3339 or an aware datetime."""
+    data = build_send(
+        destination,
+        body,
+        delay=delay,
+        deliver_at=deliver_at,
+        ttl=ttl,
+        headers=headers,
+        message_id=message_id,
+        correlation_id=correlation_id,
+        reply_to=reply_to,
+        report=report,
+        on_undeliverable=on_undeliverable,
+        group_id=group_id,
+        retain=retain,
+        persistent=persistent,
+    )
+    return Call("POST", "/v1/messages", json=data), read_scheduled
+
+
+def send_batch(messages: Sequence[Mapping[str, Any]]) -> Spec[list[Scheduled | TarryError]]:
+    """Schedule many (dicts as the HTTP API takes them); each accepted or rejected on its own."""
+    return Call("POST", "/v1/messages/batch", json={"messages": [*messages]}), read_batch
+
+
+def get(message_id: str) -> Spec[MessageInfo]:
+    """A message's metadata and state."""
+    return Call("GET", f"/v1/messages/{message_id}"), MessageInfo.from_json
+
+
+def cancel(message_id: str) -> Spec[dict[str, Any]]:
+    """Cancel a scheduled message (``not_cancellable`` once it left ``scheduled``)."""
+    return Call("DELETE", f"/v1/messages/{message_id}"), _same
+
+
+def reschedule(
+    message_id: str, *, delay: Duration | None = None, deliver_at: Instant | None = None
+) -> Spec[MessageInfo]:
+    """Move a scheduled message to ``delay`` from now or to ``deliver_at``."""
+    body = reschedule_body(delay, deliver_at)
+    return Call("POST", f"/v1/messages/{message_id}/reschedule", json=body), MessageInfo.from_json
+
+
+def list(
+    *,
+    destination: str | None = None,
+    correlation_id: str | None = None,
+    message_id: str | None = None,
+    state: str | None = None,
+    due_after: Instant | None = None,
+    due_before: Instant | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> Spec[Page]:
+    """One page of messages ordered by ``deliver_at``."""
+    params = list_params(
+        destination=destination,
+        correlation_id=correlation_id,
+        message_id=message_id,
+        state=state,
+        due_after=due_after,
+        due_before=due_before,
+        limit=limit,
+        cursor=cursor,
+    )
+    return Call("GET", "/v1/messages", params=params), read_page
+
+
+def declare_queue(
+    name: str,
+    *,
+    message_ttl: Duration | None = None,
+    expires: Duration | None = None,
+    dead_letter_to: str | None = None,
+    max_length: int | None = None,
+    overflow: str | None = None,
+    max_message_bytes: int | None = None,
+    put_enabled: bool | None = None,
+) -> Spec[QueueInfo]:
+    """Declare a queue (idempotent for equal arguments; ``precondition_failed`` otherwise)."""
+    args = queue_args(
+        message_ttl=message_ttl,
+        expires=expires,
+        dead_letter_to=dead_letter_to,
+        max_length=max_length,
+        overflow=overflow,
+        max_message_bytes=max_message_bytes,
+        put_enabled=put_enabled,
+    )
+    return Call("PUT", f"/v1/queues/{name}", json=args), read_queue
+
+
+def get_queue(name: str) -> Spec[QueueInfo]:
+    """A queue's counts and arguments in force."""
+    return Call("GET", f"/v1/queues/{name}"), read_queue
+
+
+def list_queues() -> Spec[list[QueueInfo]]:
+    return Call("GET", "/v1/queues"), lambda data: [read_queue(q) for q in data["items"]]
+
+
+def delete_queue(name: str) -> Spec[dict[str, Any]]:
+    return Call("DELETE", f"/v1/queues/{name}"), _same
+
+
+def receive(
+    queue: str, *, max: int = 1, wait: Duration | None = None, visibility: Duration | None = None
+) -> Spec[list[Received]]:
+    """Up to ``max`` messages, waiting up to ``wait`` for the first."""
+    body = receive_body(max, wait, visibility)
+    return Call("POST", f"/v1/queues/{queue}/receive", json=body), read_received
+
+
+def ack(queue: str, receipts: Sequence[str]) -> Spec[dict[str, Any]]:
+    return Call("POST", f"/v1/queues/{queue}/ack", json={"receipts": [*receipts]}), _same
+
+
+def nack(queue: str, receipts: Sequence[str], *, requeue: bool = True) -> Spec[dict[str, Any]]:
+    body = {"receipts": [*receipts], "requeue": requeue}
+    return Call("POST", f"/v1/queues/{queue}/nack", json=body), _same
+
+
+def declare_topic(name: str) -> Spec[dict[str, Any]]:
+    return Call("PUT", f"/v1/topics/{name}"), _same
+
+
+def subscribe(topic: str, queue: str) -> Spec[dict[str, Any]]:
+    return Call("PUT", f"/v1/topics/{topic}/subscriptions/{queue}"), _same
+
+
+def unsubscribe(topic: str, queue: str) -> Spec[dict[str, Any]]:
+    return Call("DELETE", f"/v1/topics/{topic}/subscriptions/{queue}"), _same
+
+
+def get_topic(name: str) -> Spec[dict[str, Any]]:
+    return Call("GET", f"/v1/topics/{name}"), _same
+
+
+def put_policy(
+    name: str,
+    *,
+    pattern: str,
+    definition: Mapping[str, Any],
+    priority: int = 0,
+    operator: bool = False,
+    apply_to: str = "queues",
+) -> Spec[dict[str, Any]]:
+    body = {
+        "pattern": pattern,
+        "definition": dict(definition),
+        "priority": priority,
+        "operator": operator,
+        "apply_to": apply_to,
+    }
+    return Call("PUT", f"/v1/policies/{name}", json=body), _same
+
+
+def list_policies() -> Spec[list[dict[str, Any]]]:
+    return Call("GET", "/v1/policies"), lambda data: data["items"]
+
+
+def delete_policy(name: str) -> Spec[dict[str, Any]]:
+    return Call("DELETE", f"/v1/policies/{name}"), _same
+
+
+def health() -> Spec[dict[str, Any]]:
+    return Call("GET", "/healthz"), _same
+
+
+def stats() -> Spec[dict[str, Any]]:
+    return Call("GET", "/v1/stats"), _same
