@@ -47,6 +47,8 @@ def _raise(message: str) -> None:
     type=click.Choice(["expiration", "exception"]),
     help="Report to --reply-to (repeatable).",
 )
+@click.option("--group-id", help="Message group (refused together with a delay: options_error).")
+@click.option("--retain", is_flag=True, help="Retained publication (refused with a delay).")
 @click.option("--discard", is_flag=True, help="Discard instead of dead-lettering if undeliverable.")
 @click.option(
     "--body-file",
@@ -74,6 +76,8 @@ def send(
     correlation_id: str | None,
     reply_to: str | None,
     report: tuple[str, ...],
+    group_id: str | None,
+    retain: bool,
     discard: bool,
     body_file: Path | None,
     batch_file: Path | None,
@@ -97,6 +101,8 @@ def send(
         reply_to=reply_to,
         report=report or None,
         on_undeliverable="discard" if discard else None,
+        group_id=group_id,
+        retain=retain or None,
     )
     click.echo(result.id)
 
