@@ -1,0 +1,73 @@
+"""``HttpTransport``: delivers a due message by POSTing its body to a route's URL (a webhook).
+
+2xx means accepted. 408, 429, 5xx, connection errors and timeouts are transient (retried);
+other 4xx are permanent (the error queue at once). httpx's exceptions are translated in one
+place, ``_delivery_failed``.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from tarry.config import RouteConfig
+from tarry.errors import DeliveryFailed
+from tarry.model.message import Message
+
+__all__ = ["HttpTransport"]
+
+_TRANSIENT_STATUS = frozenset({408, 425, 429})
+
+
+class HttpTransport:
+    def __init__(self, route: RouteConfig, *, client: httpx.AsyncClient | None = None) -> None:
+        self.route = route
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(timeout=route.timeout_ms / 1000)
+
+    def headers_for(self, message: Message) -> dict[str, str]:
+        headers = dict(message.headers)
+        headers.update(self.route.headers)
+        headers["tarry-id"] = message.id
+        headers["tarry-destination"] = message.destination
+        headers["tarry-deliver-at"] = str(message.deliver_at_ms)
+        headers["tarry-sent-at"] = str(message.sent_at_ms)
+        if message.message_id is not None:
+            headers["tarry-message-id"] = message.message_id
+        if message.correlation_id is not None:
+            headers["tarry-correlation-id"] = message.correlation_id
+        headers.setdefault("content-type", "application/octet-stream")
+        return headers
+
+    async def deliver(self, message: Message) -> None:
+        try:
+            response = await self._client.post(
+                self.route.url, content=message.body, headers=self.headers_for(message)
+            )
+        except httpx.HTTPError as exc:
+            raise _delivery_failed(self.route.url, exc) from exc
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        transient = status >= 500 or status in _TRANSIENT_STATUS
+        raise DeliveryFailed(
+            f"{self.route.url} answered HTTP {status}",
+            reason=f"http_{status}",
+            permanent=not transient,
+        )
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+
+def _delivery_failed(url: str, exc: httpx.HTTPError) -> DeliveryFailed:
+    """httpx's failures, once: all transport-level errors are worth retrying."""
+    if isinstance(exc, httpx.TimeoutException):
+        return DeliveryFailed(f"{url} timed out: {exc}", reason="timeout", permanent=False)
+    if isinstance(exc, httpx.ConnectError):
+        return DeliveryFailed(f"cannot connect to {url}: {exc}", reason="connect", permanent=False)
+    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
+        return DeliveryFailed(f"{url} is not a usable URL: {exc}", reason="bad_url", permanent=True)
+    return DeliveryFailed(
+        f"HTTP delivery to {url} failed: {exc}", reason="http_error", permanent=False
+    )
