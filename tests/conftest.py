@@ -45,7 +45,10 @@ def _spark_available() -> bool:
     return subprocess.run(["java", "-version"], capture_output=True).returncode == 0
 
 
-_SERVICES["rabbitmq"] = (_port_open(5672), "RabbitMQ on 127.0.0.1:5672 (start: rabbitmq-server -detached)")
+_SERVICES["rabbitmq"] = (
+    _port_open(5672),
+    "RabbitMQ on 127.0.0.1:5672 (start: rabbitmq-server -detached)",
+)
 _SERVICES["postgres"] = (
     _port_open(5432),
     "PostgreSQL on 127.0.0.1:5432 (start: pg_ctlcluster --skip-systemctl-redirect "
@@ -81,8 +84,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 class ServerProcess:
     """A real `tarry serve` subprocess on a free loopback port."""
 
-    def __init__(self, data_dir: Path, *, config: Path | None, env: dict[str, str] | None,
-                 args: list[str]) -> None:
+    def __init__(
+        self, data_dir: Path, *, config: Path | None, env: dict[str, str] | None, args: list[str]
+    ) -> None:
         self.data_dir = data_dir
         self.config = config
         self.env = env
@@ -93,8 +97,17 @@ class ServerProcess:
         self.start()
 
     def start(self) -> None:
-        command = [sys.executable, "-m", "tarry.cli.main", "serve", "--port", "0",
-                   "--data", str(self.data_dir), *self.args]
+        command = [
+            sys.executable,
+            "-m",
+            "tarry.cli.main",
+            "serve",
+            "--port",
+            "0",
+            "--data",
+            str(self.data_dir),
+            *self.args,
+        ]
         if self.config is not None:
             command += ["--config", str(self.config)]
         env = {**os.environ, **(self.env or {})}
@@ -115,9 +128,7 @@ class ServerProcess:
         self.process.kill()
         self.process.wait(10)
         self._close_stdout()
-        raise RuntimeError(
-            "tarry serve did not start:\n" + "".join(self.stderr_lines[-30:])
-        )
+        raise RuntimeError("tarry serve did not start:\n" + "".join(self.stderr_lines[-30:]))
 
     def _drain_stderr(self, process: subprocess.Popen[str]) -> None:
         assert process.stderr is not None

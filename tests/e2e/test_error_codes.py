@@ -30,14 +30,26 @@ SETUP: list[Request] = [
     ("POST", "/v1/messages", {"destination": "one", "body": "fills it"}),
 ]
 CASES: dict[str, tuple[int, Request]] = {
-    "invalid_argument": (400, ("POST", "/v1/messages", {"destination": "q", "delay_ms": 1, "deliver_at": 5})),
-    "expiry_error": (400, ("POST", "/v1/messages", {"destination": "q", "delay_ms": 5000, "ttl_ms": 10})),
-    "options_error": (400, ("POST", "/v1/messages", {"destination": "q", "delay_ms": 5000, "group_id": "g"})),
+    "invalid_argument": (
+        400,
+        ("POST", "/v1/messages", {"destination": "q", "delay_ms": 1, "deliver_at": 5}),
+    ),
+    "expiry_error": (
+        400,
+        ("POST", "/v1/messages", {"destination": "q", "delay_ms": 5000, "ttl_ms": 10}),
+    ),
+    "options_error": (
+        400,
+        ("POST", "/v1/messages", {"destination": "q", "delay_ms": 5000, "group_id": "g"}),
+    ),
     "not_found": (404, ("GET", "/v1/messages/01M823NX2A455N3NW7GDWRCSYG", None)),
     "unknown_destination": (404, ("POST", "/v1/messages", {"destination": "nowhere", "body": "x"})),
     "put_disabled": (409, ("POST", "/v1/messages", {"destination": "off", "body": "x"})),
     "precondition_failed": (409, ("PUT", "/v1/queues/q", {"message_ttl_ms": 5})),
-    "message_too_large": (413, ("POST", "/v1/messages", {"destination": "tiny", "body": "too big"})),
+    "message_too_large": (
+        413,
+        ("POST", "/v1/messages", {"destination": "tiny", "body": "too big"}),
+    ),
     "destination_full": (429, ("POST", "/v1/messages", {"destination": "one", "body": "x"})),
 }
 
@@ -60,7 +72,10 @@ def tarry(url: str, *args: str, token: str | None = None) -> subprocess.Complete
         env["TARRY_TOKEN"] = token
     return subprocess.run(
         [sys.executable, "-m", "tarry.cli.main", "--url", url, *args],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
 
 
@@ -96,7 +111,9 @@ CLI_CASES: dict[str, list[str]] = {
 
 
 @pytest.mark.parametrize("code", sorted(CLI_CASES))
-def test_each_error_code_comes_back_from_the_cli_with_a_non_zero_exit(open_server, code: str) -> None:
+def test_each_error_code_comes_back_from_the_cli_with_a_non_zero_exit(
+    open_server, code: str
+) -> None:
     result = tarry(open_server.url, *CLI_CASES[code])
     assert result.returncode == 1
     assert result.stderr.startswith(f"{code}: ")
@@ -147,7 +164,10 @@ def test_tokens_are_required_and_checked_per_destination(make_server) -> None:
         assert (response.status_code, response.json()["error"]["code"]) == (403, "not_authorized")
         response = alice.post("/v1/messages", json={"destination": "b.orders", "body": "x"})
         assert (response.status_code, response.json()["error"]["code"]) == (403, "not_authorized")
-        assert alice.post("/v1/messages", json={"destination": "a.orders", "body": "x"}).status_code == 201
+        assert (
+            alice.post("/v1/messages", json={"destination": "a.orders", "body": "x"}).status_code
+            == 201
+        )
     result = tarry(server.url, "send", "a.orders", "x")
     assert result.returncode == 1 and result.stderr.startswith("unauthenticated: ")
     result = tarry(server.url, "send", "b.orders", "x", token="alice-secret")
@@ -158,9 +178,21 @@ def test_tokens_are_required_and_checked_per_destination(make_server) -> None:
 
 def test_binding_beyond_loopback_without_tokens_refuses_to_start(tmp_path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "tarry.cli.main", "serve", "--host", "0.0.0.0", "--port", "0",
-         "--data", str(tmp_path)],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "tarry.cli.main",
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--data",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode != 0
     assert "invalid_argument" in result.stderr and "auth.tokens" in result.stderr

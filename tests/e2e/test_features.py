@@ -164,9 +164,17 @@ def test_health_metrics_and_openapi(server, client: Client) -> None:
 
     assert client.health()["status"] == "ok"
     paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
-    for path in ("/v1/messages", "/v1/messages/batch", "/v1/messages/{message_id}",
-                 "/v1/queues/{name}", "/v1/queues/{name}/receive", "/v1/topics/{name}",
-                 "/v1/policies/{name}", "/healthz", "/metrics"):
+    for path in (
+        "/v1/messages",
+        "/v1/messages/batch",
+        "/v1/messages/{message_id}",
+        "/v1/queues/{name}",
+        "/v1/queues/{name}/receive",
+        "/v1/topics/{name}",
+        "/v1/policies/{name}",
+        "/healthz",
+        "/metrics",
+    ):
         assert path in paths
     assert "tarry_messages_total" in httpx.get(f"{server.url}/metrics").text
 
@@ -177,8 +185,11 @@ def test_the_journal_records_every_state_change(server, client: Client) -> None:
     [m] = client.receive("journaled")
     client.ack("journaled", [m.receipt])
     server.stop()
-    lines = [orjson.loads(line) for f in (server.data_dir / "journal").glob("*.jsonl")
-             for line in f.read_bytes().splitlines()]
+    lines = [
+        orjson.loads(line)
+        for f in (server.data_dir / "journal").glob("*.jsonl")
+        for line in f.read_bytes().splitlines()
+    ]
     events = [e["event"] for e in lines if e["id"] == sent.id]
     assert events == ["scheduled", "released", "received", "acked"]
     assert len({frozenset(e) for e in lines}) == 1  # one schema for every line

@@ -14,7 +14,9 @@ def set_max_pages(engine, pages: int) -> None:
     engine.store.db._require().execute(f"PRAGMA max_page_count={pages}")
 
 
-async def test_a_full_store_refuses_sends_with_unavailable_then_recovers(make_engine, clock) -> None:
+async def test_a_full_store_refuses_sends_with_unavailable_then_recovers(
+    make_engine, clock
+) -> None:
     engine = await make_engine({"dispatch": {"time_to_trigger_store_ms": 1000}})
     await engine.declare_queue("q", {})
     kept = await engine.send({"destination": "q", "body": "kept", "delay_ms": 10})
