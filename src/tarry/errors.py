@@ -164,7 +164,7 @@ class Unavailable(TarryError):
 
 
 class DeliveryFailed(TarryError):
-    """Raised by a transport when the destination did not accept a message."""
+    """Raised when a destination outside tarry did not accept a message (from a transport)."""
 
     code = "delivery_failed"
     http_status = 502
