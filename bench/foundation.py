@@ -103,7 +103,8 @@ async def steady(url: str, rate: int, seconds: int) -> dict[str, float]:
     lateness: list[float] = []
     early = 0
     sent = 0
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+    limits = httpx.Limits(max_connections=16)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
         await client.put("/v1/queues/bench.steady", json={})
         stop_at = time.time() + seconds
         expected = rate * seconds
@@ -130,9 +131,8 @@ async def steady(url: str, rate: int, seconds: int) -> dict[str, float]:
 
         async def consume() -> None:
             nonlocal early
-            received = 0
             deadline = stop_at + 15
-            while received < expected and time.time() < deadline:
+            while len(lateness) < expected and time.time() < deadline:
                 response = await client.post(
                     "/v1/queues/bench.steady/receive", json={"max": 500, "wait_ms": 1000}
                 )
@@ -143,7 +143,6 @@ async def steady(url: str, rate: int, seconds: int) -> dict[str, float]:
                     if late < 0:
                         early += 1
                     lateness.append(late)
-                received += len(messages)
                 if messages:
                     await client.post(
                         "/v1/queues/bench.steady/ack",
@@ -174,34 +173,33 @@ async def pending(url: str, pid: int, total: int) -> dict[str, float]:
     }
 
 
+def run_part(tmp: Path, name: str, store: str, work) -> object:
+    proc, url = start_server(tmp / name, store)
+    try:
+        return asyncio.run(work(url, proc.pid))
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--store", default="sqlite")
     parser.add_argument("--quick", action="store_true", help="smaller runs, for a smoke test")
+    parser.add_argument("--only", choices=["batch", "steady", "pending"], help="run one part")
     args = parser.parse_args()
     scale = 10 if args.quick else 1
+    parts = {
+        "batch": ("batch_schedule_http",
+                  lambda url, pid: batch_schedule(url, 200_000 // scale, 1000, 2)),
+        "steady": ("steady_1000_per_s", lambda url, pid: steady(url, 1000, 60 // scale)),
+        "pending": ("pending_100k", lambda url, pid: pending(url, pid, 100_000 // scale)),
+    }
     results: dict[str, object] = {"store": args.store, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_server(Path(tmp) / "batch", args.store)
-        try:
-            results["batch_schedule_http"] = asyncio.run(
-                batch_schedule(url, 200_000 // scale, 1000, 2)
-            )
-        finally:
-            proc.terminate()
-            proc.wait()
-        proc, url = start_server(Path(tmp) / "steady", args.store)
-        try:
-            results["steady_1000_per_s"] = asyncio.run(steady(url, 1000, 60 // scale))
-        finally:
-            proc.terminate()
-            proc.wait()
-        proc, url = start_server(Path(tmp) / "pending", args.store)
-        try:
-            results["pending_100k"] = asyncio.run(pending(url, proc.pid, 100_000 // scale))
-        finally:
-            proc.terminate()
-            proc.wait()
+        for name, (key, work) in parts.items():
+            if args.only in (None, name):
+                results[key] = run_part(Path(tmp), name, args.store, work)
     print(json.dumps(results, indent=2))
 
 

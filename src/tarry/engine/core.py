@@ -290,7 +290,9 @@ class Engine:
                     results[index] = error
                 return [r for r in results if r is not None]
             try:
-                stored = await self.store.write(lambda conn: self._store_work(conn, accepted, now))
+                stored = await self.store.write(
+                    lambda conn: self._store_work(conn, accepted, now), durable=True
+                )
             except TarryError as exc:
                 self.breakers.store.failure(exc)
                 for index, _, _ in accepted:
@@ -333,8 +335,12 @@ class Engine:
     ) -> tuple[QueueTxn, list[tuple[SendResult, bool]]]:
         txn = self._txn(conn, now)
         outcomes: list[tuple[SendResult, bool]] = []
+        # One insert for the whole batch; then each plan takes back its own rows.
+        everything = insert_messages(conn, [m for _, _, messages in accepted for m in messages])
+        start = 0
         for _, plan, messages in accepted:
-            stored = insert_messages(conn, messages)
+            stored = everything[start : start + len(messages)]
+            start += len(messages)
             created = all(o.created for o in stored) if stored else True
             if not plan.delayed:
                 for outcome in stored:
@@ -528,10 +534,10 @@ class Engine:
                     "declare it with the same arguments or delete it first"
                 )
             entry.last_used_ms = now  # a redeclare renews an unused queue's lease
-            await self.store.write(lambda conn: save_queue(conn, entry))
+            await self.store.write(lambda conn: save_queue(conn, entry), durable=True)
             return await self.queue_info(name), False
         entry = QueueEntry(name, parsed, now, now)
-        await self.store.write(lambda conn: save_queue(conn, entry))
+        await self.store.write(lambda conn: save_queue(conn, entry), durable=True)
         self.catalog.queues[name] = entry
         self.catalog.recompute()
         return await self.queue_info(name), True
@@ -685,7 +691,7 @@ class Engine:
         if name in self.catalog.topics:
             return await self.topic_info(name), False
         now = self.clock.now_ms()
-        await self.store.write(lambda conn: save_topic(conn, name, now))
+        await self.store.write(lambda conn: save_topic(conn, name, now), durable=True)
         self.catalog.topics[name] = set()
         self.catalog.topic_created_ms[name] = now
         return await self.topic_info(name), True
@@ -704,14 +710,14 @@ class Engine:
             raise NotFound(f"no topic named {topic!r}; declare it first")
         if queue not in self.catalog.queues:
             raise NotFound(f"no queue named {queue!r}; declare it first")
-        await self.store.write(lambda conn: save_subscription(conn, topic, queue, True))
+        await self.store.write(lambda conn: save_subscription(conn, topic, queue, True), durable=True)
         self.catalog.topics[topic].add(queue)
         return await self.topic_info(topic)
 
     async def unsubscribe(self, topic: str, queue: str) -> None:
         if topic not in self.catalog.topics:
             raise NotFound(f"no topic named {topic!r}")
-        await self.store.write(lambda conn: save_subscription(conn, topic, queue, False))
+        await self.store.write(lambda conn: save_subscription(conn, topic, queue, False), durable=True)
         self.catalog.topics[topic].discard(queue)
 
     async def put_policy(self, name: str, data: Mapping[str, Any]) -> Policy:
@@ -756,7 +762,7 @@ class Engine:
             if e.effective.message_ttl_ms != before.get(q)
         )
         try:
-            await self.store.write(work)
+            await self.store.write(work, durable=True)
         except BaseException:
             self.catalog.policies = old
             self.catalog.recompute()

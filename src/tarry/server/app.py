@@ -3,6 +3,7 @@ uvicorn on a socket it binds itself (so ``--port 0`` works and the chosen port i
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 import sys
@@ -83,6 +84,11 @@ def serve(config: TarryConfig) -> None:
     )
     log.info("configuration: %s", orjson.dumps(config.redacted()).decode())
     app = create_app(config)
+    # Fewer, later collections: a server holding many short-lived message objects otherwise
+    # pays for frequent full collections as tail latency. Start-up objects are frozen out.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
     sock = _bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

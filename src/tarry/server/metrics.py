@@ -31,6 +31,7 @@ class Metrics:
         self.by_state = Gauge(
             "tarry_messages_by_state", "Messages kept, by state", ["state"], registry=self.registry
         )
+        self._by_event: dict[str, Any] = {}
         self.breaker_open = Gauge(
             "tarry_breaker_open",
             "1 while a circuit breaker is open",
@@ -42,7 +43,10 @@ class Metrics:
         self, event: str, message: Message, time_ms: int, queue: str | None, reason: str | None
     ) -> None:
         """The engine's event listener."""
-        self.events.labels(event).inc()
+        counter = self._by_event.get(event)
+        if counter is None:
+            counter = self._by_event[event] = self.events.labels(event)
+        counter.inc()
         if event in ("released", "delivered"):
             self.lateness.observe(max(0, time_ms - message.deliver_at_ms) / 1000)
 

@@ -4,6 +4,12 @@ Every operation runs on a single dedicated thread (SQLite connections are not sh
 threads). Writes submitted while a commit is in progress are gathered into the next transaction,
 each in its own SAVEPOINT, so concurrent producers share one fsync without sharing failures:
 a write that raises is rolled back alone.
+
+Durability is chosen per write: accepting a producer's message (``durable=True``) fsyncs the
+commit under ``synchronous = full``; moving messages between states (release, receive, ack,
+sweep) commits without fsync (SQLite's NORMAL in WAL mode: consistent, survives a crash of the
+process, may replay the last moves after a power loss — at-least-once, never lost). WAL
+checkpoints run on a second connection in their own thread so they do not stall commits.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,8 +43,11 @@ class Database:
         self._max_pages = max_pages
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-db")
         self._conn: sqlite3.Connection | None = None
-        self._pending: list[tuple[Work, asyncio.Future[Any]]] = []
+        self._pending: list[tuple[Work, asyncio.Future[Any], bool]] = []
+        self._checkpointer: threading.Thread | None = None
+        self._closing = threading.Event()
         self._flushing = False
+        self._level = ""
         self.commits = 0
 
     async def open(self) -> None:
@@ -54,17 +64,40 @@ class Database:
         conn.execute("PRAGMA journal_mode=WAL")
         # full: the WAL is fsynced at every commit, so a 201 means the message is on disk.
         conn.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
+        self._level = self._synchronous.upper()
         conn.execute("PRAGMA foreign_keys=OFF")
         conn.execute("PRAGMA cache_size=-65536")
         conn.execute("PRAGMA temp_store=MEMORY")
         if self._max_pages is not None:
             conn.execute(f"PRAGMA max_page_count={int(self._max_pages)}")
+        # The checkpointer thread keeps the WAL short; this is only the safety net.
+        conn.execute("PRAGMA wal_autocheckpoint=20000")
         migrate(conn)
         self._conn = conn
+        if self.path is not None:
+            self._checkpointer = threading.Thread(
+                target=self._checkpoint_loop, name="tarry-checkpoint", daemon=True
+            )
+            self._checkpointer.start()
+
+    def _checkpoint_loop(self) -> None:
+        conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA busy_timeout=100")
+            while not self._closing.wait(0.5):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:
+                    log.debug("checkpoint skipped: %s", exc)
+        finally:
+            conn.close()
 
     async def close(self) -> None:
         while self._pending or self._flushing:
             await asyncio.sleep(0.005)
+        self._closing.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join()
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
@@ -78,12 +111,12 @@ class Database:
         except sqlite3.Error as exc:
             raise _unavailable(exc) from exc
 
-    async def write(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    async def write(self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False) -> T:
         """Run ``work`` inside a transaction shared with other concurrent writes; return once
-        the transaction is committed (and fsynced under ``synchronous = full``)."""
+        the transaction is committed, and fsynced when ``durable`` (see the module docstring)."""
         self._require()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._pending.append((work, future))
+        self._pending.append((work, future, durable))
         if not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().create_task(self._flush())
@@ -98,11 +131,11 @@ class Database:
                     results = await loop.run_in_executor(self._executor, self._run_batch, batch)
                 except BaseException as exc:  # the commit itself failed: nothing was stored
                     error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
-                    for _, future in batch:
+                    for _, future, _ in batch:
                         if not future.done():
                             future.set_exception(error)
                     continue
-                for (_, future), (ok, value) in zip(batch, results, strict=True):
+                for (_, future, _), (ok, value) in zip(batch, results, strict=True):
                     if future.done():
                         continue
                     if ok:
@@ -112,27 +145,32 @@ class Database:
         finally:
             self._flushing = False
 
-    def _run_batch(self, batch: list[tuple[Work, asyncio.Future[Any]]]) -> list[tuple[bool, Any]]:
+    def _run_batch(
+        self, batch: list[tuple[Work, asyncio.Future[Any], bool]]
+    ) -> list[tuple[bool, Any]]:
         conn = self._require()
         results: list[tuple[bool, Any]] = []
+        durable = any(d for _, _, d in batch)
+        level = self._synchronous.upper() if durable else "NORMAL"
+        if level != self._level:
+            conn.execute(f"PRAGMA synchronous={level}")
+            self._level = level
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for work, _ in batch:
+            for work, _, _ in batch:
                 conn.execute("SAVEPOINT w")
                 try:
-                    value = work(conn)
-                except TarryError as exc:
+                    results.append((True, work(conn)))
+                except Exception as exc:
+                    if not isinstance(exc, TarryError | sqlite3.Error):
+                        log.exception("store write failed")  # a bug: keep it apart from others
+                    if not conn.in_transaction:
+                        # SQLite rolled the whole transaction back (e.g. a full disk): every
+                        # write of this batch is gone, so every one of them must fail.
+                        raise
                     conn.execute("ROLLBACK TO w")
-                    results.append((False, exc))
-                except sqlite3.Error as exc:
-                    conn.execute("ROLLBACK TO w")
-                    results.append((False, _unavailable(exc)))
-                except Exception as exc:  # a bug in work: keep it apart from the others
-                    log.exception("store write failed")
-                    conn.execute("ROLLBACK TO w")
-                    results.append((False, exc))
-                else:
-                    results.append((True, value))
+                    error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
+                    results.append((False, error))
                 conn.execute("RELEASE w")
             conn.execute("COMMIT")
         except BaseException:

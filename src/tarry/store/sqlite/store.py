@@ -44,15 +44,15 @@ class SQLiteStore:
         await self.db.close()
 
     # The local queues share this database (``tarry.queues.local``); they run their work here.
-    async def write(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        return await self.db.write(work)
+    async def write(self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False) -> T:
+        return await self.db.write(work, durable=durable)
 
     async def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return await self.db.read(work)
 
     # --- DelayedStore -------------------------------------------------------------------------
     async def store(self, messages: Sequence[Message]) -> list[StoreOutcome]:
-        return await self.db.write(lambda conn: insert_messages(conn, messages))
+        return await self.db.write(lambda conn: insert_messages(conn, messages), durable=True)
 
     async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:
         claims = self._claims
@@ -136,7 +136,7 @@ class SQLiteStore:
             message.state, message.updated_at_ms = MessageState.CANCELLED, now_ms
             return message
 
-        return await self.db.write(work)
+        return await self.db.write(work, durable=True)
 
     async def reschedule(self, message_id: str, *, deliver_at_ms: int, now_ms: int) -> Message:
         self._refuse_claimed(message_id)
@@ -156,7 +156,7 @@ class SQLiteStore:
             message.deliver_at_ms, message.updated_at_ms = deliver_at_ms, now_ms
             return message
 
-        return await self.db.write(work)
+        return await self.db.write(work, durable=True)
 
     async def get(self, message_id: str) -> Message | None:
         def work(conn: sqlite3.Connection) -> Message | None:
