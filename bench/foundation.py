@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import httpx
+import orjson
 
 
 def start_server(data_dir: Path, store: str) -> tuple[subprocess.Popen[str], str]:
@@ -123,7 +124,10 @@ async def steady(url: str, rate: int, seconds: int) -> dict[str, float]:
                     }
                     for _ in range(per_tick)
                 ]
-                response = await client.post("/v1/messages/batch", json={"messages": batch})
+                response = await client.post(
+                    "/v1/messages/batch", content=orjson.dumps({"messages": batch}),
+                    headers={"content-type": "application/json"},
+                )
                 response.raise_for_status()
                 sent += per_tick
                 next_at += tick
@@ -137,7 +141,7 @@ async def steady(url: str, rate: int, seconds: int) -> dict[str, float]:
                     "/v1/queues/bench.steady/receive", json={"max": 500, "wait_ms": 1000}
                 )
                 now_ms = time.time() * 1000
-                messages = response.json()["messages"]
+                messages = orjson.loads(response.content)["messages"]
                 for m in messages:
                     late = now_ms - m["deliver_at"]
                     if late < 0:
@@ -173,13 +177,29 @@ async def pending(url: str, pid: int, total: int) -> dict[str, float]:
     }
 
 
+def journal_lateness(data_dir: Path, event: str) -> dict[str, float]:
+    """Server-side lateness of ``event`` from the journal: due time to hand-over."""
+    values = [
+        float(record["lateness_ms"])
+        for path in (data_dir / "journal").glob("*.jsonl*")
+        for record in map(json.loads, path.read_text().splitlines())
+        if record["event"] == event
+    ]
+    return {"count": len(values), "p50_ms": percentile(values, 50), "p99_ms": percentile(values, 99),
+            "max_ms": max(values) if values else float("nan")}
+
+
 def run_part(tmp: Path, name: str, store: str, work) -> object:
     proc, url = start_server(tmp / name, store)
     try:
-        return asyncio.run(work(url, proc.pid))
+        result = asyncio.run(work(url, proc.pid))
     finally:
         proc.terminate()
         proc.wait()
+    if isinstance(result, dict) and name == "steady":
+        result["server_released"] = journal_lateness(tmp / name, "released")
+        result["server_received"] = journal_lateness(tmp / name, "received")
+    return result
 
 
 def main() -> None:
