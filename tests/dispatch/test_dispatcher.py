@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from tarry.dispatch.breaker import Breakers
-from tarry.transports.memory import MemoryTransport
 
 from tarry.config import DispatchConfig
+from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
 from tarry.errors import DeliveryFailed, Unavailable
 from tarry.model.ids import IdGenerator
@@ -17,6 +16,7 @@ from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.model.time import ManualClock
 from tarry.store.memory import MemoryStore
+from tarry.transports.memory import MemoryTransport
 
 ids = IdGenerator()
 
