@@ -125,7 +125,8 @@ async def steady(url: str, rate: int, seconds: int) -> dict[str, float]:
                     for _ in range(per_tick)
                 ]
                 response = await client.post(
-                    "/v1/messages/batch", content=orjson.dumps({"messages": batch}),
+                    "/v1/messages/batch",
+                    content=orjson.dumps({"messages": batch}),
                     headers={"content-type": "application/json"},
                 )
                 response.raise_for_status()
@@ -185,8 +186,12 @@ def journal_lateness(data_dir: Path, event: str) -> dict[str, float]:
         for record in map(json.loads, path.read_text().splitlines())
         if record["event"] == event
     ]
-    return {"count": len(values), "p50_ms": percentile(values, 50), "p99_ms": percentile(values, 99),
-            "max_ms": max(values) if values else float("nan")}
+    return {
+        "count": len(values),
+        "p50_ms": percentile(values, 50),
+        "p99_ms": percentile(values, 99),
+        "max_ms": max(values) if values else float("nan"),
+    }
 
 
 def run_part(tmp: Path, name: str, store: str, work) -> object:
@@ -210,8 +215,10 @@ def main() -> None:
     args = parser.parse_args()
     scale = 10 if args.quick else 1
     parts = {
-        "batch": ("batch_schedule_http",
-                  lambda url, pid: batch_schedule(url, 200_000 // scale, 1000, 2)),
+        "batch": (
+            "batch_schedule_http",
+            lambda url, pid: batch_schedule(url, 200_000 // scale, 1000, 2),
+        ),
         "steady": ("steady_1000_per_s", lambda url, pid: steady(url, 1000, 60 // scale)),
         "pending": ("pending_100k", lambda url, pid: pending(url, pid, 100_000 // scale)),
     }

@@ -28,6 +28,7 @@ from tarry.model.validate import (
 )
 
 NOW = 1_700_000_000_000
+DEFAULT_LIMITS = SendLimits()
 QUEUE = DestinationView("q", "queue", (TargetView("q"),))
 
 
@@ -36,7 +37,7 @@ def check(
     *,
     destination: DestinationView = QUEUE,
     may_send: bool = True,
-    limits: SendLimits = SendLimits(),
+    limits: SendLimits = DEFAULT_LIMITS,
 ):
     return validate_send(
         parse_send(data), now_ms=NOW, destination=destination, may_send=may_send, limits=limits

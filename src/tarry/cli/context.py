@@ -77,7 +77,7 @@ def connection_options(func: Callable[P, R]) -> Callable[P, R]:
         callback=_remember("token"),
         help="Bearer token (env TARRY_TOKEN).",
     )(func)
-    return click.option(  # type: ignore[no-any-return]
+    return click.option(
         "--url",
         expose_value=False,
         callback=_remember("url"),

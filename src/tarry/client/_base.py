@@ -4,7 +4,6 @@ The two clients only send what this module builds."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -15,7 +14,7 @@ from tarry.client._types import MessageInfo, Page, QueueInfo, Received, Schedule
 from tarry.errors import TarryError, Unavailable, error_class_for
 from tarry.model.time import parse_duration_ms, parse_instant_ms
 
-__all__ = ["Call", "build_send", "raise_for_error"]
+__all__ = ["Call", "body_fields", "raise_for_error"]
 
 DEFAULT_URL = "http://127.0.0.1:7420"
 Duration = int | str | timedelta
@@ -50,48 +49,14 @@ def instant_ms(value: Instant | None, field: str) -> int | None:
     return parse_instant_ms(value, field=field)
 
 
-def build_send(
-    destination: str,
-    body: str | bytes = b"",
-    *,
-    delay: Duration | None = None,
-    deliver_at: Instant | None = None,
-    ttl: Duration | None = None,
-    headers: Mapping[str, str] | None = None,
-    message_id: str | None = None,
-    correlation_id: str | None = None,
-    reply_to: str | None = None,
-    report: Iterable[str] | None = None,
-    on_undeliverable: str | None = None,
-    group_id: str | None = None,
-    retain: bool | None = None,
-    persistent: bool | None = None,
-) -> dict[str, Any]:
-    """The JSON of one send; absent options are left out so the server's defaults apply."""
-    data: dict[str, Any] = {"destination": destination}
-    if isinstance(body, bytes):
-        try:
-            data["body"] = body.decode("utf-8")
-        except UnicodeDecodeError:
-            data["body_base64"] = base64.b64encode(body).decode("ascii")
-    else:
-        data["body"] = body
-    optional = {
-        "delay_ms": duration_ms(delay, "delay"),
-        "deliver_at": instant_ms(deliver_at, "deliver_at"),
-        "ttl_ms": duration_ms(ttl, "ttl"),
-        "headers": dict(headers) if headers else None,
-        "message_id": message_id,
-        "correlation_id": correlation_id,
-        "reply_to": reply_to,
-        "report": list(report) if report else None,
-        "on_undeliverable": on_undeliverable,
-        "group_id": group_id,
-        "retain": retain,
-        "persistent": persistent,
-    }
-    data.update({k: v for k, v in optional.items() if v is not None})
-    return data
+def body_fields(body: str | bytes) -> dict[str, str]:
+    """``body`` as UTF-8 text, or ``body_base64`` when the bytes are not text."""
+    if isinstance(body, str):
+        return {"body": body}
+    try:
+        return {"body": body.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"body_base64": base64.b64encode(body).decode("ascii")}
 
 
 def raise_for_error(response: httpx.Response) -> None:

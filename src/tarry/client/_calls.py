@@ -3,6 +3,7 @@ out. ``Client`` and ``AsyncClient`` turn each into a method, so both have the sa
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -10,7 +11,9 @@ from tarry.client._base import (
     Call,
     Duration,
     Instant,
-    build_send,
+    body_fields,
+    duration_ms,
+    instant_ms,
     list_params,
     queue_args,
     read_batch,
@@ -51,26 +54,29 @@ def send(
 ) -> Spec[Scheduled]:
     """Schedule one message; ``delay``/``ttl`` take ms, ``"5s"`` or a timedelta, ``deliver_at``
     epoch ms, RFC 3339 or an aware datetime."""
-    data = build_send(
-        destination,
-        body,
-        delay=delay,
-        deliver_at=deliver_at,
-        ttl=ttl,
-        headers=headers,
-        message_id=message_id,
-        correlation_id=correlation_id,
-        reply_to=reply_to,
-        report=report,
-        on_undeliverable=on_undeliverable,
-        group_id=group_id,
-        retain=retain,
-        persistent=persistent,
-    )
+    optional = {
+        "delay_ms": duration_ms(delay, "delay"),
+        "deliver_at": instant_ms(deliver_at, "deliver_at"),
+        "ttl_ms": duration_ms(ttl, "ttl"),
+        "headers": dict(headers) if headers else None,
+        "message_id": message_id,
+        "correlation_id": correlation_id,
+        "reply_to": reply_to,
+        "report": [*report] if report else None,
+        "on_undeliverable": on_undeliverable,
+        "group_id": group_id,
+        "retain": retain,
+        "persistent": persistent,
+    }
+    # Absent options are left out so that the server's defaults apply.
+    data: dict[str, Any] = {"destination": destination, **body_fields(body)}
+    data.update({k: v for k, v in optional.items() if v is not None})
     return Call("POST", "/v1/messages", json=data), read_scheduled
 
 
-def send_batch(messages: Sequence[Mapping[str, Any]]) -> Spec[list[Scheduled | TarryError]]:
+def send_batch(
+    messages: Sequence[Mapping[str, Any]],
+) -> Spec[builtins.list[Scheduled | TarryError]]:
     """Schedule many (dicts as the HTTP API takes them); each accepted or rejected on its own."""
     return Call("POST", "/v1/messages/batch", json={"messages": [*messages]}), read_batch
 
@@ -147,7 +153,7 @@ def get_queue(name: str) -> Spec[QueueInfo]:
     return Call("GET", f"/v1/queues/{name}"), read_queue
 
 
-def list_queues() -> Spec[list[QueueInfo]]:
+def list_queues() -> Spec[builtins.list[QueueInfo]]:
     return Call("GET", "/v1/queues"), lambda data: [read_queue(q) for q in data["items"]]
 
 
@@ -157,7 +163,7 @@ def delete_queue(name: str) -> Spec[dict[str, Any]]:
 
 def receive(
     queue: str, *, max: int = 1, wait: Duration | None = None, visibility: Duration | None = None
-) -> Spec[list[Received]]:
+) -> Spec[builtins.list[Received]]:
     """Up to ``max`` messages, waiting up to ``wait`` for the first."""
     body = receive_body(max, wait, visibility)
     return Call("POST", f"/v1/queues/{queue}/receive", json=body), read_received
@@ -207,7 +213,7 @@ def put_policy(
     return Call("PUT", f"/v1/policies/{name}", json=body), _same
 
 
-def list_policies() -> Spec[list[dict[str, Any]]]:
+def list_policies() -> Spec[builtins.list[dict[str, Any]]]:
     return Call("GET", "/v1/policies"), lambda data: data["items"]
 
 

@@ -21,7 +21,7 @@ R = TypeVar("R")
 def _method(
     spec: Callable[P, tuple[Call, Callable[[Any], R]]],
 ) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]]:
-    async def method(self: AsyncClient, *args: P.args, **kwargs: P.kwargs) -> R:
+    async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
         call, read = spec(*args, **kwargs)
         return read(await self._send(call))
 

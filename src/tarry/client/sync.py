@@ -21,7 +21,7 @@ R = TypeVar("R")
 def _method(
     spec: Callable[P, tuple[Call, Callable[[Any], R]]],
 ) -> Callable[Concatenate[Client, P], R]:
-    def method(self: Client, *args: P.args, **kwargs: P.kwargs) -> R:
+    def method(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
         call, read = spec(*args, **kwargs)
         return read(self._send(call))
 

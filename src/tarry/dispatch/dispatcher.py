@@ -86,6 +86,9 @@ class Dispatcher:
 
     async def run(self) -> None:
         while True:
+            # Cleared before looking, never after: an arrival noticed while we look (and
+            # before we sleep) leaves the event set, so the sleep below returns at once.
+            self._wake.clear()
             try:
                 busy = await self.run_once()
             except asyncio.CancelledError:
@@ -112,7 +115,6 @@ class Dispatcher:
 
     async def _sleep_until(self, wake_ms: int) -> None:
         self._planned_ms = wake_ms
-        self._wake.clear()
         delay_ms = wake_ms - self._clock.now_ms()
         if delay_ms > 0:
             try:

@@ -11,6 +11,7 @@ import os
 import socket
 import sqlite3
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -381,6 +382,7 @@ class Engine:
     def _messages_for(self, plan: SendPlan, view: DestinationView) -> list[Message]:
         """One message, or one staged copy per subscriber of a topic (fan-out at send time)."""
         request = plan.request
+        targets: list[tuple[str, str | None]]
         if view.kind == "topic":
             targets = [(t.name, request.destination) for t in view.targets]
         else:
@@ -534,7 +536,8 @@ class Engine:
                     "declare it with the same arguments or delete it first"
                 )
             entry.last_used_ms = now  # a redeclare renews an unused queue's lease
-            await self.store.write(lambda conn: save_queue(conn, entry), durable=True)
+            existing = entry
+            await self.store.write(lambda conn: save_queue(conn, existing), durable=True)
             return await self.queue_info(name), False
         entry = QueueEntry(name, parsed, now, now)
         await self.store.write(lambda conn: save_queue(conn, entry), durable=True)
@@ -639,9 +642,7 @@ class Engine:
                     )
 
                 # Look before taking: an empty poll costs a read, not a commit.
-                if await self.store.read(
-                    lambda conn, now=now: self._txn(conn, now).has_ready(queue)
-                ):
+                if await self.store.read(partial(self._has_ready, queue=queue, now_ms=now)):
                     txn, taken = await self.store.write(work)
                     self._after(txn)
                 else:
@@ -659,6 +660,9 @@ class Engine:
         finally:
             if wait_ms:
                 self.waiters.count[queue] -= 1
+
+    def _has_ready(self, conn: sqlite3.Connection, *, queue: str, now_ms: int) -> bool:
+        return self._txn(conn, now_ms).has_ready(queue)
 
     async def ack(self, queue: str, receipts: Sequence[str]) -> dict[str, Any]:
         return await self._settle(queue, receipts, ack=True, requeue=False)
@@ -710,14 +714,18 @@ class Engine:
             raise NotFound(f"no topic named {topic!r}; declare it first")
         if queue not in self.catalog.queues:
             raise NotFound(f"no queue named {queue!r}; declare it first")
-        await self.store.write(lambda conn: save_subscription(conn, topic, queue, True), durable=True)
+        await self.store.write(
+            lambda conn: save_subscription(conn, topic, queue, True), durable=True
+        )
         self.catalog.topics[topic].add(queue)
         return await self.topic_info(topic)
 
     async def unsubscribe(self, topic: str, queue: str) -> None:
         if topic not in self.catalog.topics:
             raise NotFound(f"no topic named {topic!r}")
-        await self.store.write(lambda conn: save_subscription(conn, topic, queue, False), durable=True)
+        await self.store.write(
+            lambda conn: save_subscription(conn, topic, queue, False), durable=True
+        )
         self.catalog.topics[topic].discard(queue)
 
     async def put_policy(self, name: str, data: Mapping[str, Any]) -> Policy:

@@ -1,7 +1,8 @@
 """The journal: every state change appended as one JSON line, for analysis with Spark
 (``spark.read.json``) or anything else that reads JSON lines.
 
-Files live in ``<data_dir>/journal/``. The file being written is ``journal-<start_ms>-<node>.jsonl.open``;
+Files live in ``<data_dir>/journal/``. The file being written is
+``journal-<start_ms>-<node>.jsonl.open``;
 it is renamed to ``.jsonl`` when it passes ``max_bytes`` or ``max_age_ms``, or at shutdown. Readers
 take the closed files (and may read the open one). A torn last line left by a crash is cut when
 the next process starts, so readers never see half a record.

@@ -1,4 +1,4 @@
-"""Death records, kept as RabbitMQ keeps ``x-death``: one entry per (queue, reason), newest first."""
+"""Death records, kept as RabbitMQ keeps ``x-death``: one per (queue, reason), newest first."""
 
 from __future__ import annotations
 

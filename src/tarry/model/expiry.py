@@ -24,5 +24,5 @@ def queue_expiry_ms(
 
 
 def is_expired(expires_at_ms: int | None, now_ms: int) -> bool:
-    """True from the expiry instant on: TTL 0 means expired on arrival unless handed over at once."""
+    """True from the expiry instant on (TTL 0: expired on arrival unless handed over at once)."""
     return expires_at_ms is not None and now_ms >= expires_at_ms

@@ -194,7 +194,9 @@ def parse_policy(name: str, data: Mapping[str, Any]) -> Policy:
     try:
         re.compile(pattern)
     except re.error as exc:
-        raise InvalidArgument(f"pattern {pattern!r} is not a valid regular expression: {exc}")
+        raise InvalidArgument(
+            f"pattern {pattern!r} is not a valid regular expression: {exc}"
+        ) from None
     apply_to = data.get("apply_to", "queues")
     if apply_to != "queues":
         raise InvalidArgument(f"apply_to {apply_to!r} is not supported; use 'queues'")

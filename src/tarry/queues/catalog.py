@@ -73,7 +73,8 @@ class Catalog:
 def save_queue(conn: sqlite3.Connection, entry: QueueEntry) -> None:
     conn.execute(
         "INSERT INTO queues (name, args, created_at_ms, last_used_ms) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT(name) DO UPDATE SET args = excluded.args, last_used_ms = excluded.last_used_ms",
+        "ON CONFLICT(name) DO UPDATE SET args = excluded.args, "
+        "last_used_ms = excluded.last_used_ms",
         (
             entry.name,
             orjson.dumps(entry.args.to_dict()).decode(),

@@ -138,7 +138,8 @@ class QueueTxn:
 
     def _drop_head(self, queue: str, count: int) -> None:
         rows = self.conn.execute(
-            f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered') AND visible_at_ms <= ? "
+            f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered') "
+            "AND visible_at_ms <= ? "
             "ORDER BY seq LIMIT ?",
             (queue, self.now_ms, count),
         ).fetchall()
@@ -267,7 +268,8 @@ class QueueTxn:
         return (
             self.conn.execute(
                 "SELECT 1 FROM messages WHERE queue = ? AND state IN ('ready', 'delivered') "
-                "AND visible_at_ms <= ? AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?) "
+                "AND visible_at_ms <= ? "
+                "AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?) "
                 "LIMIT 1",
                 (queue, now, now),
             ).fetchone()
@@ -290,7 +292,8 @@ class QueueTxn:
     ) -> list[tuple[Message, str]]:
         now = self.now_ms
         rows = self.conn.execute(
-            f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered') AND visible_at_ms <= ? "
+            f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered') "
+            "AND visible_at_ms <= ? "
             "AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?) ORDER BY seq LIMIT ?",
             (queue, now, now, max_messages),
         ).fetchall()

@@ -7,10 +7,10 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from tarry.server.responses import JSON
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tarry.errors import TarryError
+from tarry.server.responses import JSON
 
 __all__ = ["error_response", "install_error_handlers"]
 

@@ -36,7 +36,7 @@ class StoreOutcome:
 
 class DelayedStore(Protocol):
     async def store(self, messages: Sequence[Message]) -> list[StoreOutcome]:
-        """Durably keep ``messages`` (state ``scheduled``), in one commit. Raises ``Unavailable``."""
+        """Durably keep ``messages`` (state ``scheduled``) in one commit. Raises ``Unavailable``."""
         ...
 
     async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:

@@ -5,9 +5,8 @@ locked), so a claim correctly vanishes with the process that made it.
 
 from __future__ import annotations
 
-import builtins
-
 import base64
+import builtins
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
