@@ -26,7 +26,10 @@ import httpx
 import orjson
 
 
-def start_server(data_dir: Path, store: str) -> tuple[subprocess.Popen[str], str]:
+def start_server(
+    data_dir: Path, store: str, extra: list[str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """A `tarry serve` subprocess on a free port (``extra``: more flags, e.g. ``--config``)."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -39,6 +42,7 @@ def start_server(data_dir: Path, store: str) -> tuple[subprocess.Popen[str], str
             str(data_dir),
             "--store",
             store,
+            *(extra or []),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -100,7 +104,7 @@ async def batch_schedule(url: str, total: int, batch: int, concurrency: int) -> 
     }
 
 
-async def steady(url: str, rate: int, seconds: int) -> dict[str, float]:
+async def steady(url: str, rate: int, seconds: int, max_delay_ms: int = 10_000) -> dict[str, float]:
     lateness: list[float] = []
     early = 0
     sent = 0
@@ -120,7 +124,7 @@ async def steady(url: str, rate: int, seconds: int) -> dict[str, float]:
                     {
                         "destination": "bench.steady",
                         "body": "x",
-                        "delay_ms": random.randint(1000, 10_000),
+                        "delay_ms": random.randint(1000, max_delay_ms),
                     }
                     for _ in range(per_tick)
                 ]
@@ -136,7 +140,7 @@ async def steady(url: str, rate: int, seconds: int) -> dict[str, float]:
 
         async def consume() -> None:
             nonlocal early
-            deadline = stop_at + 15
+            deadline = stop_at + max_delay_ms / 1000 + 5
             while len(lateness) < expected and time.time() < deadline:
                 response = await client.post(
                     "/v1/queues/bench.steady/receive", json={"max": 500, "wait_ms": 1000}

@@ -191,6 +191,31 @@ def server(make_server: Callable[..., ServerProcess]) -> ServerProcess:
     return make_server()
 
 
+PG_SERVER = os.environ.get("TARRY_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
+
+
+def _pg_admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql.encode())
+
+
+@pytest.fixture
+def pg_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database of its own on the real PostgreSQL (dropped afterwards); the test must
+    carry the ``postgres`` marker."""
+    assert request.node.get_closest_marker("postgres"), "mark the test with @pytest.mark.postgres"
+    import uuid
+
+    name = f"tarry_test_{uuid.uuid4().hex[:12]}"
+    _pg_admin(f"CREATE DATABASE {name}")
+    try:
+        yield f"{PG_SERVER}/{name}"
+    finally:
+        _pg_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"

@@ -35,6 +35,7 @@ def test_tarry_exports_exactly_the_sorted_public_names() -> None:
             "cli",
             "journal",
             "config",
+            "pipeline",
         }
     )
     assert tarry.__all__ == sorted(tarry.__all__)

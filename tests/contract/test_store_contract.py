@@ -1,5 +1,5 @@
 """One behaviour suite for every DelayedStore (practice 3): the embedded SQLite store on a real
-file, and the in-memory store. The PostgreSQL store joins this list when it lands."""
+file, the PostgreSQL store on its own database of the real server, and the in-memory store."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from tarry.errors import NotCancellable, NotFound
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.state import MessageState
+from tarry.store.log import LogStore
 from tarry.store.memory import MemoryStore
 from tarry.store.sqlite import SQLiteStore
 
@@ -24,7 +25,7 @@ def message(
     due_in_ms: int = 0, *, destination: str = "q", message_id: str | None = None
 ) -> Message:
     return Message(
-        id=ids.new(NOW),
+        id=ids.new_due(NOW, NOW + due_in_ms),
         destination=destination,
         body=b"hello",
         headers={"k": "v"},
@@ -36,13 +37,29 @@ def message(
     )
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+@pytest.fixture(
+    params=["log", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres), "memory"]
+)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[object]:
-    if request.param == "sqlite":
+    if request.param == "postgres":
+        from tarry.store.postgres import PostgresStore
+
+        p = PostgresStore(request.getfixturevalue("pg_dsn"))
+        await p.open()
+        yield p
+        assert await p.check() == []
+        await p.close()
+    elif request.param == "sqlite":
         s = SQLiteStore(tmp_path / "tarry.db")
         await s.open()
         yield s
         assert await s.check() == []  # every store test ends with an integrity check
+        await s.close()
+    elif request.param == "log":
+        s = LogStore(tmp_path / "log", granularity_ms=60_000)
+        await s.open()
+        yield s
+        assert await s.check() == []
         await s.close()
     else:
         yield MemoryStore()

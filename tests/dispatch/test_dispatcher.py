@@ -3,6 +3,7 @@ and transport (the same paths run for real in tests/engine and tests/e2e)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import pytest
@@ -148,3 +149,96 @@ async def test_a_store_that_cannot_fetch_opens_the_fetch_breaker_and_nothing_is_
     await h.round()
     assert [d.id for d in h.transport.delivered] == [m.id]
     assert h.breakers.open_names() == []
+
+
+async def test_while_the_destination_is_away_a_message_is_held_without_counting_an_attempt() -> (
+    None
+):
+    # Given no retries at all: a counted failure would go straight to the error queue
+    h = Harness(number_of_retries=0, time_to_trigger_dispatch_ms=5_000)
+    m = await h.schedule()
+    away = DeliveryFailed("RabbitMQ is down", reason="connect", permanent=False, outage=True)
+    h.transport.fail_next(3, away)
+    # When the destination is away, round after round
+    await h.round()
+    assert h.given_up == [] and h.breakers.dispatch.state.value == "armed"
+    await h.round()  # held: not offered again before the breaker's wait (1 s while armed)
+    assert (await h.store.get(m.id)).failures == 0
+    assert await h.dispatcher._next_wake_ms() == h.clock.now_ms() + 1_000
+    h.clock.advance(1_000)
+    await h.round()
+    h.clock.advance(5_000)
+    await h.round()
+    # Then the breaker opens, the message is still scheduled with no failure counted
+    assert h.breakers.open_names() == ["dispatch"]
+    message = await h.store.get(m.id)
+    assert message.state is MessageState.SCHEDULED and message.failures == 0
+    assert h.dispatcher.stats.held == 3
+    # When the destination is back, the next attempt (10 s later, once open) delivers it
+    h.clock.advance(9_999)
+    await h.round()
+    assert h.transport.delivered == []
+    h.clock.advance(1)
+    await h.round()
+    assert [d.id for d in h.transport.delivered] == [m.id]
+    assert h.given_up == [] and h.breakers.open_names() == []
+
+
+class BatchMemoryTransport(MemoryTransport):
+    """The recording transport, delivering many at once as the RabbitMQ transport does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    async def deliver_batch(self, messages: Sequence[Message]) -> list[DeliveryFailed | None]:
+        self.batches.append(len(messages))
+        outcomes: list[DeliveryFailed | None] = []
+        for message in messages:
+            try:
+                await self.deliver(message)
+                outcomes.append(None)
+            except DeliveryFailed as exc:
+                outcomes.append(exc)
+        return outcomes
+
+
+async def test_a_batch_transport_gets_the_due_messages_at_once_and_failures_stay_separate() -> None:
+    h = Harness(number_of_retries=0, batch_size=2)
+    h.transport = BatchMemoryTransport()
+    messages = [await h.schedule() for _ in range(5)]
+    h.transport.fail_next(1, DeliveryFailed("no", reason="nacked", permanent=True))
+    for _ in range(3):
+        await h.round()
+    assert h.transport.batches == [2, 2, 1]
+    assert [g.id for g, _ in h.given_up] == [messages[0].id]
+    assert sorted(d.id for d in h.transport.delivered) == sorted(m.id for m in messages[1:])
+    for m in messages[1:]:
+        assert (await h.store.get(m.id)).state is MessageState.DELIVERED
+
+
+async def test_no_more_is_claimed_while_two_batches_are_still_out() -> None:
+    # Given a destination that has not answered yet
+    h = Harness(batch_size=2)
+    gate = asyncio.Event()
+    transport = BatchMemoryTransport()
+    original = transport.deliver_batch
+
+    async def slow(messages: Sequence[Message]) -> list[DeliveryFailed | None]:
+        await gate.wait()
+        return await original(messages)
+
+    transport.deliver_batch = slow  # type: ignore[method-assign]
+    h.transport = transport
+    for _ in range(6):
+        await h.schedule()
+    # When two batches are out, the next round waits instead of claiming a third
+    assert await h.dispatcher.run_once() and await h.dispatcher.run_once()
+    third = asyncio.ensure_future(h.dispatcher.run_once())
+    await asyncio.sleep(0.05)
+    assert not third.done()
+    # Then it goes on once the destination answers
+    gate.set()
+    assert await third
+    await h.dispatcher.drain()
+    assert len(transport.delivered) == 6

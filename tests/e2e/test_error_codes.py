@@ -138,7 +138,7 @@ def test_unavailable_when_nothing_listens_from_the_client_and_the_cli() -> None:
 
 def test_unavailable_when_the_store_cannot_take_writes(make_server, tmp_path) -> None:
     # Given a store whose file may not grow past a few pages
-    server = make_server("[store]\nmax_pages = 40\n")
+    server = make_server('[store]\nengine = "sqlite"\nmax_pages = 40\n')
     big = "x" * 400_000
     with httpx.Client(base_url=server.url) as client:
         client.put("/v1/queues/q", json={}).raise_for_status()

@@ -1,4 +1,5 @@
-"""An engine on a real SQLite file, driven step by step with a ManualClock."""
+"""An engine on a real SQLite file (or, where a module asks through ``engine_store``, on its
+own database of the real PostgreSQL server), driven step by step with a ManualClock."""
 
 from __future__ import annotations
 
@@ -35,8 +36,24 @@ def clock() -> ManualClock:
     return ManualClock(1_700_000_000_000)
 
 
+@pytest.fixture(params=["log", "sqlite"])
+def engine_store(request: pytest.FixtureRequest) -> str:
+    """Which store engines run on (the embedded ones by default); a module overrides this to
+    run its tests on PostgreSQL as well (``BOTH_STORES``)."""
+    return str(request.param)
+
+
+#: Parameters for a module-level ``engine_store`` override: the same tests on every store.
+BOTH_STORES = ["log", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
 @pytest.fixture
-async def make_engine(tmp_path: Path, clock: ManualClock) -> AsyncIterator[EngineFactory]:
+async def make_engine(
+    tmp_path: Path, clock: ManualClock, engine_store: str, request: pytest.FixtureRequest
+) -> AsyncIterator[EngineFactory]:
+    store: dict[str, Any] = {"engine": engine_store}
+    if engine_store == "postgres":
+        store = {"engine": "postgres", "dsn": request.getfixturevalue("pg_dsn")}
     engines: list[Engine] = []
 
     async def factory(
@@ -45,6 +62,7 @@ async def make_engine(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Engin
         base = {
             "server": {"data_dir": str(data_dir or tmp_path / "data")},
             "journal": {"enabled": False},
+            "store": store,
         }
         config = load_config(None, _merge(base, overrides or {}))
         engine = Engine.from_config(config, clock=clock)
@@ -56,7 +74,9 @@ async def make_engine(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Engin
 
     yield factory
     for engine in engines:
-        if engine.store.db._conn is not None:
+        db = engine.qdb.db  # SQLite's Database or PostgreSQL's PgDatabase
+        if getattr(db, "_conn", None) is not None or getattr(db, "_sync", None) is not None:
+            assert await engine.qdb.check() == []
             assert await engine.store.check() == []
             await engine.stop()
 

@@ -11,19 +11,21 @@ from tarry.errors import Unavailable
 
 
 def set_max_pages(engine, pages: int) -> None:
-    engine.store.db._require().execute(f"PRAGMA max_page_count={pages}")
+    engine.qdb.db._require().execute(f"PRAGMA max_page_count={pages}")
 
 
 async def test_a_full_store_refuses_sends_with_unavailable_then_recovers(
     make_engine, clock
 ) -> None:
-    engine = await make_engine({"dispatch": {"time_to_trigger_store_ms": 1000}})
+    engine = await make_engine(
+        {"dispatch": {"time_to_trigger_store_ms": 1000}, "store": {"engine": "sqlite"}}
+    )
     await engine.declare_queue("q", {})
     kept = await engine.send({"destination": "q", "body": "kept", "delay_ms": 10})
-    pages = await engine.store.read(lambda c: c.execute("PRAGMA page_count").fetchone()[0])
+    pages = await engine.qdb.read(lambda c: c.execute("PRAGMA page_count").fetchone()[0])
 
     # Given a store that cannot grow any more
-    await engine.store.read(lambda c: set_max_pages(engine, pages))
+    await engine.qdb.read(lambda c: set_max_pages(engine, pages))
     big = "x" * 200_000
     with pytest.raises(Unavailable):
         await engine.send({"destination": "q", "body": big})
@@ -35,7 +37,7 @@ async def test_a_full_store_refuses_sends_with_unavailable_then_recovers(
     assert health["status"] == "degraded" and "store" in health["open"]
 
     # When the fault clears
-    await engine.store.read(lambda c: set_max_pages(engine, 1_000_000))
+    await engine.qdb.read(lambda c: set_max_pages(engine, 1_000_000))
     await engine.send({"destination": "q", "body": big})
     # Then the breaker closes and what was accepted before is intact
     assert engine.health()["status"] == "ok"

@@ -6,6 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import pytest
+from tests.engine.conftest import BOTH_STORES
+
+
+@pytest.fixture(params=BOTH_STORES)
+def engine_store(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on the embedded store and on PostgreSQL: the same queue rules."""
+    return str(request.param)
 
 
 async def test_an_expired_message_is_never_received_and_is_dead_lettered(

@@ -5,9 +5,12 @@ from __future__ import annotations
 import click
 
 from tarry.cli.messages import cancel, consume, ls, reschedule, send, show
+from tarry.cli.pipeline import pipeline
 from tarry.cli.queues import policy, queue, topic
+from tarry.cli.rabbitmq import rabbitmq
 from tarry.cli.serve import serve
 from tarry.cli.stats import stats
+from tarry.cli.store import store
 
 EPILOG = (
     "Exit status: 0 success; 1 the server refused (the error code is printed on stderr); "
@@ -31,8 +34,23 @@ def cli(ctx: click.Context, url: str, token: str | None) -> None:
     ctx.ensure_object(dict).update(url=url, token=token)
 
 
-for command in (serve, send, ls, show, cancel, reschedule, consume, queue, topic, policy, stats):
+for command in (
+    serve,
+    send,
+    ls,
+    show,
+    cancel,
+    reschedule,
+    consume,
+    queue,
+    topic,
+    policy,
+    stats,
+    store,
+):
     cli.add_command(command)
+cli.add_command(pipeline)
+cli.add_command(rabbitmq)
 
 
 def main() -> None:

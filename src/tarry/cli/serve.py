@@ -1,4 +1,5 @@
-"""``tarry serve``: run the server on the embedded store (no external service needed)."""
+"""``tarry serve``: run the server on the embedded store (no external service needed), or as
+one node of several sharing a PostgreSQL store (``--store postgres --dsn ...``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ from tarry.errors import TarryError
 @click.option("--host", help="Address to bind (default 127.0.0.1; others need [[auth.tokens]]).")
 @click.option("--port", type=int, help="TCP port (default 7420; 0 picks a free one and prints it).")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="A tarry.toml file.")
-@click.option("--store", type=click.Choice(["sqlite", "memory"]), help="Delayed-message store.")
+@click.option(
+    "--store",
+    type=click.Choice(["log", "sqlite", "memory", "postgres"]),
+    help="Delayed-message store (default log: time-partitioned logs).",
+)
+@click.option("--dsn", help="For --store postgres: postgresql://user@host:5432/dbname.")
 @click.option("--auto-declare/--no-auto-declare", default=None, help="Create queues on first send.")
 def serve(
     data_dir: Path | None,
@@ -28,6 +34,7 @@ def serve(
     port: int | None,
     config_path: Path | None,
     store: str | None,
+    dsn: str | None,
     auto_declare: bool | None,
 ) -> None:
     """Run the tarry server until interrupted."""
@@ -46,6 +53,8 @@ def serve(
     overrides: dict[str, Any] = {"server": server}
     if store is not None:
         overrides["store"] = {"engine": store}
+    if dsn is not None:
+        overrides.setdefault("store", {})["dsn"] = dsn
     try:
         run(load_config(config_path, overrides))
     except TarryError as exc:

@@ -1,11 +1,15 @@
 """The dispatcher: sleeps until the next due time (or until woken by an earlier arrival), claims
 the due messages from the store, and hands them to their destinations.
 
-- Local queues are released in one store transaction per batch (exactly-once).
+- Local queues are released in one store transaction per batch (exactly-once); where the store
+  allows it (``release_due``: PostgreSQL), fetching is part of that same transaction.
 - Other destinations go through their ``Transport``; the message leaves the store only after the
   destination accepted it (at-least-once; the same ``id`` on every attempt).
 - A failed delivery is counted; it is retried after a back-off up to ``number_of_retries`` times
   and then moved to the error queue. A permanent failure (no such queue) goes there at once.
+- A destination that is itself away (``DeliveryFailed`` with ``outage``: RabbitMQ down or
+  blocking publishers) holds the message back without counting an attempt: nothing goes to the
+  error queue during an outage, and delivery resumes by itself.
 - Store, fetch and dispatch faults feed circuit breakers; the loop waits as the breaker says and
   recovers by itself when the fault clears.
 """
@@ -13,9 +17,11 @@ the due messages from the store, and hands them to their destinations.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tarry.config import DispatchConfig
 from tarry.dispatch.backoff import compute_backoff_ms
@@ -27,7 +33,7 @@ from tarry.model.time import Clock
 from tarry.store.base import DelayedStore
 from tarry.transports.base import Transport
 
-__all__ = ["Dispatcher", "LocalRelease"]
+__all__ = ["Dispatcher", "DueRelease", "LocalRelease", "ReleaseDue"]
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +47,31 @@ Notify = Callable[[str, Message, int, str | None, str | None], None]
 
 
 @dataclass(slots=True)
+class DueRelease:
+    """What one ``ReleaseDue`` transaction did."""
+
+    #: Messages moved into their local queues.
+    released: int
+    #: Local messages their queue refused, each with the reason (claimed, for ``_failed``).
+    refused: list[tuple[Message, DeliveryFailed]]
+    #: Due messages for other destinations, claimed for the transports.
+    external: list[Message]
+
+
+#: Where the store shares the queue database with other nodes (PostgreSQL, exactly_once):
+#: fetch the due messages and release the local ones in ONE transaction (``now_ms``, ``limit``,
+#: ``lease_ms``); a node dying inside it leaves nothing claimed.
+ReleaseDue = Callable[[int, int, int], Awaitable[DueRelease]]
+
+
+@dataclass(slots=True)
 class DispatchStats:
     rounds: int = 0
     released: int = 0
     delivered: int = 0
     failures: int = 0
     gave_up: int = 0
+    held: int = 0
 
 
 class Dispatcher:
@@ -76,7 +101,13 @@ class Dispatcher:
         #: When the loop plans to look next (ms); an arrival due earlier wakes it.
         self._planned_ms: int | None = None
         self._inflight: set[asyncio.Task[None]] = set()
+        #: Messages handed to external transports and not yet settled.
+        self._inflight_messages = 0
+        #: When held-back messages (destination away) may be tried again, earliest first.
+        self._held: list[int] = []
         self.stats = DispatchStats()
+        #: Set by the composition root when the store can fetch and release in one transaction.
+        self.release_due: ReleaseDue | None = None
 
     def notify_due(self, deliver_at_ms: int) -> None:
         """A message due at ``deliver_at_ms`` was stored: wake the loop if that is earlier than
@@ -111,7 +142,12 @@ class Dispatcher:
         cap = now + self._config.max_sleep_ms
         next_due = await self._store.next_due_time()
         self._breakers.fetch.success()
-        return cap if next_due is None else min(next_due, cap)
+        wake = cap if next_due is None else min(next_due, cap)
+        log.debug("next due %s, held %s", next_due, self._held[:3])
+        # Held messages are still claimed, so next_due_time does not see them.
+        while self._held and self._held[0] <= now:
+            heapq.heappop(self._held)
+        return min(wake, self._held[0]) if self._held else wake
 
     async def _sleep_until(self, wake_ms: int) -> None:
         self._planned_ms = wake_ms
@@ -125,20 +161,41 @@ class Dispatcher:
 
     async def run_once(self) -> bool:
         """One fetch-and-hand-over; True when it found due messages (look again at once)."""
+        # Back-pressure: claim no more while two batches are still out with slow destinations,
+        # so a burst neither outlives its claims nor turns into a pile of confirm timeouts.
+        while self._inflight_messages >= 2 * self._config.batch_size:
+            await asyncio.wait(set(self._inflight), return_when=asyncio.FIRST_COMPLETED)
         now = self._clock.now_ms()
-        due = await self._store.fetch_due(
-            now, limit=self._config.batch_size, lease_ms=self._config.lease_ms
-        )
-        self._breakers.fetch.success()
-        if not due:
-            return False
-        self.stats.rounds += 1
-        local = [m for m in due if self._is_local(m.destination)]
-        external = [m for m in due if not self._is_local(m.destination)]
-        if local:
-            await self._hand_local(local)
+        if self.release_due is not None:
+            outcome = await self.release_due(now, self._config.batch_size, self._config.lease_ms)
+            self._breakers.fetch.success()
+            if not (outcome.released or outcome.refused or outcome.external):
+                return False
+            self._breakers.store.success()
+            self.stats.rounds += 1
+            self.stats.released += outcome.released
+            for message, error in outcome.refused:
+                await self._failed(message, error)
+            external = outcome.external
+        else:
+            due = await self._store.fetch_due(
+                now, limit=self._config.batch_size, lease_ms=self._config.lease_ms
+            )
+            self._breakers.fetch.success()
+            log.debug("fetched %d due at %d", len(due), now)
+            if not due:
+                return False
+            self.stats.rounds += 1
+            local = [m for m in due if self._is_local(m.destination)]
+            external = [m for m in due if not self._is_local(m.destination)]
+            if local:
+                await self._hand_local(local)
+        batched: dict[str, list[Message]] = {}
         for message in external:
             transport = self._transport_for(message.destination)
+            if transport is not None and hasattr(transport, "deliver_batch"):
+                batched.setdefault(message.destination, []).append(message)
+                continue
             if transport is None:
                 await self._failed(
                     message,
@@ -149,10 +206,37 @@ class Dispatcher:
                     ),
                 )
                 continue
-            task = asyncio.get_running_loop().create_task(self._deliver(transport, message))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+            self._spawn(self._deliver(transport, message), 1)
+        for destination, batch in batched.items():
+            self._spawn(self._deliver_batch(self._transport_for(destination), batch), len(batch))
         return True
+
+    def _spawn(self, work: Coroutine[Any, Any, None], messages: int) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._inflight.add(task)
+        self._inflight_messages += messages
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._inflight.discard(finished)
+            self._inflight_messages -= messages
+
+        task.add_done_callback(done)
+
+    async def _deliver_batch(self, transport: Any, batch: list[Message]) -> None:
+        """A transport that publishes many at once (RabbitMQ, pipelined confirms): the
+        delivered ones leave the store in one write; each failure is handled on its own."""
+        try:
+            outcomes = await transport.deliver_batch(batch)
+        except Exception as exc:  # a transport bug must not kill the loop
+            log.exception("transport raised an unexpected error")
+            failure = DeliveryFailed(str(exc), reason="transport_error")
+            outcomes = [failure] * len(batch)
+        delivered = [m for m, error in zip(batch, outcomes, strict=True) if error is None]
+        for message, error in zip(batch, outcomes, strict=True):
+            if error is not None:
+                await self._not_delivered(message, error)
+        if delivered:
+            await self._delivered(delivered)
 
     async def _hand_local(self, batch: Sequence[Message]) -> None:
         try:
@@ -174,24 +258,48 @@ class Dispatcher:
         try:
             await transport.deliver(message)
         except DeliveryFailed as exc:
-            self._breakers.dispatch.failure(exc)
-            await self._failed(message, exc)
+            await self._not_delivered(message, exc)
             return
         except Exception as exc:  # a transport bug must not kill the loop
             log.exception("transport raised an unexpected error")
             await self._failed(message, DeliveryFailed(str(exc), reason="transport_error"))
             return
+        await self._delivered([message])
+
+    async def _not_delivered(self, message: Message, error: DeliveryFailed) -> None:
+        wait_ms = self._breakers.dispatch.failure(error)
+        if error.details.get("outage"):
+            self._hold(message, wait_ms)
+        else:
+            await self._failed(message, error)
+
+    async def _delivered(self, messages: Sequence[Message]) -> None:
         self._breakers.dispatch.success()
         now = self._clock.now_ms()
         try:
-            await self._store.remove([message.id], state=MessageState.DELIVERED, now_ms=now)
+            await self._store.remove(
+                [m.id for m in messages], state=MessageState.DELIVERED, now_ms=now
+            )
         except TarryError as exc:
             # Delivered but not removed: it will be delivered again (at-least-once, same id).
             self._breakers.store.failure(exc)
             return
-        self.stats.delivered += 1
-        message.state = MessageState.DELIVERED
-        self._notify("delivered", message, now, None, None)
+        self.stats.delivered += len(messages)
+        for message in messages:
+            message.state = MessageState.DELIVERED
+            self._notify("delivered", message, now, None, None)
+
+    def _hold(self, message: Message, wait_ms: int) -> None:
+        """The destination itself is away (RabbitMQ down or blocking): the message waits, no
+        attempt is counted against it, and it is tried again after the breaker's wait."""
+        until = self._clock.now_ms() + max(wait_ms, 1)
+        hold = getattr(self._store, "hold_claims", None)
+        if hold is not None:
+            hold([message.id], until_ms=until)
+        heapq.heappush(self._held, until)
+        log.debug("holding %s until %d (%s)", message.id, until, "claim kept" if hold else "")
+        self.stats.held += 1
+        self.notify_due(until)  # the loop may be asleep past ``until``: make it plan again
 
     async def _failed(self, message: Message, error: DeliveryFailed) -> None:
         """Count the failure; retry after a back-off, or give up to the error queue."""

@@ -13,11 +13,14 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from tarry.config import TarryConfig
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
+from tarry.engine import cluster, release
+from tarry.engine.handover import hand_over, refuse_if_handed_over
+from tarry.engine.stores import build_stores
 from tarry.engine.types import (
     Delivery,
     EventListener,
@@ -35,6 +38,8 @@ from tarry.errors import (
     TarryError,
     Unavailable,
 )
+from tarry.model.batch import destinations_of, parse_batch, validate_batch
+from tarry.model.fanout import fan_out
 from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message, SendPlan
 from tarry.model.queue_args import Overflow, Policy, parse_policy, parse_queue_args
@@ -46,9 +51,7 @@ from tarry.model.validate import (
     TargetView,
     check_batch_size,
     check_name,
-    parse_send,
     validate_reschedule,
-    validate_send,
 )
 from tarry.queues.catalog import (
     Catalog,
@@ -60,7 +63,9 @@ from tarry.queues.catalog import (
     save_topic,
 )
 from tarry.queues.txn import QueueTxn, Sequencer
-from tarry.store.sqlite.store import SQLiteStore, insert_messages
+from tarry.store.base import DelayedStore, QueueDatabase, StoreOutcome
+from tarry.store.sql import row_lock
+from tarry.store.sqlite.store import insert_messages
 from tarry.transports.base import Transport
 
 __all__ = ["Engine"]
@@ -71,17 +76,39 @@ DEFAULT_VISIBILITY_MS = 30_000
 MAX_VISIBILITY_MS = 12 * 3_600_000
 
 
+def _rabbitmq() -> Any:
+    """The RabbitMQ transports, or a clear error when the optional dependency is missing."""
+    try:
+        from tarry.transports import rabbitmq_topology
+    except ImportError as exc:
+        raise InvalidArgument(
+            f"RabbitMQ is configured but its client library is missing ({exc}); "
+            "install it with pip install 'tarry[rabbitmq]'"
+        ) from None
+    return rabbitmq_topology
+
+
 class Engine:
     def __init__(
         self,
         config: TarryConfig,
         *,
-        store: SQLiteStore,
+        store: DelayedStore,
+        queues: QueueDatabase | None = None,
         clock: Clock | None = None,
         transports: Mapping[str, Transport] | None = None,
     ) -> None:
+        """``queues`` is the queue database when the store does not share one (see
+        ``tarry.store.base``); a store that shares it is its own queue database."""
         self.config = config
         self.store = store
+        #: True: release is one queue-database transaction; False: ``tarry.engine.release``.
+        self.shared = store.shares_queue_database
+        if queues is None:
+            if not self.shared:
+                raise TypeError("a store that does not share the queue database needs queues=")
+            queues = cast(QueueDatabase, store)
+        self.qdb: QueueDatabase = queues
         self.clock: Clock = clock or SystemClock()
         self.ids = IdGenerator()
         self.catalog = Catalog()
@@ -107,24 +134,25 @@ class Engine:
         self._tasks: list[asyncio.Task[None]] = []
         self._lock_file: IO[str] | None = None
         self.journal: Any = None
+        self.ingress: Any = None
+        cluster.attach(self)
 
     @classmethod
     def from_config(cls, config: TarryConfig, *, clock: Clock | None = None) -> Engine:
-        path = None if config.store.engine == "memory" else config.db_path
-        store = SQLiteStore(
-            path, synchronous=config.store.synchronous, max_pages=config.store.max_pages
-        )
+        store, queues = build_stores(config)
         transports: dict[str, Transport] = {}
         for name, route in config.routes.items():
             if route.transport == "http":
                 from tarry.transports.http import HttpTransport
 
                 transports[name] = HttpTransport(route)
+            elif route.transport == "rabbitmq":
+                transports[name] = _rabbitmq().rabbitmq_transport(name, route, clock=clock)
             else:
                 raise InvalidArgument(
                     f"route {name!r}: transport {route.transport!r} is not available in this build"
                 )
-        return cls(config, store=store, clock=clock, transports=transports)
+        return cls(config, store=store, queues=queues, clock=clock, transports=transports)
 
     # --- lifecycle ----------------------------------------------------------------------------
     def add_listener(self, listener: EventListener) -> None:
@@ -136,13 +164,15 @@ class Engine:
         data_dir = self.config.server.data_dir
         if self.config.store.engine != "memory":
             self._lock(data_dir)
+        if not self.shared:
+            await self.qdb.open()
         await self.store.open()
 
         def load(conn: sqlite3.Connection) -> int:
             self.catalog.load(conn, now_ms=self.clock.now_ms())
             return int(conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()[0])
 
-        self._seq.value = await self.store.read(load)
+        self._seq.value = await self.qdb.read(load)
         if self.config.journal.enabled:
             from tarry.journal.writer import Journal
 
@@ -156,6 +186,12 @@ class Engine:
             if background:
                 self._spawn(self.journal.run())
         await self._declare_configured()
+        if self.config.rabbitmq.ingress:
+            _rabbitmq()
+            from tarry.transports.amqp_ingress import AmqpIngress
+
+            self.ingress = AmqpIngress(self.config.rabbitmq, send_batch=self.send_batch)
+            await self.ingress.start()
         if background:
             self._spawn(self.dispatcher.run())
             self._spawn(self._housekeeping())
@@ -166,6 +202,8 @@ class Engine:
         )
 
     async def stop(self) -> None:
+        if self.ingress is not None:
+            await self.ingress.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -176,6 +214,8 @@ class Engine:
         if self.journal is not None:
             self.journal.close()
         await self.store.close()
+        if not self.shared:
+            await self.qdb.close()
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
@@ -257,31 +297,37 @@ class Engine:
         self, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
     ) -> list[SendResult | TarryError]:
         now = self.clock.now_ms()
-        results: list[SendResult | TarryError | None] = [None] * len(items)
-        accepted: list[tuple[int, SendPlan, list[Message]]] = []
+        parsed = parse_batch(items)
         views: dict[str, DestinationView] = {}
-        for index, data in enumerate(items):
+        allowed: dict[str, bool] = {}
+        failed: dict[str, TarryError] = {}  # an auto-declare that failed refuses its sends
+        for name in destinations_of(parsed):
+            allowed[name] = may_send(name) if may_send else True
             try:
-                request = parse_send(data)
-                allowed = may_send(request.destination) if may_send else True
                 if (
-                    allowed
-                    and self.catalog.kind(request.destination) is None
-                    and (
-                        request.destination not in self.transports
-                        and self.config.server.auto_declare
-                    )
+                    allowed[name]
+                    and self.catalog.kind(name) is None
+                    and name not in self.transports
+                    and self.config.server.auto_declare
                 ):
-                    await self.declare_queue(request.destination, {})
-                view = views.get(request.destination)
-                if view is None:
-                    view = views[request.destination] = await self._view(request.destination)
-                plan = validate_send(
-                    request, now_ms=now, destination=view, may_send=allowed, limits=self.limits
-                )
-                accepted.append((index, plan, self._messages_for(plan, view)))
+                    await self.declare_queue(name, {})
+                views[name] = await self._view(name)
             except TarryError as exc:
-                results[index] = exc
+                failed[name] = exc
+        planned = validate_batch(
+            parsed, now_ms=now, views=views, may_send=allowed.__getitem__, limits=self.limits
+        )
+        for index, item in enumerate(parsed):
+            if not isinstance(item, TarryError) and item.destination in failed:
+                planned[index] = failed[item.destination]
+        results: list[SendResult | TarryError | None] = [
+            p if isinstance(p, TarryError) else None for p in planned
+        ]
+        accepted: list[tuple[int, SendPlan, list[Message]]] = [
+            (index, plan, self._messages_for(plan, views[plan.request.destination]))
+            for index, plan in enumerate(planned)
+            if isinstance(plan, SendPlan)
+        ]
         if accepted:
             if self.breakers.store.is_open and not await self._store_probe():
                 error = Unavailable(
@@ -290,10 +336,23 @@ class Engine:
                 for index, _, _ in accepted:
                     results[index] = error
                 return [r for r in results if r is not None]
+            # Routes where RabbitMQ does the waiting get the message now (engine/handover.py).
+            accepted = await hand_over(
+                accepted, results, transports=self.transports, find=self.list_messages
+            )
+        if accepted:
+            stored: tuple[QueueTxn | None, list[tuple[SendResult, bool]]]
             try:
-                stored = await self.store.write(
-                    lambda conn: self._store_work(conn, accepted, now), durable=True
-                )
+                if self.shared:
+                    stored = await self.qdb.write(
+                        lambda conn: self._store_work(conn, accepted, now), durable=True
+                    )
+                else:
+                    kept = await release.store_sends(self, accepted, now)
+                    # Released before the results are built (they show "ready"); its events
+                    # are told after the "scheduled" ones below.
+                    released = await release.release_now(self, accepted, kept, now)
+                    stored = (released, self._results(accepted, kept, now))
             except TarryError as exc:
                 self.breakers.store.failure(exc)
                 for index, _, _ in accepted:
@@ -315,15 +374,20 @@ class Engine:
                             if earliest is None
                             else min(earliest, plan.deliver_at_ms)
                         )
-            self._after(txn)
+            if txn is not None:
+                self._after(txn)
             if earliest is not None:
                 self.dispatcher.notify_due(earliest)
+                cluster.announce_due(self, earliest, now)
         return [r for r in results if r is not None]
 
     async def _store_probe(self) -> bool:
         """While the store breaker is open, one cheap write tells whether the fault cleared."""
         try:
-            await self.store.write(lambda conn: conn.execute("SELECT 1").fetchone())
+            if self.shared:
+                await self.qdb.write(lambda conn: conn.execute("SELECT 1").fetchone())
+            else:
+                await self.store.next_due_time()
             return True
         except TarryError:
             return False
@@ -335,14 +399,12 @@ class Engine:
         now: int,
     ) -> tuple[QueueTxn, list[tuple[SendResult, bool]]]:
         txn = self._txn(conn, now)
-        outcomes: list[tuple[SendResult, bool]] = []
         # One insert for the whole batch; then each plan takes back its own rows.
         everything = insert_messages(conn, [m for _, _, messages in accepted for m in messages])
         start = 0
         for _, plan, messages in accepted:
             stored = everything[start : start + len(messages)]
             start += len(messages)
-            created = all(o.created for o in stored) if stored else True
             if not plan.delayed:
                 for outcome in stored:
                     if outcome.created and outcome.message.destination not in self.transports:
@@ -350,6 +412,21 @@ class Engine:
                             txn.enqueue(outcome.message, outcome.message.destination)
                         except DeliveryFailed:
                             pass  # stays scheduled and due now: the dispatcher handles the failure
+        return txn, self._results(accepted, everything, now)
+
+    def _results(
+        self,
+        accepted: list[tuple[int, SendPlan, list[Message]]],
+        everything: list[StoreOutcome],
+        now: int,
+    ) -> list[tuple[SendResult, bool]]:
+        """One (result, created) per accepted plan from the outcomes of all its messages."""
+        outcomes: list[tuple[SendResult, bool]] = []
+        start = 0
+        for _, plan, messages in accepted:
+            stored = everything[start : start + len(messages)]
+            start += len(messages)
+            created = all(o.created for o in stored) if stored else True
             first = stored[0].message if stored else None
             topic = (
                 plan.request.destination
@@ -377,38 +454,11 @@ class Engine:
                     else (),
                 )
             outcomes.append((result, created))
-        return txn, outcomes
+        return outcomes
 
     def _messages_for(self, plan: SendPlan, view: DestinationView) -> list[Message]:
         """One message, or one staged copy per subscriber of a topic (fan-out at send time)."""
-        request = plan.request
-        targets: list[tuple[str, str | None]]
-        if view.kind == "topic":
-            targets = [(t.name, request.destination) for t in view.targets]
-        else:
-            targets = [(request.destination, None)]
-        state = MessageState.SCHEDULED
-        return [
-            Message(
-                id=self.ids.new(plan.sent_at_ms),
-                destination=name,
-                topic=topic,
-                body=request.body,
-                headers=dict(request.headers),
-                sent_at_ms=plan.sent_at_ms,
-                deliver_at_ms=plan.deliver_at_ms,
-                expires_at_ms=plan.expires_at_ms,
-                state=state,
-                message_id=request.message_id,
-                correlation_id=request.correlation_id,
-                reply_to=request.reply_to,
-                report=request.report,
-                on_undeliverable=request.on_undeliverable,
-                persistent=request.persistent,
-                updated_at_ms=plan.sent_at_ms,
-            )
-            for name, topic in targets
-        ]
+        return fan_out(plan, view, self.ids.new_due)
 
     async def _view(self, name: str) -> DestinationView:
         if name in self.transports:
@@ -426,7 +476,7 @@ class Engine:
         full = False
         if args.max_length is not None and args.overflow is Overflow.REJECT_PUBLISH:
             now = self.clock.now_ms()
-            ready = await self.store.read(lambda conn: self._txn(conn, now).ready_count(queue))
+            ready = await self.qdb.read(lambda conn: self._txn(conn, now).ready_count(queue))
             full = ready >= args.max_length
         return TargetView(
             queue, put_enabled=args.put_enabled, max_message_bytes=args.max_message_bytes, full=full
@@ -434,7 +484,9 @@ class Engine:
 
     # --- one message ----------------------------------------------------------------------------
     async def get_message(self, message_id: str) -> Message:
-        message = await self.store.get(message_id)
+        message = None if self.shared else await release.get_released(self, message_id)
+        if message is None:
+            message = await self.store.get(message_id)
         if message is None:
             raise NotFound(f"no message with id {message_id}")
         return message
@@ -448,7 +500,9 @@ class Engine:
         return message
 
     async def cancel(self, message_id: str, *, may_send: MayAccess | None = None) -> Message:
-        await self._check_owner(message_id, may_send)
+        refuse_if_handed_over(await self._check_owner(message_id, may_send), self.transports)
+        if not self.shared:
+            await release.refuse_if_released(self, message_id)
         now = self.clock.now_ms()
         message = await self.store.cancel(message_id, now_ms=now)
         self._emit("cancelled", message, now, None, None)
@@ -458,8 +512,11 @@ class Engine:
         self, message_id: str, data: Mapping[str, Any], *, may_send: MayAccess | None = None
     ) -> Message:
         current = await self._check_owner(message_id, may_send)
+        refuse_if_handed_over(current, self.transports)
         now = self.clock.now_ms()
         deliver_at = validate_reschedule(data, now_ms=now, expires_at_ms=current.expires_at_ms)
+        if not self.shared:
+            await release.refuse_if_released(self, message_id)
         message = await self.store.reschedule(message_id, deliver_at_ms=deliver_at, now_ms=now)
         self._emit("rescheduled", message, now, None, None)
         self.dispatcher.notify_due(deliver_at)
@@ -468,18 +525,23 @@ class Engine:
     async def list_messages(self, query: MessageQuery) -> tuple[list[Message], str | None]:
         if not 1 <= query.limit <= 1000:
             raise InvalidArgument(f"limit ({query.limit}) must be between 1 and 1000")
+        if not self.shared:
+            return await release.list_merged(self, query)
         return await self.store.list(query)
 
     # --- dispatch hooks -------------------------------------------------------------------------
     async def _release_local(
         self, batch: Sequence[Message]
     ) -> list[tuple[Message, DeliveryFailed]]:
+        if not self.shared:
+            return await release.release(self, batch)
         now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> tuple[QueueTxn, list[tuple[Message, DeliveryFailed]]]:
             txn = self._txn(conn, now)
             refused = []
-            for message in batch:
+            # Claim check, enqueue and leaving the store commit together (exactly-once).
+            for message in cluster.still_held(self, conn, batch):
                 try:
                     txn.enqueue(message, message.destination)
                 except DeliveryFailed as exc:
@@ -487,19 +549,23 @@ class Engine:
             return txn, refused
 
         try:
-            txn, refused = await self.store.write(work)
+            txn, refused = await self.qdb.write(work)
         finally:
             self.store.release_claims([m.id for m in batch])
         self._after(txn)
         return refused
 
     async def _give_up(self, message: Message, error: DeliveryFailed) -> None:
+        if not self.shared:
+            return await release.give_up(self, message, error)
         now = self.clock.now_ms()
         text = f"{error.reason}: {error.message}"
 
         def work(conn: sqlite3.Connection) -> QueueTxn:
             txn = self._txn(conn, now)
-            row = conn.execute("SELECT state FROM messages WHERE id = ?", (message.id,)).fetchone()
+            row = conn.execute(
+                f"SELECT state FROM messages WHERE id = ?{row_lock(conn)}", (message.id,)
+            ).fetchone()
             if row is None or row[0] != MessageState.SCHEDULED.value:
                 return txn  # cancelled or finished meanwhile
             conn.execute(
@@ -511,7 +577,7 @@ class Engine:
             return txn
 
         try:
-            txn = await self.store.write(work)
+            txn = await self.qdb.write(work)
         finally:
             self.store.release_claims([message.id])
         self._after(txn)
@@ -537,10 +603,10 @@ class Engine:
                 )
             entry.last_used_ms = now  # a redeclare renews an unused queue's lease
             existing = entry
-            await self.store.write(lambda conn: save_queue(conn, existing), durable=True)
+            await self.qdb.write(lambda conn: save_queue(conn, existing), durable=True)
             return await self.queue_info(name), False
         entry = QueueEntry(name, parsed, now, now)
-        await self.store.write(lambda conn: save_queue(conn, entry), durable=True)
+        await self.qdb.write(lambda conn: save_queue(conn, entry), durable=True)
         self.catalog.queues[name] = entry
         self.catalog.recompute()
         return await self.queue_info(name), True
@@ -551,19 +617,17 @@ class Engine:
             raise NotFound(f"no queue named {name!r}")
         now = self.clock.now_ms()
 
-        def work(conn: sqlite3.Connection) -> tuple[int, int, int]:
+        def work(conn: sqlite3.Connection) -> tuple[int, int]:
             ready, in_flight = conn.execute(
-                "SELECT coalesce(sum(visible_at_ms <= ?), 0), coalesce(sum(visible_at_ms > ?), 0) "
+                "SELECT coalesce(sum(CASE WHEN visible_at_ms <= ? THEN 1 ELSE 0 END), 0), "
+                "coalesce(sum(CASE WHEN visible_at_ms > ? THEN 1 ELSE 0 END), 0) "
                 "FROM messages WHERE queue = ? AND state IN ('ready', 'delivered')",
                 (now, now, name),
             ).fetchone()
-            scheduled = conn.execute(
-                "SELECT count(*) FROM messages WHERE destination = ? AND state = 'scheduled'",
-                (name,),
-            ).fetchone()[0]
-            return int(ready), int(in_flight), int(scheduled)
+            return int(ready), int(in_flight)
 
-        ready, in_flight, scheduled = await self.store.read(work)
+        ready, in_flight = await self.qdb.read(work)
+        scheduled = await self.store.count_scheduled(name)
         return QueueInfo(
             name=name,
             args=entry.args,
@@ -595,7 +659,7 @@ class Engine:
             txn.expire_queue_contents(name)
             return txn
 
-        txn = await self.store.write(work)
+        txn = await self.qdb.write(work)
         self.catalog.queues.pop(name, None)
         for subscribers in self.catalog.topics.values():
             subscribers.discard(name)
@@ -642,8 +706,8 @@ class Engine:
                     )
 
                 # Look before taking: an empty poll costs a read, not a commit.
-                if await self.store.read(partial(self._has_ready, queue=queue, now_ms=now)):
-                    txn, taken = await self.store.write(work)
+                if await self.qdb.read(partial(self._has_ready, queue=queue, now_ms=now)):
+                    txn, taken = await self.qdb.write(work)
                     self._after(txn)
                 else:
                     taken = []
@@ -683,7 +747,7 @@ class Engine:
             txn = self._txn(conn, now)
             return txn, txn.settle(queue, receipts, ack=ack, requeue=requeue)
 
-        txn, (done, unknown) = await self.store.write(work)
+        txn, (done, unknown) = await self.qdb.write(work)
         self._after(txn)
         return {("acked" if ack else "nacked"): done, "unknown": unknown}
 
@@ -695,7 +759,7 @@ class Engine:
         if name in self.catalog.topics:
             return await self.topic_info(name), False
         now = self.clock.now_ms()
-        await self.store.write(lambda conn: save_topic(conn, name, now), durable=True)
+        await self.qdb.write(lambda conn: save_topic(conn, name, now), durable=True)
         self.catalog.topics[name] = set()
         self.catalog.topic_created_ms[name] = now
         return await self.topic_info(name), True
@@ -714,16 +778,14 @@ class Engine:
             raise NotFound(f"no topic named {topic!r}; declare it first")
         if queue not in self.catalog.queues:
             raise NotFound(f"no queue named {queue!r}; declare it first")
-        await self.store.write(
-            lambda conn: save_subscription(conn, topic, queue, True), durable=True
-        )
+        await self.qdb.write(lambda conn: save_subscription(conn, topic, queue, True), durable=True)
         self.catalog.topics[topic].add(queue)
         return await self.topic_info(topic)
 
     async def unsubscribe(self, topic: str, queue: str) -> None:
         if topic not in self.catalog.topics:
             raise NotFound(f"no topic named {topic!r}")
-        await self.store.write(
+        await self.qdb.write(
             lambda conn: save_subscription(conn, topic, queue, False), durable=True
         )
         self.catalog.topics[topic].discard(queue)
@@ -753,10 +815,12 @@ class Engine:
             # changes to the queue); each keeps the earlier of its own expiry and the new TTL.
             for queue, ttl in changed:
                 conn.execute(
+                    # Portable SQL (SQLite and PostgreSQL): CASE, not min(a, b) or least().
                     "UPDATE messages SET queue_expires_at_ms = CASE "
-                    "WHEN ?1 IS NULL THEN expires_at_ms "
+                    "WHEN CAST(?1 AS BIGINT) IS NULL THEN expires_at_ms "
                     "WHEN expires_at_ms IS NULL THEN enqueued_at_ms + ?1 "
-                    "ELSE min(expires_at_ms, enqueued_at_ms + ?1) END "
+                    "WHEN expires_at_ms < enqueued_at_ms + ?1 THEN expires_at_ms "
+                    "ELSE enqueued_at_ms + ?1 END "
                     "WHERE queue = ?2 AND state IN ('ready', 'delivered')",
                     (ttl, queue),
                 )
@@ -770,7 +834,7 @@ class Engine:
             if e.effective.message_ttl_ms != before.get(q)
         )
         try:
-            await self.store.write(work, durable=True)
+            await self.qdb.write(work, durable=True)
         except BaseException:
             self.catalog.policies = old
             self.catalog.recompute()
@@ -792,7 +856,7 @@ class Engine:
                 if since_purge >= purge_every:
                     since_purge = 0.0
                     cutoff = self.clock.now_ms() - self.config.server.retention_ms
-                    await self.store.purge_finished(before_ms=cutoff)
+                    await self.qdb.purge_finished(before_ms=cutoff)
             except TarryError as exc:
                 self.breakers.store.failure(exc)
                 log.warning("housekeeping failed: %s", exc)
@@ -805,8 +869,8 @@ class Engine:
             txn.sweep_expired()
             return txn
 
-        if await self.store.read(lambda conn: self._txn(conn, now).has_expired()):
-            self._after(await self.store.write(work))
+        if await self.qdb.read(lambda conn: self._txn(conn, now).has_expired()):
+            self._after(await self.qdb.write(work))
         for name, entry in list(self.catalog.queues.items()):
             expires = entry.effective.expires_ms
             if (
@@ -820,10 +884,15 @@ class Engine:
     # --- operations -----------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         open_names = self.breakers.open_names()
+        if self.ingress is not None and not self.ingress.consuming:
+            open_names.append("ingress")  # enabled, but not consuming from RabbitMQ now
+        # Files a store found damaged (it serves the rest): named until an operator acts.
+        damaged = list(getattr(self.store, "damaged", []))
         return {
-            "status": "degraded" if open_names else "ok",
+            "status": "degraded" if open_names or damaged else "ok",
             "open": open_names,
             "breakers": self.breakers.snapshot(),
+            "damaged": damaged,
         }
 
     async def stats(self) -> dict[str, Any]:
@@ -832,13 +901,16 @@ class Engine:
                 s: n for s, n in conn.execute("SELECT state, count(*) FROM messages GROUP BY state")
             }
 
-        by_state = await self.store.read(work)
+        by_state = await self.qdb.read(work)
+        if not self.shared:
+            by_state[MessageState.SCHEDULED.value] = await self.store.count_scheduled()
         d = self.dispatcher.stats
         return {
             "messages": {s.value: by_state.get(s.value, 0) for s in MessageState},
             "queues": len(self.catalog.queues),
             "topics": len(self.catalog.topics),
             "policies": len(self.catalog.policies),
+            "routes": sorted(self.transports),
             "consumers_waiting": sum(self.waiters.count.values()),
             "dispatch": {
                 "rounds": d.rounds,
@@ -846,8 +918,9 @@ class Engine:
                 "delivered": d.delivered,
                 "failures": d.failures,
                 "gave_up": d.gave_up,
+                "held": d.held,
             },
-            "store_commits": self.store.db.commits,
+            "store_commits": getattr(getattr(self.qdb, "db", None), "commits", 0),
             "journal_dropped": getattr(self.journal, "dropped", 0),
             "health": self.health(),
         }

@@ -120,6 +120,18 @@ class MessageQuery:
     cursor: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def matches(self, m: Message, after: tuple[int, str] | None = None) -> bool:
+        """Whether ``m`` passes the filters and comes after the decoded cursor ``after``."""
+        return (
+            (self.destination is None or m.destination == self.destination)
+            and (self.correlation_id is None or m.correlation_id == self.correlation_id)
+            and (self.message_id is None or m.message_id == self.message_id)
+            and (self.state is None or m.state.value == self.state)
+            and (self.due_after_ms is None or m.deliver_at_ms >= self.due_after_ms)
+            and (self.due_before_ms is None or m.deliver_at_ms < self.due_before_ms)
+            and (after is None or (m.deliver_at_ms, m.id) > after)
+        )
+
 
 #: Called synchronously for every state change, after it is durable:
 #: ``listener(event, message, time_ms, queue, reason)``. Events: ``scheduled``, ``released``,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from tarry.model.state import MessageState
+from tarry.model.state import TERMINAL, MessageState
 
 __all__ = [
     "MAX_DELAY_MS",
@@ -172,7 +172,8 @@ class Message:
             "report": sorted(r.value for r in self.report),
             "on_undeliverable": self.on_undeliverable.value,
             "headers": dict(self.headers),
-            "size": len(self.body),
+            # A finished message keeps its metadata only (its body is dropped), so no size.
+            "size": None if self.state in TERMINAL else len(self.body),
             "failures": self.failures,
             "last_error": self.last_error,
             "deaths": [d.to_dict() for d in self.deaths],

@@ -124,6 +124,9 @@ def _opt_str(data: Mapping[str, Any], key: str) -> str | None:
         return None
     if not isinstance(value, str) or not value or len(value) > _MAX_ID_CHARS:
         raise InvalidArgument(f"{key} must be a non-empty string of at most {_MAX_ID_CHARS} chars")
+    if "\x00" in value:
+        # No store keeps NUL in text (PostgreSQL refuses it): say so instead of failing later.
+        raise InvalidArgument(f"{key} must not contain NUL (\\x00) characters; remove them")
     return value
 
 

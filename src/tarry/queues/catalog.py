@@ -4,7 +4,6 @@ subscriptions, and policies. Kept in memory for the hot path, written through to
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
 
 import orjson
@@ -17,6 +16,7 @@ from tarry.model.queue_args import (
     effective_args,
     parse_policy,
 )
+from tarry.store.sql import SqlConnection
 
 __all__ = ["Catalog", "QueueEntry"]
 
@@ -55,7 +55,7 @@ class Catalog:
             entry.effective = effective_args(entry.name, entry.args, policies)
 
     # --- loading and persisting (run on the database thread) -----------------------------------
-    def load(self, conn: sqlite3.Connection, *, now_ms: int) -> None:
+    def load(self, conn: SqlConnection, *, now_ms: int) -> None:
         """Read everything back; a restart renews every unused queue's lease (its last use
         is kept in memory only, so it counts from ``now_ms``)."""
         for name, args, created in conn.execute("SELECT name, args, created_at_ms FROM queues"):
@@ -70,7 +70,7 @@ class Catalog:
         self.recompute()
 
 
-def save_queue(conn: sqlite3.Connection, entry: QueueEntry) -> None:
+def save_queue(conn: SqlConnection, entry: QueueEntry) -> None:
     conn.execute(
         "INSERT INTO queues (name, args, created_at_ms, last_used_ms) VALUES (?, ?, ?, ?) "
         "ON CONFLICT(name) DO UPDATE SET args = excluded.args, "
@@ -84,27 +84,29 @@ def save_queue(conn: sqlite3.Connection, entry: QueueEntry) -> None:
     )
 
 
-def delete_queue_rows(conn: sqlite3.Connection, name: str) -> None:
+def delete_queue_rows(conn: SqlConnection, name: str) -> None:
     conn.execute("DELETE FROM queues WHERE name = ?", (name,))
     conn.execute("DELETE FROM subscriptions WHERE queue = ?", (name,))
 
 
-def save_topic(conn: sqlite3.Connection, name: str, created_ms: int) -> None:
+def save_topic(conn: SqlConnection, name: str, created_ms: int) -> None:
     conn.execute(
-        "INSERT OR IGNORE INTO topics (name, created_at_ms) VALUES (?, ?)", (name, created_ms)
+        "INSERT INTO topics (name, created_at_ms) VALUES (?, ?) ON CONFLICT DO NOTHING",
+        (name, created_ms),
     )
 
 
-def save_subscription(conn: sqlite3.Connection, topic: str, queue: str, present: bool) -> None:
+def save_subscription(conn: SqlConnection, topic: str, queue: str, present: bool) -> None:
     if present:
         conn.execute(
-            "INSERT OR IGNORE INTO subscriptions (topic, queue) VALUES (?, ?)", (topic, queue)
+            "INSERT INTO subscriptions (topic, queue) VALUES (?, ?) ON CONFLICT DO NOTHING",
+            (topic, queue),
         )
     else:
         conn.execute("DELETE FROM subscriptions WHERE topic = ? AND queue = ?", (topic, queue))
 
 
-def save_policy(conn: sqlite3.Connection, policy: Policy | None, name: str) -> None:
+def save_policy(conn: SqlConnection, policy: Policy | None, name: str) -> None:
     if policy is None:
         conn.execute("DELETE FROM policies WHERE name = ?", (name,))
         return

@@ -21,10 +21,12 @@ from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message, Report, Undeliverable
 from tarry.model.queue_args import Overflow
 from tarry.model.state import MessageState
+from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
-from tarry.store.sqlite.rows import INSERT_SQL, SELECT_SQL, from_row, to_row
+from tarry.store.sql import SqlConnection, row_lock
+from tarry.store.sqlite.rows import COLUMNS, INSERT_SQL, SELECT_SQL, from_row, to_row
 
-__all__ = ["HANDOFF_MS", "QueueTxn", "Sequencer"]
+__all__ = ["HANDOFF_MS", "ClockSequencer", "QueueTxn", "Sequencer"]
 
 #: A message that expires on arrival (TTL 0) while a consumer is waiting gets this long to be
 #: taken by that consumer (RabbitMQ: "expire unless a consumer can take it at once").
@@ -44,10 +46,24 @@ class Sequencer:
         return self.value
 
 
+class ClockSequencer(Sequencer):
+    """For queues that several nodes fill (a shared PostgreSQL store): arrival order is the
+    arrival time in ms, then this node's count within the ms (up to 1000 per ms, then it runs
+    ahead of the clock). Nodes' clocks must agree, as they must for due times anyway."""
+
+    def __init__(self, clock: Clock, start: int = 0) -> None:
+        super().__init__(start)
+        self._clock = clock
+
+    def next(self) -> int:
+        self.value = max(self.value + 1, self._clock.now_ms() * 1000)
+        return self.value
+
+
 class QueueTxn:
     def __init__(
         self,
-        conn: sqlite3.Connection,
+        conn: SqlConnection,
         *,
         now_ms: int,
         catalog: Catalog,
@@ -64,6 +80,7 @@ class QueueTxn:
         self.waiting = waiting
         self.error_queue = error_queue
         self.events: list[Event] = []
+        self._rows: list[tuple[object, ...]] = []
         #: Queues that received ready messages: their waiting consumers are woken after commit.
         self.filled: set[str] = set()
 
@@ -73,9 +90,12 @@ class QueueTxn:
         self.events.append((event, message, self.now_ms, queue, reason))
 
     # --- arrival ----------------------------------------------------------------------------------
-    def enqueue(self, message: Message, queue: str) -> None:
-        """Move a scheduled message (already a row) into ``queue``. Raises ``DeliveryFailed``
-        (permanent) when the queue is missing, put-disabled, or full under reject_publish."""
+    def enqueue(self, message: Message, queue: str, *, insert: bool = False) -> None:
+        """Move a scheduled message (already a row) into ``queue``; with ``insert`` the row does
+        not exist yet (a separate queue database taking in a released message, see
+        ``tarry.store.base``) and is written once, in its final state. Raises
+        ``DeliveryFailed`` (permanent) when the queue is missing, put-disabled, or full under
+        reject_publish; nothing is written then."""
         now = self.now_ms
         args = self.catalog.effective(queue)
         if args is None:
@@ -91,10 +111,15 @@ class QueueTxn:
         )
         if is_expired(expires, now):
             if not self.waiting.get(queue):
+                if insert:
+                    self._insert(message)
                 self.dead_letter(message, from_queue=queue, reason=DeathReason.EXPIRED)
                 return
             expires = now + HANDOFF_MS
         if args.max_length is not None:
+            # Several nodes may fill this queue: take its row lock so the count stays true.
+            if lock := row_lock(self.conn):
+                self.conn.execute(f"SELECT 1 FROM queues WHERE name = ?{lock}", (queue,))
             ready = self.ready_count(queue)
             if ready >= args.max_length:
                 if args.overflow is Overflow.REJECT_PUBLISH:
@@ -104,6 +129,8 @@ class QueueTxn:
                         permanent=True,
                     )
                 if args.max_length == 0:
+                    if insert:
+                        self._insert(message)
                     self.dead_letter(message, from_queue=queue, reason=DeathReason.MAXLEN)
                     return
                 self._drop_head(queue, ready - args.max_length + 1)
@@ -112,22 +139,79 @@ class QueueTxn:
         message.enqueued_at_ms = now
         message.queue_expires_at_ms = expires
         message.updated_at_ms = now
-        changed = self.conn.execute(
-            "UPDATE messages SET state = 'ready', queue = ?, seq = ?, enqueued_at_ms = ?, "
-            "queue_expires_at_ms = ?, visible_at_ms = ?, updated_at_ms = ? "
-            "WHERE id = ? AND state = 'scheduled'",
-            (queue, self.seq.next(), now, expires, now, now, message.id),
-        ).rowcount
+        if insert:
+            # Gathered and written by one executemany (``flush``), before any read of the
+            # queue or any other write of this transaction.
+            self._rows.append(to_row(message, seq=self.seq.next(), visible_at_ms=now))
+            changed = 1
+        else:
+            changed = self.conn.execute(
+                "UPDATE messages SET state = 'ready', queue = ?, seq = ?, enqueued_at_ms = ?, "
+                "queue_expires_at_ms = ?, visible_at_ms = ?, updated_at_ms = ? "
+                "WHERE id = ? AND state = 'scheduled'",
+                (queue, self.seq.next(), now, expires, now, now, message.id),
+            ).rowcount
         if changed:
             self.filled.add(queue)
             self.emit("released", message, queue)
 
+    def released_before(self, message_ids: Sequence[str]) -> set[str]:
+        """Separate queue database: which of these ids are already here (released before a
+        crash that came ahead of the store's marker)? Releasing those again must do nothing."""
+        self.flush()
+        found: set[str] = set()
+        for start in range(0, len(message_ids), 900):
+            chunk = list(message_ids[start : start + 900])
+            marks = ",".join("?" * len(chunk))
+            sql = f"SELECT id FROM messages WHERE id IN ({marks})"
+            found.update(row[0] for row in self.conn.execute(sql, chunk))
+        return found
+
+    def flush(self) -> None:
+        """Write the rows ``enqueue(insert=True)`` gathered."""
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, []
+        try:
+            self.conn.executemany(INSERT_SQL, rows)
+        except sqlite3.IntegrityError:
+            # Some (destination, message_id) key is held by an older finished message that the
+            # producer reused after retention: write one by one, keeping each without its key.
+            for row in rows:
+                try:
+                    self.conn.execute(INSERT_SQL, row)
+                except sqlite3.IntegrityError:
+                    self.conn.execute(INSERT_SQL, (*row[:10], None, *row[11:]))
+
+    def adopt(self, message: Message) -> bool:
+        """Separate queue database: take in a scheduled message as a row keyed by its tarry id
+        (to end it here, e.g. dead-letter it). False when that id is already here."""
+        if self.released_before([message.id]):
+            return False
+        self._insert(message)
+        return True
+
+    def _insert(
+        self, message: Message, *, seq: int | None = None, visible_at_ms: int | None = None
+    ) -> None:
+        self.flush()
+        try:
+            self.conn.execute(INSERT_SQL, to_row(message, seq=seq, visible_at_ms=visible_at_ms))
+        except sqlite3.IntegrityError:
+            # Its (destination, message_id) key is held by an older finished message that the
+            # producer reused after retention: keep this one too, without the key.
+            self.conn.execute(
+                INSERT_SQL, to_row(message, seq=seq, visible_at_ms=visible_at_ms, dedupe=False)
+            )
+
     def insert_and_enqueue(self, message: Message, queue: str) -> None:
         """A message tarry makes itself (dead-letter copy, report) enters ``queue``."""
+        self.flush()
         self.conn.execute(INSERT_SQL, to_row(message, dedupe=False))
         self.enqueue(message, queue)
 
     def ready_count(self, queue: str) -> int:
+        self.flush()
         return int(
             self.conn.execute(
                 "SELECT count(*) FROM messages WHERE queue = ? AND state IN ('ready', 'delivered') "
@@ -137,10 +221,11 @@ class QueueTxn:
         )
 
     def _drop_head(self, queue: str, count: int) -> None:
+        self.flush()
         rows = self.conn.execute(
             f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered') "
             "AND visible_at_ms <= ? "
-            "ORDER BY seq LIMIT ?",
+            f"ORDER BY seq LIMIT ?{row_lock(self.conn, skip_locked=True)}",
             (queue, self.now_ms, count),
         ).fetchall()
         for row in rows:
@@ -158,6 +243,7 @@ class QueueTxn:
         """End ``message`` here: move a copy to the dead-letter target (the queue's
         ``dead_letter_to``, or the error queue for delivery failures) or, with no target, drop it;
         send the reports it asked for."""
+        self.flush()
         now = self.now_ms
         if reason is DeathReason.DELIVERY_FAILED:
             target = None if message.on_undeliverable is Undeliverable.DISCARD else self.error_queue
@@ -264,6 +350,7 @@ class QueueTxn:
     # --- consumers --------------------------------------------------------------------------------
     def has_ready(self, queue: str) -> bool:
         """Whether ``receive`` would find anything (a read: no commit for an empty poll)."""
+        self.flush()
         now = self.now_ms
         return (
             self.conn.execute(
@@ -277,6 +364,7 @@ class QueueTxn:
         )
 
     def has_expired(self) -> bool:
+        self.flush()
         now = self.now_ms
         return (
             self.conn.execute(
@@ -290,14 +378,17 @@ class QueueTxn:
     def receive(
         self, queue: str, *, max_messages: int, visibility_ms: int
     ) -> list[tuple[Message, str]]:
+        self.flush()
         now = self.now_ms
         rows = self.conn.execute(
             f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered') "
             "AND visible_at_ms <= ? "
-            "AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?) ORDER BY seq LIMIT ?",
+            "AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?) ORDER BY seq LIMIT ?"
+            + row_lock(self.conn, skip_locked=True),
             (queue, now, now, max_messages),
         ).fetchall()
         taken = []
+        updates = []
         for row in rows:
             message = from_row(row)
             receipt = self.ids.new(now)
@@ -305,9 +396,7 @@ class QueueTxn:
             message.delivery_count += 1
             message.state = MessageState.DELIVERED
             message.updated_at_ms = now
-            self.conn.execute(
-                "UPDATE messages SET state = 'delivered', receipt = ?, visible_at_ms = ?, "
-                "delivery_count = ?, redelivered = ?, updated_at_ms = ? WHERE id = ?",
+            updates.append(
                 (
                     receipt,
                     now + visibility_ms,
@@ -315,32 +404,40 @@ class QueueTxn:
                     int(message.redelivered),
                     now,
                     message.id,
-                ),
+                )
             )
             self.emit("received", message, queue)
             taken.append((message, receipt))
+        if updates:  # one batch: a single round trip where the database is a server
+            self.conn.executemany(
+                "UPDATE messages SET state = 'delivered', receipt = ?, visible_at_ms = ?, "
+                "delivery_count = ?, redelivered = ?, updated_at_ms = ? WHERE id = ?",
+                updates,
+            )
         return taken
 
     def settle(
         self, queue: str, receipts: Sequence[str], *, ack: bool, requeue: bool
     ) -> tuple[int, list[str]]:
         """Ack, requeue, or reject (dead-letter ``rejected``) in-flight messages by receipt."""
+        self.flush()
         done, unknown = 0, []
+        held = self._held_by_receipt(receipts)
+        settled: set[str] = set()
+        acked: list[tuple[int, str]] = []
         for receipt in receipts:
-            row = self.conn.execute(
-                f"{SELECT_SQL} WHERE receipt = ? AND queue = ? AND state = 'delivered'",
-                (receipt, queue),
-            ).fetchone()
-            if row is None:
+            message = held.get(receipt)
+            if (
+                message is None
+                or message.id in settled  # the same receipt twice: the second finds nothing
+                or message.queue != queue
+                or message.state is not MessageState.DELIVERED
+            ):
                 unknown.append(receipt)
                 continue
-            message = from_row(row)
+            settled.add(message.id)
             if ack:
-                self.conn.execute(
-                    "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
-                    "updated_at_ms = ? WHERE id = ?",
-                    (self.now_ms, message.id),
-                )
+                acked.append((self.now_ms, message.id))
                 message.state = MessageState.ACKED
                 self.emit("acked", message, queue)
             elif requeue:
@@ -356,14 +453,37 @@ class QueueTxn:
             else:
                 self.dead_letter(message, from_queue=queue, reason=DeathReason.REJECTED)
             done += 1
+        if acked:
+            self.conn.executemany(
+                "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
+                "updated_at_ms = ? WHERE id = ?",
+                acked,
+            )
         return done, unknown
+
+    def _held_by_receipt(self, receipts: Sequence[str]) -> dict[str, Message]:
+        """The in-flight messages of ``receipts``, their rows locked, by receipt. Looked up by
+        receipt alone, so that only the receipt index can answer (a planner without statistics
+        would otherwise walk the whole queue); queue and state are checked by the caller."""
+        found: dict[str, Message] = {}
+        unique = list(dict.fromkeys(receipts))
+        for start in range(0, len(unique), 500):
+            chunk = unique[start : start + 500]
+            marks = ", ".join("?" for _ in chunk)
+            for row in self.conn.execute(
+                f"{SELECT_SQL} WHERE receipt IN ({marks})" + row_lock(self.conn), chunk
+            ):
+                found[row[COLUMNS.index("receipt")]] = from_row(row)
+        return found
 
     def sweep_expired(self, *, limit: int = 1000) -> int:
         """Dead-letter (or drop) messages whose queue expiry has come and that no consumer holds."""
+        self.flush()
         now = self.now_ms
         rows = self.conn.execute(
             f"{SELECT_SQL} WHERE state IN ('ready', 'delivered') AND queue_expires_at_ms <= ? "
-            "AND visible_at_ms <= ? ORDER BY queue_expires_at_ms LIMIT ?",
+            "AND visible_at_ms <= ? ORDER BY queue_expires_at_ms LIMIT ?"
+            + row_lock(self.conn, skip_locked=True),
             (now, now, limit),
         ).fetchall()
         for row in rows:
@@ -373,8 +493,11 @@ class QueueTxn:
 
     def expire_queue_contents(self, queue: str) -> int:
         """A deleted queue's messages are dropped, not dead-lettered (RabbitMQ)."""
+        self.flush()
         rows = self.conn.execute(
-            f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered')", (queue,)
+            f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered')"
+            + row_lock(self.conn),
+            (queue,),
         ).fetchall()
         self.conn.execute(
             "UPDATE messages SET state = 'expired', body = NULL, receipt = NULL, updated_at_ms = ? "

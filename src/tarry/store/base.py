@@ -9,22 +9,52 @@ Guarantees every implementation gives (``tests/contract/test_store_contract.py``
   kept one is returned with ``created=False``.
 - ``fetch_due`` returns messages due at or before ``now_ms`` (never one due later), oldest due
   first, and claims them: until the claim is released (``remove``, ``record_failure``, or the
-  lease ending) no other ``fetch_due`` returns them. A claim does not survive the process.
+  lease ending) no other ``fetch_due`` returns them. A claim does not survive the process
+  (where several processes share the store, PostgreSQL, it lapses with its lease instead).
 - ``remove`` finishes claimed messages; ``cancel``/``reschedule`` refuse claimed ones.
 - Every method raises ``Unavailable`` when the store cannot do it now, and nothing is changed.
+
+The store and the local queues (the "queue database")
+-----------------------------------------------------
+Local queues (catalog, ready and in-flight messages, finished-message records kept for ``GET``
+and de-duplication during ``retention_ms``) live in a ``QueueDatabase``: a SQLite database today
+(``SQLiteStore`` is one), driven by ``tarry.queues.txn.QueueTxn`` inside ``write`` transactions.
+How a due message enters its local queue exactly once across crashes depends on whether the
+delayed store shares that database (``shares_queue_database``):
+
+- **shared** (``SQLiteStore``; the PostgreSQL store too): the scheduled message is already a row of
+  the queue database; release is one transaction that moves the row into its queue, so it
+  happens once or not at all. ``tarry.engine.core.Engine`` calls ``store.write`` for it.
+- **separate** (``LogStore``, ``MemoryStore``): release (``tarry.engine.release``) first inserts the
+  message into its queue keyed by its tarry id, in one queue-database transaction
+  (``QueueTxn.enqueue(insert=True)``: the queue row *is* the marker "where the released message
+  now lives"; a second release of the same id finds the row and does nothing), then calls
+  ``remove(ids, state=READY)`` so the store appends its release marker and can clean up. A crash
+  in between leaves a message the store still holds as scheduled; it is fetched again and its
+  release is a no-op, so the engine treats "id present in the queue database" as released (``get``,
+  ``cancel``, ``reschedule`` and listing look there first). De-duplication by
+  (destination, ``message_id``) consults the queue database for released messages and the store
+  for pending ones; the store keeps a key until the message is released *and* its marker made
+  durable.
+- External destinations (HTTP, RabbitMQ routes) are at-least-once for every store: the message is
+  removed only after the transport accepted it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import builtins
+import sqlite3
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from tarry.engine.types import MessageQuery
 from tarry.model.message import Message
 from tarry.model.state import MessageState
 
-__all__ = ["DelayedStore", "StoreOutcome"]
+T = TypeVar("T")
+
+__all__ = ["DelayedStore", "QueueDatabase", "StoreOutcome"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +65,17 @@ class StoreOutcome:
 
 
 class DelayedStore(Protocol):
+    #: True when scheduled messages live in the queue database itself (see the module docstring).
+    shares_queue_database: bool
+
+    async def open(self) -> None:
+        """Open (and recover) the store. Raises ``Unavailable``."""
+        ...
+
+    def release_claims(self, ids: Sequence[str]) -> None:
+        """Drop the claims on ``ids`` (a failed release is retried on the next round)."""
+        ...
+
     async def store(self, messages: Sequence[Message]) -> list[StoreOutcome]:
         """Durably keep ``messages`` (state ``scheduled``) in one commit. Raises ``Unavailable``."""
         ...
@@ -48,8 +89,9 @@ class DelayedStore(Protocol):
         ...
 
     async def remove(self, ids: Sequence[str], *, state: MessageState, now_ms: int) -> int:
-        """Finish claimed messages with ``state`` (delivered, expired, dead_lettered); returns how
-        many were still there (fewer means another path already finished them)."""
+        """Finish claimed messages with ``state`` (delivered, expired, dead_lettered, or ``ready``:
+        released into a local queue of a separate queue database); returns how many were still
+        there (fewer means another path already finished them)."""
         ...
 
     async def record_failure(self, message_id: str, *, error: str, retry_at_ms: int) -> int:
@@ -71,6 +113,36 @@ class DelayedStore(Protocol):
         """Messages matching ``query`` ordered by (deliver_at, id), and the next page's cursor."""
         ...
 
-    async def count_scheduled(self) -> int: ...
+    async def count_scheduled(self, destination: str | None = None) -> int:
+        """Scheduled messages, all or for one destination."""
+        ...
+
+    async def check(self) -> builtins.list[str]:
+        """Integrity problems found (empty when sound); every store test ends with it."""
+        ...
 
     async def close(self) -> None: ...
+
+
+class QueueDatabase(Protocol):
+    """Where the local queues live (see the module docstring). ``write`` runs ``work`` inside a
+    transaction shared with concurrent writes (group commit) and returns once it is committed,
+    fsynced when ``durable``; ``read`` runs outside any write transaction."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def write(
+        self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False
+    ) -> T: ...
+
+    async def read(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
+
+    async def purge_finished(self, *, before_ms: int, limit: int = 5000) -> int:
+        """Forget finished messages older than the retention window."""
+        ...
+
+    async def check(self) -> builtins.list[str]:
+        """Integrity problems found (empty when sound)."""
+        ...

@@ -4,6 +4,7 @@ Nothing survives the process; it passes the same contract suite as the durable s
 
 from __future__ import annotations
 
+import builtins
 import heapq
 from collections.abc import Sequence
 from dataclasses import replace
@@ -13,12 +14,15 @@ from tarry.errors import NotCancellable, NotFound, TarryError, Unavailable
 from tarry.model.message import Message
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
-from tarry.store.sqlite.store import decode_cursor, encode_cursor
+from tarry.store.sqlite.store import decode_cursor, page
 
 __all__ = ["MemoryStore"]
 
 
 class MemoryStore:
+    #: Local queues live in a queue database of their own (``tarry.store.base``).
+    shares_queue_database = False
+
     def __init__(self) -> None:
         self._messages: dict[str, Message] = {}
         self._dedupe: dict[tuple[str | None, str, str], str] = {}
@@ -27,6 +31,9 @@ class MemoryStore:
         self._retry_at: dict[str, int] = {}
         self._claims: dict[str, int] = {}
         self._failures: list[TarryError] = []
+
+    async def open(self) -> None:
+        return None
 
     def fail_next(self, count: int = 1, error: TarryError | None = None) -> None:
         """The next ``count`` calls raise ``error`` (default ``Unavailable``)."""
@@ -97,6 +104,13 @@ class MemoryStore:
         for message_id in ids:
             self._claims.pop(message_id, None)
 
+    def hold_claims(self, ids: Sequence[str], *, until_ms: int) -> None:
+        """Keep claimed messages back until ``until_ms`` without counting a failure (their
+        destination is away); ``fetch_due`` returns them again after that."""
+        for message_id in ids:
+            if message_id in self._claims:
+                self._claims[message_id] = until_ms
+
     async def remove(self, ids: Sequence[str], *, state: MessageState, now_ms: int) -> int:
         self._maybe_fail()
         removed = 0
@@ -151,24 +165,18 @@ class MemoryStore:
     async def list(self, query: MessageQuery) -> tuple[list[Message], str | None]:
         after = decode_cursor(query.cursor) if query.cursor else None
         items = sorted(self._messages.values(), key=lambda m: (m.deliver_at_ms, m.id))
-        selected = [
-            replace(m)
-            for m in items
-            if (query.destination is None or m.destination == query.destination)
-            and (query.correlation_id is None or m.correlation_id == query.correlation_id)
-            and (query.message_id is None or m.message_id == query.message_id)
-            and (query.state is None or m.state.value == query.state)
-            and (query.due_after_ms is None or m.deliver_at_ms >= query.due_after_ms)
-            and (query.due_before_ms is None or m.deliver_at_ms < query.due_before_ms)
-            and (after is None or (m.deliver_at_ms, m.id) > after)
-        ]
-        if len(selected) > query.limit:
-            last = selected[query.limit - 1]
-            return selected[: query.limit], encode_cursor(last.deliver_at_ms, last.id)
-        return selected, None
+        selected = [replace(m) for m in items if query.matches(m, after)]
+        return page(selected, query.limit)
 
-    async def count_scheduled(self) -> int:
-        return sum(m.state is MessageState.SCHEDULED for m in self._messages.values())
+    async def count_scheduled(self, destination: str | None = None) -> int:
+        return sum(
+            m.state is MessageState.SCHEDULED
+            and (destination is None or m.destination == destination)
+            for m in self._messages.values()
+        )
+
+    async def check(self) -> builtins.list[str]:
+        return []
 
     async def close(self) -> None:
         return None

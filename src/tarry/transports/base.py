@@ -6,12 +6,13 @@ translates its library's exceptions (httpx, aio-pika) into ``DeliveryFailed`` in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from tarry.errors import DeliveryFailed
 from tarry.model.message import Message
 
-__all__ = ["DeliveryFailed", "Transport"]
+__all__ = ["BatchTransport", "DeliveryFailed", "Transport"]
 
 
 class Transport(Protocol):
@@ -25,4 +26,14 @@ class Transport(Protocol):
 
     async def close(self) -> None:
         """Release connections; called once at shutdown."""
+        ...
+
+
+class BatchTransport(Transport, Protocol):
+    """A transport that can hand over many messages at once (pipelined publishes); the
+    dispatcher uses ``deliver_batch`` when a transport has it."""
+
+    async def deliver_batch(self, messages: Sequence[Message]) -> list[DeliveryFailed | None]:
+        """Deliver each message; one outcome per message, in order: ``None`` when the
+        destination accepted it, else its ``DeliveryFailed``. Never raises for one message."""
         ...

@@ -42,6 +42,10 @@ class Database:
         self._synchronous = synchronous
         self._max_pages = max_pages
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-db")
+        # Reads run on their own connection and thread (WAL readers do not wait for the
+        # writer), so the dispatcher's look at the due index never queues behind commits.
+        self._read_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-db-read")
+        self._reader: sqlite3.Connection | None = None
         self._conn: sqlite3.Connection | None = None
         self._pending: list[tuple[Work, asyncio.Future[Any], bool]] = []
         self._checkpointer: threading.Thread | None = None
@@ -51,7 +55,16 @@ class Database:
         self.commits = 0
 
     async def open(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._open)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._open)
+        if self.path is not None:
+            self._reader = await loop.run_in_executor(self._read_executor, self._open_reader)
+
+    def _open_reader(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA cache_size=-32768")
+        conn.execute("PRAGMA query_only=ON")
+        return conn
 
     def _open(self) -> None:
         if self.path is not None:
@@ -98,16 +111,24 @@ class Database:
         self._closing.set()
         if self._checkpointer is not None:
             self._checkpointer.join()
+        loop = asyncio.get_running_loop()
+        if self._reader is not None:
+            reader, self._reader = self._reader, None
+            await loop.run_in_executor(self._read_executor, reader.close)
         if self._conn is not None:
             conn, self._conn = self._conn, None
-            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
+            await loop.run_in_executor(self._executor, conn.close)
+        self._read_executor.shutdown(wait=True)
         self._executor.shutdown(wait=True)
 
     async def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``work`` on the database thread outside any write transaction."""
-        conn = self._require()
+        """Run ``work`` on the reading connection; it sees every committed write."""
+        writer = self._require()
+        loop = asyncio.get_running_loop()
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, work, conn)
+            if self._reader is None:  # an in-memory database has one connection only
+                return await loop.run_in_executor(self._executor, work, writer)
+            return await loop.run_in_executor(self._read_executor, work, self._reader)
         except sqlite3.Error as exc:
             raise _unavailable(exc) from exc
 

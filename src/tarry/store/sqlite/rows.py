@@ -50,10 +50,12 @@ INSERT_SQL = (
 
 def dedupe_key(message: Message) -> str | None:
     """Producer sends de-duplicate on (destination, message_id), where a topic copy's destination
-    is its topic and queue; copies tarry makes itself (dead letters, reports) do not."""
+    is its topic and queue; copies tarry makes itself (dead letters, reports) do not.
+    The parts are joined with U+001F (unit separator): names cannot hold it and text columns
+    of every store can (PostgreSQL refuses NUL)."""
     if message.message_id is None or message.deaths:
         return None
-    return f"{message.topic or ''}\x00{message.destination}\x00{message.message_id}"
+    return f"{message.topic or ''}\x1f{message.destination}\x1f{message.message_id}"
 
 
 def to_row(

@@ -7,6 +7,7 @@ its queue is one transaction: that is what makes release exactly-once across cra
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from tarry.errors import Unavailable
 
@@ -14,8 +15,8 @@ __all__ = ["SCHEMA_VERSION", "migrate"]
 
 _TERMINAL = "('acked','cancelled','expired','dead_lettered')"
 
-#: Each entry moves the schema from version i to i + 1.
-MIGRATIONS: list[str] = [
+#: Each entry moves the schema from version i to i + 1: a script, or a step run in a transaction.
+MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
     f"""
     CREATE TABLE messages (
         id TEXT PRIMARY KEY,
@@ -72,6 +73,17 @@ MIGRATIONS: list[str] = [
     );
     CREATE TABLE policies (name TEXT PRIMARY KEY, definition TEXT NOT NULL);
     """,
+    # De-duplication keys join their parts with U+001F instead of NUL (PostgreSQL shares the
+    # row codec and refuses NUL in text). SQLite's text functions stop at NUL: done in Python.
+    lambda conn: conn.executemany(
+        "UPDATE messages SET dedupe_key = ? WHERE rowid = ?",
+        [
+            (key.replace("\x00", "\x1f"), rowid)
+            for rowid, key in conn.execute(
+                "SELECT rowid, dedupe_key FROM messages WHERE instr(dedupe_key, char(0)) > 0"
+            ).fetchall()
+        ],
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -86,6 +98,15 @@ def migrate(conn: sqlite3.Connection) -> None:
             f"({SCHEMA_VERSION}); upgrade tarry"
         )
     for target in range(version, SCHEMA_VERSION):
-        conn.executescript(
-            "BEGIN;" + MIGRATIONS[target] + f"; PRAGMA user_version = {target + 1}; COMMIT;"
-        )
+        step = MIGRATIONS[target]
+        if isinstance(step, str):
+            conn.executescript("BEGIN;" + step + f"; PRAGMA user_version = {target + 1}; COMMIT;")
+            continue
+        conn.execute("BEGIN")
+        try:
+            step(conn)
+            conn.execute(f"PRAGMA user_version = {target + 1}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")

@@ -19,16 +19,20 @@ from tarry.errors import InvalidArgument, NotCancellable, NotFound
 from tarry.model.message import Message
 from tarry.model.state import TERMINAL, MessageState, transition
 from tarry.store.base import StoreOutcome
+from tarry.store.sql import SqlConnection, row_lock
 from tarry.store.sqlite.database import Database
 from tarry.store.sqlite.rows import INSERT_SQL, SELECT_SQL, dedupe_key, from_row, to_row
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLiteStore", "decode_cursor", "encode_cursor", "insert_messages", "list_rows", "page"]
 
 T = TypeVar("T")
 _TERMINAL_SQL = "(" + ",".join(f"'{s.value}'" for s in TERMINAL) + ")"
 
 
 class SQLiteStore:
+    #: Scheduled messages are rows of the queue database: release is one transaction.
+    shares_queue_database = True
+
     def __init__(
         self, path: Path | None, *, synchronous: str = "full", max_pages: int | None = None
     ):
@@ -87,11 +91,23 @@ class SQLiteStore:
         return await self.db.read(work)
 
     def release_claims(self, ids: Sequence[str]) -> None:
+        """End claims, after the caller's write committed. A claim ends by expiring (0), not by
+        vanishing: reads run on their own connection, so a ``fetch_due`` whose read began
+        before that commit can still see these messages as scheduled in its older snapshot;
+        they stay filtered out until the next ``fetch_due``, whose read starts after it."""
         for message_id in ids:
-            self._claims.pop(message_id, None)
+            if message_id in self._claims:
+                self._claims[message_id] = 0
+
+    def hold_claims(self, ids: Sequence[str], *, until_ms: int) -> None:
+        """Keep claimed messages back until ``until_ms`` without counting a failure (their
+        destination is away); ``fetch_due`` returns them again after that."""
+        for message_id in ids:
+            if message_id in self._claims:
+                self._claims[message_id] = until_ms
 
     def is_claimed(self, message_id: str) -> bool:
-        return message_id in self._claims
+        return self._claims.get(message_id, 0) > 0
 
     async def remove(self, ids: Sequence[str], *, state: MessageState, now_ms: int) -> int:
         def work(conn: sqlite3.Connection) -> int:
@@ -123,39 +139,18 @@ class SQLiteStore:
 
     async def cancel(self, message_id: str, *, now_ms: int) -> Message:
         self._refuse_claimed(message_id)
-
-        def work(conn: sqlite3.Connection) -> Message:
-            message = _get_or_raise(conn, message_id)
-            transition(message_id, message.state, MessageState.CANCELLED)
-            conn.execute(
-                "UPDATE messages SET state = 'cancelled', body = NULL, updated_at_ms = ? "
-                "WHERE id = ?",
-                (now_ms, message_id),
-            )
-            message.state, message.updated_at_ms = MessageState.CANCELLED, now_ms
-            return message
-
-        return await self.db.write(work, durable=True)
+        return await self.db.write(
+            lambda conn: cancel_message(conn, message_id, now_ms=now_ms), durable=True
+        )
 
     async def reschedule(self, message_id: str, *, deliver_at_ms: int, now_ms: int) -> Message:
         self._refuse_claimed(message_id)
-
-        def work(conn: sqlite3.Connection) -> Message:
-            message = _get_or_raise(conn, message_id)
-            if message.state is not MessageState.SCHEDULED:
-                raise NotCancellable(
-                    f"message {message_id} is {message.state.value}; only scheduled messages can "
-                    "be rescheduled"
-                )
-            conn.execute(
-                "UPDATE messages SET deliver_at_ms = ?, retry_at_ms = 0, updated_at_ms = ? "
-                "WHERE id = ?",
-                (deliver_at_ms, now_ms, message_id),
-            )
-            message.deliver_at_ms, message.updated_at_ms = deliver_at_ms, now_ms
-            return message
-
-        return await self.db.write(work, durable=True)
+        return await self.db.write(
+            lambda conn: reschedule_message(
+                conn, message_id, deliver_at_ms=deliver_at_ms, now_ms=now_ms
+            ),
+            durable=True,
+        )
 
     async def get(self, message_id: str) -> Message | None:
         def work(conn: sqlite3.Connection) -> Message | None:
@@ -165,45 +160,18 @@ class SQLiteStore:
         return await self.db.read(work)
 
     async def list(self, query: MessageQuery) -> tuple[list[Message], str | None]:
-        where: list[str] = ["1 = 1"]
-        params: list[object] = []
-        for column, value in (
-            ("destination", query.destination),
-            ("correlation_id", query.correlation_id),
-            ("message_id", query.message_id),
-            ("state", query.state),
-        ):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        if query.due_after_ms is not None:
-            where.append("deliver_at_ms >= ?")
-            params.append(query.due_after_ms)
-        if query.due_before_ms is not None:
-            where.append("deliver_at_ms < ?")
-            params.append(query.due_before_ms)
-        if query.cursor:
-            after_due, after_id = decode_cursor(query.cursor)
-            where.append("(deliver_at_ms > ? OR (deliver_at_ms = ? AND id > ?))")
-            params += [after_due, after_due, after_id]
-        sql = f"{SELECT_SQL} WHERE {' AND '.join(where)} ORDER BY deliver_at_ms, id LIMIT ?"
-        limit = query.limit
-
-        def work(conn: sqlite3.Connection) -> list[Message]:
-            return [from_row(r) for r in conn.execute(sql, (*params, limit + 1))]
-
-        rows = await self.db.read(work)
-        if len(rows) > limit:
-            last = rows[limit - 1]
-            return rows[:limit], encode_cursor(last.deliver_at_ms, last.id)
-        return rows, None
-
-    async def count_scheduled(self) -> int:
-        return await self.db.read(
-            lambda conn: conn.execute(
-                "SELECT count(*) FROM messages WHERE state = 'scheduled'"
-            ).fetchone()[0]
+        return page(
+            await self.db.read(lambda conn: list_rows(conn, query, query.limit + 1)), query.limit
         )
+
+    async def count_scheduled(self, destination: str | None = None) -> int:
+        params: tuple[str, ...] = ()
+        if destination is None:
+            sql = "SELECT count(*) FROM messages WHERE state = 'scheduled'"
+        else:
+            sql = "SELECT count(*) FROM messages WHERE destination = ? AND state = 'scheduled'"
+            params = (destination,)
+        return int(await self.db.read(lambda conn: conn.execute(sql, params).fetchone()[0]))
 
     async def purge_finished(self, *, before_ms: int, limit: int = 5000) -> int:
         """Forget finished messages older than the retention window."""
@@ -232,13 +200,13 @@ class SQLiteStore:
         return await self.db.read(work)
 
     def _refuse_claimed(self, message_id: str) -> None:
-        if message_id in self._claims:
+        if self.is_claimed(message_id):
             raise NotCancellable(
                 f"message {message_id} is being delivered right now; it can no longer be changed"
             )
 
 
-def insert_messages(conn: sqlite3.Connection, messages: Sequence[Message]) -> list[StoreOutcome]:
+def insert_messages(conn: SqlConnection, messages: Sequence[Message]) -> list[StoreOutcome]:
     """Insert ``messages``; one whose (destination, message_id) is already kept is not stored
     again and the kept one is returned instead."""
     if not any(m.message_id for m in messages):
@@ -257,11 +225,76 @@ def insert_messages(conn: sqlite3.Connection, messages: Sequence[Message]) -> li
     return outcomes
 
 
-def _get_or_raise(conn: sqlite3.Connection, message_id: str) -> Message:
-    row = conn.execute(f"{SELECT_SQL} WHERE id = ?", (message_id,)).fetchone()
+def list_rows(conn: SqlConnection, query: MessageQuery, count: int) -> list[Message]:
+    """Up to ``count`` messages matching ``query`` (filters and cursor) in (deliver_at, id)
+    order."""
+    where: list[str] = ["1 = 1"]
+    params: list[object] = []
+    for column, value in (
+        ("destination", query.destination),
+        ("correlation_id", query.correlation_id),
+        ("message_id", query.message_id),
+        ("state", query.state),
+    ):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    if query.due_after_ms is not None:
+        where.append("deliver_at_ms >= ?")
+        params.append(query.due_after_ms)
+    if query.due_before_ms is not None:
+        where.append("deliver_at_ms < ?")
+        params.append(query.due_before_ms)
+    if query.cursor:
+        after_due, after_id = decode_cursor(query.cursor)
+        where.append("(deliver_at_ms > ? OR (deliver_at_ms = ? AND id > ?))")
+        params += [after_due, after_due, after_id]
+    sql = f"{SELECT_SQL} WHERE {' AND '.join(where)} ORDER BY deliver_at_ms, id LIMIT ?"
+    return [from_row(r) for r in conn.execute(sql, (*params, count))]
+
+
+def get_for_update(conn: SqlConnection, message_id: str) -> Message:
+    """The message, its row locked until the transaction ends. Raises ``not_found``."""
+    row = conn.execute(f"{SELECT_SQL} WHERE id = ?{row_lock(conn)}", (message_id,)).fetchone()
     if row is None:
         raise NotFound(f"no message with id {message_id}")
     return from_row(row)
+
+
+def cancel_message(conn: SqlConnection, message_id: str, *, now_ms: int) -> Message:
+    message = get_for_update(conn, message_id)
+    transition(message_id, message.state, MessageState.CANCELLED)
+    conn.execute(
+        "UPDATE messages SET state = 'cancelled', body = NULL, updated_at_ms = ? WHERE id = ?",
+        (now_ms, message_id),
+    )
+    message.state, message.updated_at_ms = MessageState.CANCELLED, now_ms
+    return message
+
+
+def reschedule_message(
+    conn: SqlConnection, message_id: str, *, deliver_at_ms: int, now_ms: int
+) -> Message:
+    message = get_for_update(conn, message_id)
+    if message.state is not MessageState.SCHEDULED:
+        raise NotCancellable(
+            f"message {message_id} is {message.state.value}; only scheduled messages can "
+            "be rescheduled"
+        )
+    conn.execute(
+        "UPDATE messages SET deliver_at_ms = ?, retry_at_ms = 0, updated_at_ms = ? WHERE id = ?",
+        (deliver_at_ms, now_ms, message_id),
+    )
+    message.deliver_at_ms, message.updated_at_ms = deliver_at_ms, now_ms
+    return message
+
+
+def page(rows: list[Message], limit: int) -> tuple[list[Message], str | None]:
+    """Cut the extra row off and turn it into the next page's cursor."""
+    if len(rows) > limit:
+        last = rows[limit - 1]
+        return rows[:limit], encode_cursor(last.deliver_at_ms, last.id)
+    return rows, None
 
 
 def encode_cursor(deliver_at_ms: int, message_id: str) -> str:

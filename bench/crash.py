@@ -1,0 +1,253 @@
+"""Crash test: kill -9 a real `tarry serve` at random moments while a load generator schedules and
+consumes; afterwards every message that got a 201 must have been delivered exactly once, none
+before its due time, none lost. Prints JSON.
+
+    .venv/bin/python bench/crash.py [--kills 50] [--store log] [--fsync batch]
+
+The producer sends batches with a ``message_id`` per message and, like a real producer, resends
+a batch whose answer it never got (de-duplication keeps it single). The consumer long-polls,
+acks, and records what it got. A message received again after an ack that the server confirmed
+is a duplicate; one received again because the kill came before its ack is a redelivery
+(at-least-once consumption, counted apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+QUEUE = "crash"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    data_dir: Path
+    port: int
+    store: str
+    fsync: str
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = {**os.environ, "TARRY_STORE__FSYNC": self.fsync, "TARRY_JOURNAL__ENABLED": "false"}
+        command = [sys.executable, "-m", "tarry.cli.main", "serve", "--port", str(self.port)]
+        command += ["--data", str(self.data_dir), "--store", self.store]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.url + "/healthz", timeout=1).raise_for_status()
+                return
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise RuntimeError("tarry serve did not start")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+
+
+@dataclass
+class Ledger:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: message_id → (tarry id, deliver_at) for every send answered with 201.
+    accepted: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: tarry id → receptions (received_at_ms, redelivered flag).
+    received: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
+    #: tarry ids whose ack the server confirmed.
+    acked: set[str] = field(default_factory=set)
+    duplicates: int = 0
+    stop_producing: threading.Event = field(default_factory=threading.Event)
+    stop_consuming: threading.Event = field(default_factory=threading.Event)
+
+
+def produce(server: Server, ledger: Ledger, batch_size: int, max_delay_ms: int) -> None:
+    sequence = 0
+    with httpx.Client(timeout=10) as client:
+        while not ledger.stop_producing.is_set():
+            batch = [
+                {
+                    "destination": QUEUE,
+                    "body": f"m{sequence + i}",
+                    "message_id": f"m{sequence + i}",
+                    "delay_ms": random.randint(0, max_delay_ms),
+                }
+                for i in range(batch_size)
+            ]
+            while True:  # resend until answered: the server may be down or restarting
+                try:
+                    response = client.post(
+                        server.url + "/v1/messages/batch", json={"messages": batch}
+                    )
+                    response.raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    if ledger.stop_producing.is_set():
+                        return
+                    time.sleep(0.05)
+            with ledger.lock:
+                for item, result in zip(batch, response.json()["results"], strict=True):
+                    ledger.accepted[item["message_id"]] = (result["id"], result["deliver_at"])
+            sequence += batch_size
+            time.sleep(0.01)
+
+
+def consume(server: Server, ledger: Ledger) -> None:
+    with httpx.Client(timeout=10) as client:
+        while not ledger.stop_consuming.is_set():
+            try:
+                response = client.post(
+                    f"{server.url}/v1/queues/{QUEUE}/receive",
+                    json={"max": 200, "wait_ms": 500, "visibility_ms": 1500},
+                )
+                response.raise_for_status()
+                now_ms = time.time() * 1000
+                messages = response.json()["messages"]
+                if not messages:
+                    continue
+                with ledger.lock:
+                    for m in messages:
+                        if m["id"] in ledger.acked:
+                            ledger.duplicates += 1
+                        ledger.received.setdefault(m["id"], []).append(
+                            (now_ms, bool(m.get("redelivered")))
+                        )
+                receipts = [m["receipt"] for m in messages]
+                ack = client.post(
+                    f"{server.url}/v1/queues/{QUEUE}/ack", json={"receipts": receipts}
+                )
+                ack.raise_for_status()
+                unknown = set(ack.json()["unknown"])
+                with ledger.lock:
+                    for m in messages:
+                        if m["receipt"] not in unknown:
+                            ledger.acked.add(m["id"])
+            except httpx.HTTPError:
+                time.sleep(0.05)
+
+
+def run(
+    *,
+    kills: int,
+    store: str = "log",
+    fsync: str = "batch",
+    data_dir: Path | None = None,
+    batch_size: int = 50,
+    max_delay_ms: int = 2000,
+    gap_s: tuple[float, float] = (0.3, 1.5),
+    drain_timeout_s: float = 60.0,
+) -> dict[str, Any]:
+    owned = tempfile.TemporaryDirectory() if data_dir is None else None
+    directory = data_dir or Path(owned.name if owned else ".")
+    server = Server(directory / "data", free_port(), store, fsync)
+    server.start()
+    httpx.put(f"{server.url}/v1/queues/{QUEUE}", json={}, timeout=10).raise_for_status()
+    ledger = Ledger()
+    threads = [
+        threading.Thread(target=produce, args=(server, ledger, batch_size, max_delay_ms)),
+        threading.Thread(target=consume, args=(server, ledger)),
+    ]
+    for thread in threads:
+        thread.start()
+    started = time.monotonic()
+    try:
+        for _ in range(kills):
+            time.sleep(random.uniform(*gap_s))
+            server.kill()
+            server.start()
+        time.sleep(0.5)
+        ledger.stop_producing.set()
+        threads[0].join()
+        deadline = time.monotonic() + drain_timeout_s
+        while time.monotonic() < deadline:
+            with ledger.lock:
+                wanted = {i for i, _ in ledger.accepted.values()}
+                if wanted <= set(ledger.received):
+                    break
+            time.sleep(0.2)
+        # An ack whose answer a kill swallowed leaves the consumer unsure: linger past the
+        # visibility timeout so that any message coming back again is seen and counted.
+        time.sleep(2.5)
+    finally:
+        ledger.stop_producing.set()
+        ledger.stop_consuming.set()
+        for thread in threads:
+            thread.join()
+        server.stop()
+    with ledger.lock:
+        due = {i: d for i, d in ledger.accepted.values()}
+        lost = sorted(set(due) - set(ledger.received))
+        early = sum(
+            1 for i, got in ledger.received.items() if i in due and min(t for t, _ in got) < due[i]
+        )
+        result = {
+            "kills": kills,
+            "store": store,
+            "fsync": fsync,
+            "seconds": round(time.monotonic() - started, 1),
+            "accepted": len(due),
+            "received_distinct": len(set(ledger.received) & set(due)),
+            "lost": len(lost),
+            "lost_ids": lost[:10],
+            "duplicates_after_confirmed_ack": ledger.duplicates,
+            "redelivered_after_unconfirmed_ack": sum(
+                len(v) - 1 for v in ledger.received.values() if len(v) > 1
+            )
+            - ledger.duplicates,
+            "early": early,
+            "unknown_ids_received": len(set(ledger.received) - set(due)),
+        }
+    result["ok"] = (
+        result["lost"] == 0
+        and result["duplicates_after_confirmed_ack"] == 0
+        and result["early"] == 0
+    )
+    if owned is not None:
+        owned.cleanup()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--kills", type=int, default=50)
+    parser.add_argument("--store", default="log", choices=["log", "sqlite"])
+    parser.add_argument("--fsync", default="batch", choices=["batch", "always", "never"])
+    args = parser.parse_args()
+    result = run(kills=args.kills, store=args.store, fsync=args.fsync)
+    print(json.dumps(result, indent=2))
+    sys.exit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,373 @@
+"""Log store benchmarks (issue 3), each against the SQLite store in the same run where the issue
+asks for a comparison; prints JSON with the ratios.
+
+    .venv/bin/python bench/logstore.py --scale 0.1            # while others use the machine
+    .venv/bin/python bench/logstore.py                        # full scale (10M-message parts)
+    .venv/bin/python bench/logstore.py --only year --year-messages 100000000   # the 100M case
+
+Parts (``--only`` runs one):
+- ``schedule``: in-process scheduling through ``store()`` in batches of 1,000, 8 in flight
+  (goal ≥ 300k/s).
+- ``http``: batch scheduling over HTTP against a real ``tarry serve`` (goal ≥ 50k/s).
+- ``release``: releasing due messages into a local queue through the engine's dispatcher
+  (goal ≥ 100k/s).
+- ``steady``: 10,000 msg/s × scale with delays 1–60 s × scale over HTTP: lateness p99 (goal
+  ≤ 5 ms), client-side and server-side (journal).
+- ``index``: bytes per pending message of the current partition's index (goal ≤ 16 B at 10M).
+- ``restart``: 10M × scale messages in the current partition: time until ready to release,
+  with the snapshot and without it (goal ≤ 3 s with).
+- ``year``: messages spread over a year of partitions (default 1M × scale over a span that keeps
+  ~950 messages per 5-minute partition, as 100M over a year does; the issue's case is
+  ``--year-messages 100000000`` (365 days)): store RSS after a restart (goal ≤ 2 GB) and disk /
+  raw message bytes (goal ≤ 1.5; raw = body + destination + id, 100-byte bodies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from foundation import batch_schedule, journal_lateness, rss_mb, start_server, steady  # noqa: E402
+
+from tarry.config import load_config  # noqa: E402
+from tarry.engine.core import Engine  # noqa: E402
+from tarry.model.ids import IdGenerator  # noqa: E402
+from tarry.model.message import Message  # noqa: E402
+from tarry.model.time import SystemClock  # noqa: E402
+from tarry.store.log import LogStore  # noqa: E402
+from tarry.store.log.index import DueIndex  # noqa: E402
+from tarry.store.sqlite import SQLiteStore  # noqa: E402
+
+BODY = b"x" * 100
+DAY_MS = 86_400_000
+
+
+def messages(count: int, due_of: Any, destination: str = "bench") -> list[Message]:
+    ids = IdGenerator()
+    now = SystemClock().now_ms()
+    out = []
+    for i in range(count):
+        due = due_of(i, now)
+        out.append(
+            Message(
+                id=ids.new_due(now, due),
+                destination=destination,
+                body=BODY,
+                headers={},
+                sent_at_ms=now,
+                deliver_at_ms=due,
+                expires_at_ms=None,
+                updated_at_ms=now,
+            )
+        )
+    return out
+
+
+async def _store_all(
+    store: Any, batch: list[Message], size: int = 1000, in_flight: int = 8
+) -> float:
+    """Store ``batch`` in calls of ``size``, ``in_flight`` at a time (as concurrent producers
+    would: they share group commits)."""
+    chunks = [batch[start : start + size] for start in range(0, len(batch), size)]
+    started = time.perf_counter()
+    for first in range(0, len(chunks), in_flight):
+        await asyncio.gather(*(store.store(c) for c in chunks[first : first + in_flight]))
+    return time.perf_counter() - started
+
+
+def ratio(a: float, b: float) -> float:
+    return round(a / b, 2) if b else float("nan")
+
+
+# --- parts ------------------------------------------------------------------------------------
+async def part_schedule(tmp: Path, scale: float) -> dict[str, Any]:
+    count = int(2_000_000 * scale)
+    batch = messages(count, lambda i, now: now + 3_600_000 + i % 60_000)
+    log_store = LogStore(tmp / "sched-log")
+    await log_store.open()
+    log_s = await _store_all(log_store, batch)
+    await log_store.close()
+    sqlite_store = SQLiteStore(tmp / "sched.db")
+    await sqlite_store.open()
+    sqlite_s = await _store_all(sqlite_store, batch)
+    await sqlite_store.close()
+    return {
+        "messages": count,
+        "log_messages_per_s": round(count / log_s),
+        "sqlite_messages_per_s": round(count / sqlite_s),
+        "ratio_log_to_sqlite": ratio(sqlite_s, log_s),
+    }
+
+
+def _serve(tmp: Path, name: str, store: str, work: Any) -> dict[str, Any]:
+    proc, url = start_server(tmp / name, store)
+    try:
+        result: dict[str, Any] = asyncio.run(work(url))
+    finally:
+        proc.terminate()
+        proc.wait()
+    return result
+
+
+def part_http(tmp: Path, scale: float) -> dict[str, Any]:
+    total = max(10_000, int(500_000 * scale)) // 1000 * 1000
+    out: dict[str, Any] = {"messages": total}
+    for store in ("log", "sqlite"):
+        result = _serve(
+            tmp, f"http-{store}", store, lambda url: batch_schedule(url, total, 1000, 2)
+        )
+        out[f"{store}_messages_per_s"] = result["messages_per_s"]
+    out["ratio_log_to_sqlite"] = ratio(out["log_messages_per_s"], out["sqlite_messages_per_s"])
+    return out
+
+
+async def _release_rate(tmp: Path, store: str, count: int) -> float:
+    config = load_config(
+        None,
+        {
+            "server": {"data_dir": str(tmp / f"release-{store}")},
+            "store": {"engine": store},
+            "journal": {"enabled": False},
+        },
+    )
+    engine = Engine.from_config(config)
+    await engine.start(background=False)
+    try:
+        await engine.declare_queue("bench", {})
+        # Steady state: the due partition is indexed before its messages arrive.
+        await engine.store.next_due_time()
+        batch = messages(count, lambda i, now: now - 1000 + i % 500)
+        await _store_all(engine.store, batch)
+        started = time.perf_counter()
+        while await engine.dispatcher.run_once():
+            pass
+        elapsed = time.perf_counter() - started
+        info = await engine.queue_info("bench")
+        assert info.ready == count, (info.ready, count)
+        return count / elapsed
+    finally:
+        await engine.stop()
+
+
+def part_release(tmp: Path, scale: float) -> dict[str, Any]:
+    count = int(500_000 * scale)
+    log_rate = asyncio.run(_release_rate(tmp, "log", count))
+    sqlite_rate = asyncio.run(_release_rate(tmp, "sqlite", count))
+    return {
+        "messages": count,
+        "log_messages_per_s": round(log_rate),
+        "sqlite_messages_per_s": round(sqlite_rate),
+        "ratio_log_to_sqlite": ratio(log_rate, sqlite_rate),
+    }
+
+
+def part_steady(tmp: Path, scale: float) -> dict[str, Any]:
+    rate = max(100, int(10_000 * scale))
+    seconds = max(5, int(60 * scale))
+    max_delay = max(2_000, int(60_000 * scale))
+    out: dict[str, Any] = {"rate_per_s": rate, "seconds": seconds, "max_delay_ms": max_delay}
+    for store in ("log", "sqlite"):
+        name = f"steady-{store}"
+        result = _serve(tmp, name, store, lambda url: steady(url, rate, seconds, max_delay))
+        result["server_released"] = journal_lateness(tmp / name, "released")
+        out[store] = result
+    return out
+
+
+def part_index(scale: float) -> dict[str, Any]:
+    count = int(10_000_000 * scale)
+    before = rss_mb(os.getpid())
+    index = DueIndex()
+    start_ms = 1_700_000_000_000
+    chunk = 100_000
+    for first in range(0, count, chunk):
+        n = min(chunk, count - first)
+        index.add(
+            [start_ms + random.randrange(300_000) for _ in range(n)],
+            list(range(first * 100, (first + n) * 100, 100)),
+        )
+    index.pop_due(start_ms - 1, 1)  # merge: the steady state the dispatcher sees
+    after = rss_mb(os.getpid())
+    return {
+        "entries": len(index),
+        "index_bytes_per_message": round(index.nbytes / len(index), 2),
+        "rss_mb_delta": round(after - before, 1),
+        "pulsar_in_memory_tracker_bytes_per_message": 24,
+    }
+
+
+async def _fill_current(root: Path, count: int) -> None:
+    now = SystemClock().now_ms()
+    # All due late in one 1-hour partition that is current: everything is indexed.
+    store = LogStore(root, granularity_ms=3_600_000)
+    await store.open()
+    end = (now // 3_600_000 + 1) * 3_600_000
+    ids = IdGenerator()
+    for first in range(0, count, 10_000):
+        batch = [
+            Message(
+                id=ids.new_due(now, end - 1 - (first + i) % 1_000_000),
+                destination="bench",
+                body=b"r",
+                headers={},
+                sent_at_ms=now,
+                deliver_at_ms=end - 1 - (first + i) % 1_000_000,
+                expires_at_ms=None,
+                updated_at_ms=now,
+            )
+            for i in range(min(10_000, count - first))
+        ]
+        await store.store(batch)
+    await store.next_due_time()  # index it, so the closing snapshot holds it
+    await store.close()
+
+
+async def _ready_seconds(root: Path) -> tuple[float, int]:
+    started = time.perf_counter()
+    store = LogStore(root, granularity_ms=3_600_000)
+    await store.open()
+    await store.next_due_time()
+    elapsed = time.perf_counter() - started
+    entries = store.inspect()["indexed_entries"]
+    store._opened = False  # leave the snapshot as it is
+    store.files.close()
+    store._executor.shutdown()
+    return elapsed, entries
+
+
+def part_restart(tmp: Path, scale: float) -> dict[str, Any]:
+    count = int(10_000_000 * scale)
+    root = tmp / "restart"
+    asyncio.run(_fill_current(root, count))
+    with_snapshot, entries = asyncio.run(_ready_seconds(root))
+    shutil.rmtree(root / "snapshots")
+    without, entries2 = asyncio.run(_ready_seconds(root))
+    return {
+        "messages_in_current_partition": count,
+        "indexed_after_restart": [entries, entries2],
+        "ready_s_with_snapshot": round(with_snapshot, 3),
+        "ready_s_without_snapshot": round(without, 3),
+        "ratio_without_to_with": ratio(without, with_snapshot),
+    }
+
+
+async def _year_write(root: Path, count: int, span_days: float) -> dict[str, Any]:
+    span_ms = int(span_days * DAY_MS)
+    store = LogStore(root)
+    await store.open()
+    batch_size = 1000
+    started = time.perf_counter()
+    raw = 0
+    for first in range(0, count, batch_size):
+        batch = messages(
+            min(batch_size, count - first),
+            lambda i, now: now + 60_000 + random.randrange(span_ms),
+        )
+        raw += sum(len(m.body) + len(m.destination) + len(m.id) for m in batch)
+        await store.store(batch)
+    elapsed = time.perf_counter() - started
+    partitions = len(store.partitions)
+    await store.close()
+    disk = sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
+    return {
+        "messages": count,
+        "span_days": span_days,
+        "partitions": partitions,
+        "write_messages_per_s": round(count / elapsed),
+        "raw_message_bytes": raw,
+        "disk_bytes": disk,
+        "disk_to_raw": round(disk / raw, 3),
+    }
+
+
+async def _year_open(root: Path) -> dict[str, Any]:
+    started = time.perf_counter()
+    store = LogStore(root)
+    await store.open()
+    await store.next_due_time()
+    return {
+        "restart_ready_s": round(time.perf_counter() - started, 3),
+        "pending_after_restart": await store.count_scheduled(),
+        "rss_mb_after_restart": round(rss_mb(os.getpid()), 1),
+    }
+
+
+def part_year(tmp: Path, count: int, span_days: float) -> dict[str, Any]:
+    root = tmp / "year"
+    out: dict[str, Any] = {}
+    for child in ("year-write", "year-open"):
+        command = [sys.executable, __file__, "--child", child, "--dir", str(root)]
+        command += ["--n", str(count), "--span-days", str(span_days)]
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        out.update(json.loads(result.stdout))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument(
+        "--only",
+        choices=["schedule", "http", "release", "steady", "index", "restart", "year"],
+    )
+    parser.add_argument(
+        "--year-messages", type=int, help="messages over a year (default 1M × scale)"
+    )
+    parser.add_argument(
+        "--year-span-days",
+        type=float,
+        help="span of due times (default: 365 days × messages / 100M, at least 1 day, so a "
+        "partition holds as many messages as in the 100M-over-a-year case)",
+    )
+    parser.add_argument("--span-days", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child == "year-write":
+        print(json.dumps(asyncio.run(_year_write(args.dir, args.n, args.span_days))))
+        return
+    if args.child == "year-open":
+        print(json.dumps(asyncio.run(_year_open(args.dir))))
+        return
+    scale = args.scale
+    year_messages = args.year_messages or int(1_000_000 * scale)
+    year_span = args.year_span_days or max(1.0, 365 * year_messages / 100_000_000)
+    results: dict[str, Any] = {"scale": scale, "cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        parts = {
+            "schedule": lambda: asyncio.run(part_schedule(tmp, scale)),
+            "http": lambda: part_http(tmp, scale),
+            "release": lambda: part_release(tmp, scale),
+            "steady": lambda: part_steady(tmp, scale),
+            "index": lambda: part_index(scale),
+            "restart": lambda: part_restart(tmp, scale),
+            "year": lambda: part_year(tmp, year_messages, year_span),
+        }
+        for key, work in parts.items():
+            if args.only in (None, key):
+                results[key] = work()
+                print(f"{key}: {json.dumps(results[key])}", file=sys.stderr)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Keeping messages and releasing them when the delayed store does NOT share the queue database
+(``LogStore``, ``MemoryStore``; see ``tarry.store.base`` for the contract and why this is
+exactly-once). ``Engine`` uses these functions when ``store.shares_queue_database`` is False; a
+store that shares the database (SQLite, PostgreSQL) releases in one transaction instead.
+
+Write order, everywhere here:
+
+1. the message is durable in the delayed store (``store.store``, fsynced per its policy);
+2. release = one queue-database transaction that inserts the message into its queue keyed by
+   its tarry id (``QueueTxn.enqueue(insert=True)``; an id already there means "released
+   before": nothing happens), or dead-letters it, as the queue's rules say;
+3. only then ``store.remove(ids, state=READY)`` appends the store's release marker.
+
+A crash between 2 and 3 leaves the store holding a message the queue database already has: it is
+fetched again, its release is a no-op, and the marker is written then. Reads (``get``,
+``cancel``, listing) therefore look in the queue database first.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from tarry.engine.types import MessageQuery
+from tarry.errors import DeliveryFailed, NotCancellable, TarryError
+from tarry.model.message import DeathReason, Message, SendPlan
+from tarry.model.state import MessageState
+from tarry.queues.txn import QueueTxn
+from tarry.store.base import StoreOutcome
+from tarry.store.sqlite.rows import SELECT_SQL, dedupe_key, from_row
+from tarry.store.sqlite.store import list_rows, page
+
+if TYPE_CHECKING:
+    from tarry.engine.core import Engine
+
+__all__ = [
+    "get_released",
+    "give_up",
+    "list_merged",
+    "refuse_if_released",
+    "release",
+    "release_now",
+    "store_sends",
+]
+
+log = logging.getLogger(__name__)
+
+Accepted = list[tuple[int, SendPlan, list[Message]]]
+
+
+async def store_sends(engine: Engine, accepted: Accepted, now_ms: int) -> list[StoreOutcome]:
+    """Keep every accepted message durably in the store, de-duplicated against released ones
+    (queue database) and pending ones (the store). Returns one outcome per message, in order;
+    ``release_now`` then releases the ones due at once."""
+    messages = [m for _, _, batch in accepted for m in batch]
+    keys = {k for k in (dedupe_key(m) for m in messages) if k is not None}
+    released: dict[str, Message] = {}
+    if keys:
+
+        def look(conn: sqlite3.Connection) -> dict[str, Message]:
+            found = {}
+            for key in keys:
+                row = conn.execute(f"{SELECT_SQL} WHERE dedupe_key = ?", (key,)).fetchone()
+                if row is not None:
+                    found[key] = from_row(row)
+            return found
+
+        released = await engine.qdb.read(look)
+    fresh = [m for m in messages if dedupe_key(m) not in released]
+    # A message a native route already handed to its broker (state delivered) is finished: its
+    # record goes straight to the queue database, never into the delayed store to fall due.
+    handed = {m.id for m in fresh if m.state is MessageState.DELIVERED}
+    if handed:
+
+        def record(conn: sqlite3.Connection) -> None:
+            txn = engine._txn(conn, now_ms)
+            for message in fresh:
+                if message.id in handed:
+                    txn.adopt(message)
+
+        await engine.qdb.write(record, durable=True)
+    pending = [m for m in fresh if m.id not in handed]
+    stored = iter(await engine.store.store(pending) if pending else [])
+    outcomes = []
+    for message in messages:
+        key = dedupe_key(message)
+        if key in released:
+            outcomes.append(StoreOutcome(released[key], False))
+        elif message.id in handed:
+            outcomes.append(StoreOutcome(message, True))
+        else:
+            outcomes.append(next(stored))
+    return outcomes
+
+
+async def release_now(
+    engine: Engine, accepted: Accepted, outcomes: list[StoreOutcome], now_ms: int
+) -> QueueTxn | None:
+    """Release at once the created messages of ``accepted`` that are not delayed and go to a
+    local queue. Returns the transaction whose events the caller tells after ``scheduled``."""
+    start = 0
+    now_local: list[Message] = []
+    for _, plan, batch in accepted:
+        mine = outcomes[start : start + len(batch)]
+        start += len(batch)
+        if not plan.delayed:
+            now_local += [
+                o.message
+                for o in mine
+                if o.created and o.message.destination not in engine.transports
+            ]
+    if not now_local:
+        return None
+    # A refusal (queue full, ...) or a queue database that cannot commit now leaves the
+    # message scheduled and due (it is durable already): the dispatcher releases it.
+    try:
+        _, txn = await _release(engine, now_local, claimed=False)
+    except TarryError as exc:
+        log.warning("immediate release deferred to the dispatcher: %s", exc)
+        engine.dispatcher.notify_due(now_ms)
+        return None
+    return txn
+
+
+async def release(engine: Engine, batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
+    """Release claimed messages into local queues: insert into the queue in one queue-database
+    transaction, then the store's release markers. Returns the messages their queue refused."""
+    refused, txn = await _release(engine, batch, claimed=True)
+    engine._after(txn)
+    return refused
+
+
+async def _release(
+    engine: Engine, batch: Sequence[Message], *, claimed: bool
+) -> tuple[list[tuple[Message, DeliveryFailed]], QueueTxn]:
+    now = engine.clock.now_ms()
+
+    def work(
+        conn: sqlite3.Connection,
+    ) -> tuple[QueueTxn, list[tuple[Message, DeliveryFailed]], list[str]]:
+        txn = engine._txn(conn, now)
+        refused: list[tuple[Message, DeliveryFailed]] = []
+        placed: list[str] = []
+        before = txn.released_before([m.id for m in batch])
+        for message in batch:
+            if message.id not in before:
+                try:
+                    txn.enqueue(message, message.destination, insert=True)
+                except DeliveryFailed as exc:
+                    refused.append((message, exc))
+                    continue
+            placed.append(message.id)
+        txn.flush()
+        return txn, refused, placed
+
+    try:
+        txn, refused, placed = await engine.qdb.write(work)
+        if placed:
+            await engine.store.remove(placed, state=MessageState.READY, now_ms=now)
+    finally:
+        if claimed:
+            engine.store.release_claims([m.id for m in batch])
+    return refused, txn
+
+
+async def give_up(engine: Engine, message: Message, error: DeliveryFailed) -> None:
+    """Dead-letter (or discard) a message that cannot be delivered: adopted into the queue
+    database and ended there in one transaction, then removed from the store."""
+    now = engine.clock.now_ms()
+    text = f"{error.reason}: {error.message}"
+
+    def work(conn: sqlite3.Connection) -> QueueTxn:
+        txn = engine._txn(conn, now)
+        if txn.adopt(message):
+            txn.dead_letter(
+                message, from_queue=None, reason=DeathReason.DELIVERY_FAILED, error=text
+            )
+        return txn
+
+    try:
+        txn = await engine.qdb.write(work)
+        await engine.store.remove([message.id], state=MessageState.DEAD_LETTERED, now_ms=now)
+    finally:
+        engine.store.release_claims([message.id])
+    engine._after(txn)
+
+
+async def get_released(engine: Engine, message_id: str) -> Message | None:
+    """The queue database's record of a released message (None when not released)."""
+
+    def work(conn: sqlite3.Connection) -> Message | None:
+        row = conn.execute(f"{SELECT_SQL} WHERE id = ?", (message_id,)).fetchone()
+        return from_row(row) if row else None
+
+    return await engine.qdb.read(work)
+
+
+async def refuse_if_released(engine: Engine, message_id: str) -> None:
+    """Cancel and reschedule act on scheduled messages only; a released one is past that."""
+    message = await get_released(engine, message_id)
+    if message is not None:
+        raise NotCancellable(
+            f"message {message_id} is {message.state.value}; only scheduled messages can be changed"
+        )
+
+
+async def list_merged(engine: Engine, query: MessageQuery) -> tuple[list[Message], str | None]:
+    """Released messages (queue database) and pending ones (store), merged in (due, id) order;
+    a message in both (released, marker not yet written) is shown as released."""
+    limit = query.limit
+    released = await engine.qdb.read(lambda conn: list_rows(conn, query, limit + 1))
+    pending: list[Message] = []
+    if query.state in (None, MessageState.SCHEDULED.value, MessageState.CANCELLED.value):
+        pending, _ = await engine.store.list(replace(query, limit=limit + 1))
+    seen = {m.id for m in released}
+    merged = list(
+        heapq.merge(
+            released,
+            [m for m in pending if m.id not in seen],
+            key=lambda m: (m.deliver_at_ms, m.id),
+        )
+    )
+    return page(merged, limit)

@@ -1,0 +1,224 @@
+"""Adopting bulk imports (``tarry pipeline import --into``) at start, all or nothing.
+
+An import area ``<root>/imports/<import>/`` holds segment files written by the pipeline
+(``tarry.pipeline.sink_log``) in this store's record format, and the import manifest::
+
+    p-<number>/<task>-<n>.log   MESSAGE records of time partition <number>, sorted by due time
+    IMPORT                      written last (temp, fsync, rename):
+                                MAGIC · version:u32 · crc32c:u32 of the body · body (JSON)
+                                {"import", "created_ms", "granularity_ms", "files":
+                                 [{"name", "partition", "bytes", "crc", "records"}]}
+
+After recovery, for each area with a valid manifest:
+
+1. verify: the manifest's magic, version and checksum; its partition width equals the store's;
+   every file it names has the stated size and CRC32C, and scans as whole records. Any failure
+   refuses the whole import (nothing is adopted; the reason is logged and reported as damage);
+2. drop MESSAGE records whose (destination, message_id) the store already holds (a rerun of
+   the same import delivers each message once), writing the survivors to ``*.adopt`` files;
+3. write ``ADOPTING``, the plan (file → ``p-<number>/seg-<next>.log``), as temp, fsync, rename;
+4. move the files in, fsync the directories, replay the new segments (counts, de-duplication,
+   the index of due partitions), then delete the area.
+
+A crash after step 3 is finished at the next start (the plan is rolled forward: files already
+moved are replayed by recovery, the rest are moved now). An area without ``IMPORT`` is an import
+still being written (or abandoned): it is left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+import orjson
+
+from tarry.store.log.manifest import frame, unframe, write_last
+from tarry.store.log.partition import Partition
+from tarry.store.log.record import MESSAGE, Damage, scan
+from tarry.store.log.recovery import Recovered, replay
+from tarry.store.log.segment import fsync_dir
+
+__all__ = ["IMPORT_MAGIC", "ImportManifest", "adopt_imports", "write_manifest"]
+
+log = logging.getLogger(__name__)
+PLAN = "ADOPTING"
+IMPORT_MAGIC = b"TARRYIM1"
+IMPORT_VERSION = 1
+
+
+@dataclass(slots=True)
+class ImportManifest:
+    """The commit record of an import area (see the module docstring)."""
+
+    import_: str
+    created_ms: int
+    granularity_ms: int
+    files: list[dict[str, Any]]
+
+    def encode(self) -> bytes:
+        body = orjson.dumps(
+            {
+                "import": self.import_,
+                "created_ms": self.created_ms,
+                "granularity_ms": self.granularity_ms,
+                "files": self.files,
+            }
+        )
+        return frame(body, magic=IMPORT_MAGIC, version=IMPORT_VERSION)
+
+    @classmethod
+    def decode(cls, data: bytes) -> ImportManifest:
+        """Check magic, then version, then checksum; raises ``ManifestError`` (a ``ValueError``)
+        naming the first that fails."""
+        fields = orjson.loads(unframe(data, magic=IMPORT_MAGIC, version=IMPORT_VERSION))
+        return cls(
+            fields["import"], fields["created_ms"], fields["granularity_ms"], fields["files"]
+        )
+
+
+def write_manifest(area: Path, manifest: ImportManifest) -> Path:
+    """``IMPORT``, last: temp file, fsync, rename, fsync the directory."""
+    return write_last(area / "IMPORT", manifest.encode())
+
+
+class ImportRefused(Exception):
+    """Raised when an import area fails verification; nothing of it is adopted."""
+
+
+def _verify(area: Path, granularity_ms: int) -> ImportManifest:
+    try:
+        manifest = ImportManifest.decode((area / "IMPORT").read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ImportRefused(f"manifest: {exc}") from None
+    if manifest.granularity_ms != granularity_ms:
+        raise ImportRefused(
+            f"written for partitions of {manifest.granularity_ms} ms; this store uses "
+            f"{granularity_ms} ms (run the import again with --partition {granularity_ms}ms)"
+        )
+    for entry in manifest.files:
+        path = area / entry["name"]
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ImportRefused(f"{entry['name']}: {exc}") from None
+        if len(data) != entry["bytes"] or google_crc32c.value(data) != entry["crc"]:
+            raise ImportRefused(f"{entry['name']}: size or checksum does not match the manifest")
+    return manifest
+
+
+def _survivors(path: Path, state: Recovered) -> tuple[Path | None, int]:
+    """The file to move in (filtered when some records are already stored) and its count."""
+    data = path.read_bytes()
+    kept: list[bytes] = []
+    dropped = 0
+    for item in scan(data):
+        if isinstance(item, Damage):
+            raise ImportRefused(f"{path.name} at byte {item.offset}: {item.reason}")
+        if item.kind == MESSAGE:
+            _, _, key = item.meta()
+            if key and key in state.dedupe:
+                dropped += 1
+                continue
+        kept.append(data[item.offset : item.offset + item.size])
+    if not kept:
+        return None, 0
+    if not dropped:
+        return path, len(kept)
+    filtered = path.with_suffix(".adopt")
+    with open(filtered, "wb") as handle:
+        handle.write(b"".join(kept))
+        handle.flush()
+        os.fsync(handle.fileno())
+    return filtered, len(kept)
+
+
+def _write_plan(area: Path, moves: list[tuple[str, str, int]]) -> None:
+    write_last(area / PLAN, orjson.dumps(moves))
+
+
+def _carry_out(
+    area: Path,
+    root: Path,
+    moves: list[tuple[str, str, int]],
+    partition_of: Callable[[int], Partition],
+    state: Recovered,
+) -> int:
+    touched: dict[int, Partition] = {}
+    for source, target, number in moves:
+        partition = touched.setdefault(number, partition_of(number))
+        src, dst = area / source, root / target
+        if src.exists():
+            new_dir = not dst.parent.exists()
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if new_dir:
+                fsync_dir(dst.parent.parent)
+            os.replace(src, dst)
+            fsync_dir(dst.parent)
+        elif not dst.exists():
+            raise ImportRefused(f"{source} is gone and {target} does not exist")
+    before = state.replayed_records
+    for partition in touched.values():
+        replay(partition, state, build_index=partition.index is not None)
+    shutil.rmtree(area, ignore_errors=True)
+    return state.replayed_records - before
+
+
+def _adopt(
+    area: Path,
+    root: Path,
+    granularity_ms: int,
+    partition_of: Callable[[int], Partition],
+    state: Recovered,
+) -> int:
+    moves: list[tuple[str, str, int]] = []
+    if (area / PLAN).exists():  # a crash during a previous adoption: roll it forward
+        moves = [(str(a), str(b), int(n)) for a, b, n in orjson.loads((area / PLAN).read_bytes())]
+        return _carry_out(area, root, moves, partition_of, state)
+    manifest = _verify(area, granularity_ms)
+    planned: dict[int, int] = {}
+    for entry in sorted(manifest.files, key=lambda e: (e["partition"], e["name"])):
+        number = int(entry["partition"])
+        source, _ = _survivors(area / entry["name"], state)
+        if source is None:
+            continue
+        partition = partition_of(number)
+        if number not in planned:
+            planned[number] = len(list(partition.dir.glob("seg-*.log")))
+        target = partition.segment_path(planned[number])
+        planned[number] += 1
+        moves.append((str(source.relative_to(area)), str(target.relative_to(root)), number))
+    _write_plan(area, moves)
+    return _carry_out(area, root, moves, partition_of, state)
+
+
+def adopt_imports(
+    root: Path,
+    *,
+    granularity_ms: int,
+    partition_of: Callable[[int], Partition],
+    state: Recovered,
+) -> int:
+    """Adopt every complete import area under ``root/imports``; the records adopted."""
+    imports = root / "imports"
+    if not imports.is_dir():
+        return 0
+    adopted = 0
+    for area in sorted(p for p in imports.iterdir() if p.is_dir()):
+        if not (area / "IMPORT").exists() and not (area / PLAN).exists():
+            log.info("import area %s has no IMPORT manifest yet; left alone", area.name)
+            continue
+        try:
+            count = _adopt(area, root, granularity_ms, partition_of, state)
+        except ImportRefused as exc:
+            log.error("import %s refused, nothing of it adopted: %s", area.name, exc)
+            state.damaged.append(f"{area}: import refused: {exc}")
+            continue
+        log.info("adopted import %s: %d records", area.name, count)
+        adopted += count
+    return adopted

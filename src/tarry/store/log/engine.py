@@ -1,0 +1,633 @@
+"""``LogStore``: the time-partitioned log store (Pulsar PIP-26's design) behind the
+``DelayedStore`` contract, with a separate queue database (``tarry.store.base``).
+
+- Every accepted message is appended to the partition covering its due time (``partition.py``)
+  through the group-commit ``GroupWriter``; only partitions that are due (and the next one,
+  ``prefetch_ms`` ahead) carry a ``DueIndex``. Future partitions cost a small header each.
+- In-memory bookkeeping changes in the writer's ``on_written`` step, together with the sizes a
+  snapshot records; a message taken out of circulation before its marker is on disk (cancel,
+  reschedule, release) stays in ``_leaving`` meanwhile, and snapshots include it.
+- A message id carries its due time (``tarry.model.ids``): ``get``, ``cancel`` and
+  ``reschedule`` read one partition (following MOVED markers), never all of them.
+- Snapshots (``snapshot.py`` + ``manifest.py``) every ``snapshot_interval_ms`` and on close;
+  ``recovery.py`` on open; ``cleanup.py`` deletes released partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import builtins
+import heapq
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tarry.engine.types import MessageQuery
+from tarry.errors import NotCancellable, NotFound, Unavailable
+from tarry.model.ids import id_due_ms
+from tarry.model.message import Message
+from tarry.model.state import MessageState, transition
+from tarry.store.base import StoreOutcome
+from tarry.store.log import cleanup
+from tarry.store.log.adopt import adopt_imports
+from tarry.store.log.held import STATE_CODES, Group, Held, dedupe_hash
+from tarry.store.log.locate import Located, list_page, locate
+from tarry.store.log.partition import Partition, split
+from tarry.store.log.record import (
+    CANCELLED,
+    FAILED,
+    MESSAGE,
+    MOVED,
+    RELEASED,
+    Record,
+    decode_message,
+    encode_marker,
+    encode_message,
+)
+from tarry.store.log.recovery import Recovered, load_snapshot, replay, snapshot_root, sweep_orphans
+from tarry.store.log.segment import SegmentFiles
+from tarry.store.log.snapshot import capture, write_snapshot
+from tarry.store.log.writer import GroupWriter
+
+__all__ = ["LogStore"]
+
+log = logging.getLogger(__name__)
+
+#: Messages sent without delay, remembered by id so that their release at once (by the send
+#: path, not a fetch) needs no lookup; bounded.
+_RECENT_MAX = 200_000
+
+
+class LogStore:
+    #: Local queues live in a queue database of their own (``tarry.store.base``).
+    shares_queue_database = False
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        granularity_ms: int = 300_000,
+        segment_bytes: int = 64 * 1024 * 1024,
+        fsync: str = "batch",
+        commit_interval_ms: int = 2,
+        snapshot_interval_ms: int = 60_000,
+        prefetch_ms: int = 30_000,
+        barrier: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.root = root
+        self.granularity_ms = granularity_ms
+        self.snapshot_interval_ms = snapshot_interval_ms
+        self.prefetch_ms = prefetch_ms
+        #: Makes the queue database's releases durable before a partition's files go.
+        self.barrier = barrier
+        self.partitions: dict[int, Partition] = {}
+        self._numbers: list[int] = []
+        self.state = Recovered()
+        self.files = SegmentFiles()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-log")
+        self.writer = GroupWriter(
+            self.files,
+            self._executor,
+            fsync=fsync,
+            commit_interval_ms=commit_interval_ms,
+            segment_bytes=segment_bytes,
+        )
+        self._claims: dict[str, Held] = {}
+        #: Released claims and failed messages, due again at ``Held.due`` (heap of (due, id)).
+        self._waiting: dict[str, Held] = {}
+        self._retry_heap: list[tuple[int, str]] = []
+        self._leaving: dict[str, Held] = {}
+        self._recent: dict[str, Held] = {}
+        #: De-duplication keys of messages being written (not yet in ``state.dedupe``).
+        self._unwritten: dict[int, Message] = {}
+        self._seq = 0
+        self._changes = 0
+        self._last_upkeep_ms = 0
+        self._now_ms = 0
+        self._opened = False
+        self._snapshotting = False
+        self._upkeeping: asyncio.Task[None] | None = None
+        self.recovery_seconds = 0.0
+
+    # --- lifecycle --------------------------------------------------------------------------
+    async def open(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._recover)
+        self._opened = True
+
+    def _recover(self) -> None:
+        started = time.perf_counter()
+        self.root.mkdir(parents=True, exist_ok=True)
+        snapshot_root(self.root).mkdir(exist_ok=True)
+        with os.scandir(self.root) as entries:
+            numbers = sorted(
+                int(e.name[2:])
+                for e in entries
+                if e.name.startswith("p-") and e.name[2:].isdigit() and e.is_dir()
+            )
+        for number in numbers:  # in order: each insertion lands at the end
+            self._partition(number)
+        load_snapshot(self.root, self.partitions, self.state)
+        manifest = self.state.manifest
+        # New snapshots number past every manifest on disk, usable or not.
+        on_disk = [
+            int(p.name.split("-", 1)[1])
+            for p in snapshot_root(self.root).glob("manifest-*")
+            if p.name.split("-", 1)[1].isdigit()
+        ]
+        self._seq = max(on_disk, default=0)
+        sweep_orphans(self.root, manifest.seq if manifest else None)
+        for partition in self.partitions.values():
+            replay(partition, self.state, build_index=partition.index is not None)
+        adopt_imports(  # bulk imports (tarry pipeline import --into), all or nothing
+            self.root,
+            granularity_ms=self.granularity_ms,
+            partition_of=self._partition,
+            state=self.state,
+        )
+        self.recovery_seconds = time.perf_counter() - started
+        log.info(
+            "log store recovered %d partitions (%d pending) in %.3f s: snapshot %s, %d records "
+            "replayed",
+            len(self.partitions),
+            sum(p.live for p in self.partitions.values()),
+            self.recovery_seconds,
+            manifest.seq if manifest else "none",
+            self.state.replayed_records,
+        )
+
+    async def close(self) -> None:
+        if self._upkeeping is not None:
+            await asyncio.gather(self._upkeeping, return_exceptions=True)
+        while not self.writer.idle:
+            await asyncio.sleep(0.002)
+        if self._opened and self.writer.broken is None:
+            await self.snapshot()
+        self._opened = False
+        self.files.close()
+        self._executor.shutdown(wait=True)
+
+    def _partition(self, number: int) -> Partition:
+        partition = self.partitions.get(number)
+        if partition is None:
+            partition = Partition(self.root, number, self.granularity_ms)
+            self.partitions[number] = partition
+            bisect.insort(self._numbers, number)
+        return partition
+
+    def _check(self) -> None:
+        self.writer.check()
+        if not self._opened:
+            raise Unavailable("the store is not open; wait for the server to finish starting")
+
+    # --- storing ----------------------------------------------------------------------------
+    async def store(self, messages: Sequence[Message]) -> list[StoreOutcome]:
+        """Batch-shaped: one pass encodes the records and groups them by partition; each
+        partition gets one contiguous append (one reservation, one write in the group commit)
+        and its index one ``add`` per batch."""
+        self._check()
+        outcomes: list[StoreOutcome] = []
+        groups: dict[int, Group] = {}
+        order: list[Group] = []
+        segment_bytes = self.writer.segment_bytes
+        keyed: list[tuple[int, Message]] = []
+        dedupe = self.state.dedupe
+        granularity = self.granularity_ms
+        for message in messages:
+            key = 0
+            if message.message_id is not None:
+                key = dedupe_hash(message)
+            if key:
+                writing = self._unwritten.get(key)
+                if writing is not None:  # the same key earlier in this or a concurrent batch
+                    outcomes.append(StoreOutcome(replace(writing), False))
+                    continue
+                if key in dedupe:
+                    kept = await self.get(dedupe[key])
+                    if kept is not None:
+                        outcomes.append(StoreOutcome(kept, False))
+                        continue
+                self._unwritten[key] = message
+                keyed.append((key, message))
+            number = message.deliver_at_ms // granularity
+            record = encode_message(message, key)
+            group = groups.get(number)
+            if group is None or (group.size + len(record) > segment_bytes and group.records):
+                # A group never spans segments: a full one is closed, a new one started.
+                group = groups[number] = Group(self._partition(number))
+                order.append(group)
+            group.records.append(record)
+            group.messages.append(message)
+            group.size += len(record)
+            outcomes.append(StoreOutcome(message, True))
+        if not order:
+            return outcomes
+
+        def on_written(positions: list[int]) -> None:
+            for key, message in keyed:
+                dedupe[key] = message.id
+                self._unwritten.pop(key, None)
+            scheduled = self.state.scheduled
+            for group, base in zip(order, positions, strict=True):
+                partition, batch = group.partition, group.messages
+                partition.total += len(batch)
+                if len({m.destination for m in batch}) == 1:
+                    scheduled[batch[0].destination] += len(batch)
+                else:
+                    scheduled.update(m.destination for m in batch)
+                if partition.index is None:
+                    continue
+                # One contiguous blob in one segment: positions are base + running lengths.
+                poss = [base, *(base + o for o in accumulate(len(r) for r in group.records[:-1]))]
+                dues = [m.deliver_at_ms for m in batch]
+                partition.index.add(dues, poss)
+                recent = self._recent
+                number = partition.number
+                for m, pos in zip(batch, poss, strict=True):
+                    if m.deliver_at_ms <= m.sent_at_ms:  # sent without delay: released at once
+                        recent[m.id] = Held(number, pos, m.deliver_at_ms, m.destination)
+            if len(self._recent) > _RECENT_MAX:
+                self._recent.clear()
+            self._changes += len(messages)
+
+        items = [(g.partition, b"".join(g.records)) for g in order]
+        try:
+            await self.writer.append(items, durable=True, on_written=on_written)
+        except BaseException:
+            for key, message in keyed:
+                if self._unwritten.get(key) is message:
+                    del self._unwritten[key]
+            raise
+        return outcomes
+
+    # --- due messages -----------------------------------------------------------------------
+    def _load(self, partition: Partition) -> None:
+        """Build the index of a partition that becomes due (reading its records once)."""
+        if partition.index is not None:
+            return
+        started = time.perf_counter()
+        replay(partition, self.state, build_index=True, index_only=True)
+        assert partition.index is not None
+        held = {h.pos for h in self._held() if h.number == partition.number}
+        if held:  # never index twice what is claimed, waiting or leaving
+            partition.index.drop_positions(np.fromiter(held, np.int64, len(held)))
+        log.info(
+            "indexed partition %d: %d pending in %.3f s",
+            partition.number,
+            len(partition.index),
+            time.perf_counter() - started,
+        )
+
+    def _held(self) -> list[Held]:
+        return [*self._claims.values(), *self._waiting.values(), *self._leaving.values()]
+
+    def _ensure_loaded(self, now_ms: int) -> None:
+        horizon = (now_ms + self.prefetch_ms) // self.granularity_ms
+        overdue_indexed = 0
+        for number in self._numbers[: bisect.bisect_right(self._numbers, horizon)]:
+            partition = self.partitions[number]
+            partition.settle(now_ms)
+            if partition.live <= 0:
+                continue
+            if partition.index is None:
+                # After downtime, overdue partitions are indexed a few at a time, in due order.
+                if overdue_indexed >= 2 and partition.end_ms <= now_ms:
+                    break
+                self._load(partition)
+            assert partition.index is not None
+            if partition.end_ms <= now_ms and len(partition.index):
+                overdue_indexed += 1
+
+    def _wait(self, message_id: str, held: Held, due: int) -> None:
+        held.due = due
+        self._waiting[message_id] = held
+        heapq.heappush(self._retry_heap, (due, message_id))
+
+    async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:
+        self._check()
+        self._now_ms = max(self._now_ms, now_ms)
+        for message_id, held in list(self._claims.items()):
+            if held.until <= now_ms:
+                del self._claims[message_id]
+                self._wait(message_id, held, held.due)
+        self._ensure_loaded(now_ms)
+        picked: list[tuple[str | None, Held]] = []
+        heap = self._retry_heap
+        while heap and heap[0][0] <= now_ms and len(picked) < limit:
+            due, message_id = heapq.heappop(heap)
+            waiting = self._waiting.get(message_id)
+            if waiting is not None and waiting.due == due:
+                del self._waiting[message_id]
+                picked.append((message_id, waiting))
+        for number in self._numbers:
+            if len(picked) >= limit:
+                break
+            partition = self.partitions[number]
+            if partition.start_ms > now_ms:
+                break
+            if partition.index is not None:
+                for due, pos in partition.index.pop_due(now_ms, limit - len(picked)):
+                    picked.append((None, Held(number, pos, due, "")))
+        out: list[Message] = []
+        for _, held in picked:
+            message = self._read_message(held)
+            if message is None:
+                continue
+            failures = self.state.failures.get(message.id)
+            if failures:
+                message.failures, message.last_error = failures
+            held.destination, held.until = message.destination, now_ms + lease_ms
+            self._claims[message.id] = held
+            out.append(message)
+        if now_ms - self._last_upkeep_ms >= self.snapshot_interval_ms and self._upkeeping is None:
+            self._last_upkeep_ms = now_ms
+            self._upkeeping = asyncio.get_running_loop().create_task(self._upkeep(now_ms))
+        return out
+
+    def _read_message(self, held: Held) -> Message | None:
+        partition = self.partitions.get(held.number)
+        if partition is None:
+            return None
+        got = self.files.read(partition, held.pos)
+        if isinstance(got, Record) and got.kind == MESSAGE:
+            return decode_message(got.payload)[0]
+        segment, offset = split(held.pos)
+        reason = got if isinstance(got, str) else "not a message record"
+        where = f"{partition.segment_path(segment)} at byte {offset}"
+        # Never deliver garbage: the damaged message is reported and left out.
+        log.error("cannot read the message in %s (%s); it is skipped", where, reason)
+        self.state.damaged.append(f"{where}: {reason}")
+        return None
+
+    async def _upkeep(self, now_ms: int) -> None:
+        """Cleanup, then a snapshot if anything changed (every ``snapshot_interval_ms``)."""
+        try:
+            await cleanup.delete_released(self, now_ms)
+            if self._changes:
+                await self.snapshot()
+        except Exception:
+            log.exception("log store upkeep failed")
+        finally:
+            self._upkeeping = None
+
+    async def next_due_time(self) -> int | None:
+        self._check()
+        best: int | None = None
+        for due, message_id in self._retry_heap:
+            held = self._waiting.get(message_id)
+            if held is not None and held.due == due:
+                best = due if best is None else min(best, due)
+        for number in self._numbers:
+            partition = self.partitions[number]
+            if best is not None and best < partition.start_ms:
+                break
+            if partition.live <= 0:
+                continue
+            # The earliest partition with pending messages is the next to fall due: indexing
+            # it now gives the exact time (and it is needed next anyway).
+            self._load(partition)
+            assert partition.index is not None
+            candidate = partition.index.next_due()
+            if candidate is not None:
+                best = candidate if best is None else min(best, candidate)
+        return best
+
+    def release_claims(self, ids: Sequence[str]) -> None:
+        for message_id in ids:
+            held = self._claims.pop(message_id, None)
+            if held is not None:
+                self._wait(message_id, held, held.due)
+
+    def hold_claims(self, ids: Sequence[str], *, until_ms: int) -> None:
+        """Keep claimed messages back until ``until_ms`` without counting a failure (their
+        destination is away); they wait beside the retries and fall due again then."""
+        for message_id in ids:
+            held = self._claims.pop(message_id, None)
+            if held is not None:
+                self._wait(message_id, held, until_ms)
+
+    # --- finishing --------------------------------------------------------------------------
+    def _take(self, message_id: str) -> Held | None:
+        """Take a pending message out of circulation (claims, waiting, or the index)."""
+        held = self._claims.pop(message_id, None) or self._waiting.pop(message_id, None)
+        if held is not None:
+            return held
+        recent = self._recent.pop(message_id, None)
+        if recent is not None:
+            partition = self.partitions.get(recent.number)
+            if partition is not None and partition.index is not None:
+                if partition.index.discard(recent.due, recent.pos):
+                    return recent
+        return None
+
+    def _finished(self, message_id: str, held: Held) -> None:
+        """Bookkeeping once a message's RELEASED / CANCELLED / MOVED marker is written."""
+        self._leaving.pop(message_id, None)
+        partition = self.partitions.get(held.number)
+        if partition is not None:
+            partition.finished += 1
+        self.state.scheduled[held.destination] -= 1
+        self.state.failures.pop(message_id, None)
+        self._changes += 1
+
+    async def remove(self, ids: Sequence[str], *, state: MessageState, now_ms: int) -> int:
+        self._check()
+        items: list[tuple[Partition, bytes]] = []
+        taken: list[tuple[str, Held]] = []
+        for message_id in ids:
+            held = self._take(message_id)
+            if held is None or held.number not in self.partitions:
+                continue
+            if not held.destination:
+                message = self._read_message(held)
+                held.destination = message.destination if message else ""
+            self._leaving[message_id] = held
+            marker = encode_marker(
+                RELEASED, message_id, held.pos, STATE_CODES[state], destination=held.destination
+            )
+            items.append((self.partitions[held.number], marker))
+            taken.append((message_id, held))
+
+        def on_written(_: list[int]) -> None:
+            for message_id, held in taken:
+                self._finished(message_id, held)
+
+        if items:
+            # A release into a local queue is recorded in the queue database first: its
+            # marker need not wait for an fsync. Other ends (delivered, dead-lettered) do.
+            await self.writer.append(
+                items, durable=state is not MessageState.READY, on_written=on_written
+            )
+        return len(items)
+
+    async def record_failure(self, message_id: str, *, error: str, retry_at_ms: int) -> int:
+        self._check()
+        held = self._claims.pop(message_id, None)
+        if held is None:
+            return 0
+        count = self.state.failures.get(message_id, (0, ""))[0] + 1
+        marker = encode_marker(
+            FAILED, message_id, held.pos, retry_at_ms, failures=count, error=error[:2000]
+        )
+        self.state.failures[message_id] = (count, error[:2000])
+        self._wait(message_id, held, retry_at_ms)
+        await self.writer.append([(self.partitions[held.number], marker)], durable=False)
+        return count
+
+    # --- by id ------------------------------------------------------------------------------
+    async def _locate(self, message_id: str) -> Located:
+        if id_due_ms(message_id) is None:
+            raise NotFound(f"no message with id {message_id}")
+        found = await asyncio.get_running_loop().run_in_executor(None, locate, self, message_id)
+        if found is None:
+            raise NotFound(f"no message with id {message_id}")
+        return found
+
+    def _refuse_claimed(self, message_id: str) -> None:
+        if message_id in self._claims or message_id in self._leaving:
+            raise NotCancellable(
+                f"message {message_id} is being delivered right now; it can no longer be changed"
+            )
+
+    def _take_located(self, found: Located) -> Held:
+        """Take a located scheduled message out of circulation for a cancel or a move."""
+        message = found.message
+        self._refuse_claimed(message.id)
+        held = self._waiting.pop(message.id, None)
+        self._recent.pop(message.id, None)
+        if held is None:
+            held = Held(found.partition.number, found.pos, found.due, message.destination)
+            index = found.partition.index
+            if index is not None and not index.discard(found.due, found.pos):
+                # Not indexed any more and not held: another path finished it meanwhile.
+                raise NotCancellable(
+                    f"message {message.id} is being delivered right now; it can no longer be "
+                    "changed"
+                )
+        held.destination = message.destination
+        self._leaving[message.id] = held
+        return held
+
+    async def cancel(self, message_id: str, *, now_ms: int) -> Message:
+        self._check()
+        self._refuse_claimed(message_id)
+        found = await self._locate(message_id)
+        message = found.message
+        transition(message_id, message.state, MessageState.CANCELLED)
+        held = self._take_located(found)
+        marker = encode_marker(
+            CANCELLED, message_id, found.pos, now_ms, destination=message.destination
+        )
+        await self.writer.append(
+            [(found.partition, marker)],
+            durable=True,
+            on_written=lambda _: self._finished(message_id, held),
+        )
+        message.state, message.updated_at_ms = MessageState.CANCELLED, now_ms
+        return message
+
+    async def reschedule(self, message_id: str, *, deliver_at_ms: int, now_ms: int) -> Message:
+        self._check()
+        self._refuse_claimed(message_id)
+        found = await self._locate(message_id)
+        message = found.message
+        if message.state is not MessageState.SCHEDULED:
+            raise NotCancellable(
+                f"message {message_id} is {message.state.value}; only scheduled messages can "
+                "be rescheduled"
+            )
+        held = self._take_located(found)
+        moved = replace(message, deliver_at_ms=deliver_at_ms, updated_at_ms=now_ms)
+        target = self._partition(deliver_at_ms // self.granularity_ms)
+        marker = encode_marker(
+            MOVED, message_id, found.pos, deliver_at_ms, destination=message.destination
+        )
+
+        def on_written(positions: list[int]) -> None:
+            self._finished(message_id, held)
+            self.state.forwards[message_id] = deliver_at_ms
+            target.total += 1
+            self.state.scheduled[message.destination] += 1
+            if target.index is not None:
+                target.index.add([deliver_at_ms], [positions[1]])
+
+        await self.writer.append(
+            [(found.partition, marker), (target, encode_message(moved, 0))],
+            durable=True,
+            on_written=on_written,
+        )
+        return moved
+
+    async def get(self, message_id: str) -> Message | None:
+        self._check()
+        try:
+            return (await self._locate(message_id)).message
+        except NotFound:
+            return None
+
+    async def list(self, query: MessageQuery) -> tuple[builtins.list[Message], str | None]:
+        self._check()
+        return await list_page(self, query)
+
+    async def count_scheduled(self, destination: str | None = None) -> int:
+        if destination is None:
+            return sum(p.live for p in self.partitions.values())
+        return max(0, self.state.scheduled.get(destination, 0))
+
+    # --- snapshots --------------------------------------------------------------------------
+    async def snapshot(self) -> Path | None:
+        """Snapshot every indexed partition (``snapshot.py``); the state is captured in one
+        event-loop step, so it agrees with the ``written`` sizes it records."""
+        if self._snapshotting:
+            return None
+        self._snapshotting = True
+        try:
+            if self.writer.fsync == "never":
+                # The manifest must not name bytes the disk may not have.
+                await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self.writer.sync_all
+                )
+            self._seq += 1
+            manifest, indexes, (hashes, ids) = capture(self, self._seq)
+            self._changes = 0
+            path = await asyncio.get_running_loop().run_in_executor(
+                self._executor,
+                write_snapshot,
+                snapshot_root(self.root),
+                manifest,
+                indexes,
+                (hashes, ids),
+            )
+            sweep_orphans(self.root, manifest.seq)
+            return path
+        finally:
+            self._snapshotting = False
+
+    def inspect(self) -> dict[str, Any]:
+        """Figures for ``tarry store inspect`` and the benchmarks."""
+        indexed = {n: p.index for n, p in self.partitions.items() if p.index is not None}
+        return {
+            "partitions": len(self.partitions),
+            "pending": sum(p.live for p in self.partitions.values()),
+            "indexed_entries": sum(len(i) for i in indexed.values()),
+            "index_bytes": sum(i.nbytes for i in indexed.values()),
+            "write_groups": self.writer.groups,
+            "damaged": list(self.state.damaged),
+        }
+
+    @property
+    def damaged(self) -> builtins.list[str]:
+        """Damaged files and records found so far, one line each (``/healthz``)."""
+        return list(self.state.damaged)
+
+    async def check(self) -> builtins.list[str]:
+        """Damage found so far (empty when every record read was sound)."""
+        return list(self.state.damaged)

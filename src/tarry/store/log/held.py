@@ -1,0 +1,53 @@
+"""Small value types and codes of the log store: ``Held`` (a pending message outside its
+partition's index), ``Group`` (what one ``store`` call appends to one partition), the numeric
+codes of end states in RELEASED markers, and the de-duplication hash."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from tarry.model.message import Message
+from tarry.model.state import MessageState
+from tarry.store.log.partition import Partition
+from tarry.store.sqlite.rows import dedupe_key
+
+__all__ = ["STATE_CODES", "Group", "Held", "dedupe_hash", "state_of_code"]
+
+#: End state → the number a RELEASED marker stores (stable: append new states at the end).
+STATE_CODES = {s: i for i, s in enumerate(MessageState)}
+_CODE_STATES = {i: s for s, i in STATE_CODES.items()}
+
+
+def state_of_code(code: int) -> MessageState:
+    return _CODE_STATES.get(code, MessageState.DELIVERED)
+
+
+def dedupe_hash(message: Message) -> int:
+    """64-bit hash of the (destination, message_id) key (0: the message has none)."""
+    key = dedupe_key(message)
+    if key is None:
+        return 0
+    value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    return (value & ((1 << 63) - 1)) or 1
+
+
+@dataclass(slots=True)
+class Group:
+    """The records one ``store`` call appends to one partition."""
+
+    partition: Partition
+    records: list[bytes] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    size: int = 0
+
+
+@dataclass(slots=True)
+class Held:
+    """A pending message out of its partition's index: claimed, waiting to retry, or leaving."""
+
+    number: int
+    pos: int
+    due: int
+    destination: str
+    until: int = 0

@@ -1,0 +1,133 @@
+"""``DueIndex``: the compact in-memory index of one loaded time partition: two int64 arrays, due
+time and record position, sorted by due time (16 bytes per pending message; no Python object
+per message).
+
+- ``main`` is sorted and consumed from ``head``; new arrivals go to ``incoming`` (an
+  ``array('q')`` pair, cheap to extend by whole batches) and are merged in by a stable sort of
+  two sorted runs (timsort merges them in linear time) once they are due or numerous.
+- Removed entries (cancelled, released outside a fetch) are remembered by position in ``dead``
+  and skipped when reached; this set only holds changes to a loaded partition.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["DueIndex"]
+
+I64 = npt.NDArray[np.int64]
+_EMPTY: I64 = np.zeros(0, dtype=np.int64)
+
+
+class DueIndex:
+    def __init__(self, due: I64 | None = None, pos: I64 | None = None) -> None:
+        self._due: I64 = _EMPTY if due is None else due
+        self._pos: I64 = _EMPTY if pos is None else pos
+        self._head = 0
+        self._in_due = array("q")
+        self._in_pos = array("q")
+        self._in_min: int | None = None
+        self.dead: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._due) - self._head + len(self._in_due) - len(self.dead)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the arrays hold (the ``dead`` set aside, which only holds changes)."""
+        return int(self._due.nbytes + self._pos.nbytes) + 16 * len(self._in_due)
+
+    def add(self, due: Sequence[int], pos: Sequence[int]) -> None:
+        self._in_due.extend(due)
+        self._in_pos.extend(pos)
+        low = min(due) if len(due) else None
+        if low is not None and (self._in_min is None or low < self._in_min):
+            self._in_min = low
+        if len(self._in_due) > max(65_536, (len(self._due) - self._head) // 8):
+            self._merge()
+
+    def _merge(self) -> None:
+        if not self._in_due:
+            return
+        due = np.concatenate((self._due[self._head :], np.frombuffer(self._in_due, np.int64)))
+        pos = np.concatenate((self._pos[self._head :], np.frombuffer(self._in_pos, np.int64)))
+        order = np.argsort(due, kind="stable")
+        self._due, self._pos, self._head = due[order], pos[order], 0
+        self._in_due, self._in_pos, self._in_min = array("q"), array("q"), None
+
+    def next_due(self) -> int | None:
+        self._skip_dead()
+        best = int(self._due[self._head]) if self._head < len(self._due) else None
+        if self._in_min is not None and (best is None or self._in_min < best):
+            best = self._in_min
+        return best
+
+    def _skip_dead(self) -> None:
+        while self._head < len(self._due) and self.dead:
+            pos = int(self._pos[self._head])
+            if pos not in self.dead:
+                return
+            self.dead.discard(pos)
+            self._head += 1
+
+    def pop_due(self, now_ms: int, limit: int) -> list[tuple[int, int]]:
+        """Up to ``limit`` (due, position) entries due at or before ``now_ms``, in due order."""
+        if self._in_min is not None and self._in_min <= now_ms:
+            self._merge()
+        end = int(np.searchsorted(self._due, now_ms, side="right"))
+        out: list[tuple[int, int]] = []
+        head = self._head
+        dead = self.dead
+        while head < end and len(out) < limit:
+            stop = min(end, head + limit - len(out) + len(dead))
+            dues = self._due[head:stop].tolist()
+            poss = self._pos[head:stop].tolist()
+            for due, pos in zip(dues, poss, strict=True):
+                head += 1
+                if dead and pos in dead:
+                    dead.discard(pos)
+                    continue
+                out.append((due, pos))
+                if len(out) >= limit:
+                    break
+        self._head = head
+        if self._head > 1_000_000 and self._head > len(self._due) // 2:
+            self._due, self._pos, self._head = self._due[head:].copy(), self._pos[head:].copy(), 0
+        return out
+
+    def discard(self, due: int, pos: int) -> bool:
+        """Remove the entry (due, pos) if it is still indexed; True when it was."""
+        if pos in self.dead:
+            return False
+        lo = max(self._head, int(np.searchsorted(self._due, due, side="left")))
+        hi = int(np.searchsorted(self._due, due, side="right"))
+        found = lo < hi and bool((self._pos[lo:hi] == pos).any())
+        if not found:
+            incoming = np.frombuffer(self._in_pos, np.int64) if self._in_pos else _EMPTY
+            found = bool((incoming == pos).any())
+        if found:
+            self.dead.add(pos)
+        return found
+
+    def arrays(self) -> tuple[I64, I64]:
+        """Every live entry (a copy), sorted by due: what a snapshot stores."""
+        self._merge()
+        due, pos = self._due[self._head :], self._pos[self._head :]
+        if self.dead:
+            keep = ~np.isin(pos, np.fromiter(self.dead, np.int64, len(self.dead)))
+            return due[keep].copy(), pos[keep].copy()
+        return due.copy(), pos.copy()
+
+    def drop_positions(self, positions: I64) -> None:
+        """Forget entries by position in bulk (replaying markers on recovery)."""
+        if not len(positions):
+            return
+        self._merge()
+        keep = ~np.isin(self._pos[self._head :], positions)
+        self._due = self._due[self._head :][keep]
+        self._pos = self._pos[self._head :][keep]
+        self._head = 0

@@ -1,0 +1,90 @@
+"""The manifest: the commit record of one snapshot, written last (temp file, fsync, rename,
+fsync the directory). Recovery trusts only what a valid manifest names.
+
+File layout: ``MAGIC`` (8 bytes) · version:u32 · crc32c:u32 of the body · body (JSON):
+``{"seq", "created_ms", "parts": [{"name", "bytes", "crc"}], "partitions": {number:
+{"sizes", "total", "finished"}}, "indexed": {number: [first_part, part_count, entries]},
+"dedupe": [first_part, part_count, entries], "scheduled": {destination: n}, "failures": {id:
+[count, error]}, "forwards": {id: due_ms}}``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+import orjson
+
+from tarry.store.log.segment import fsync_dir
+
+__all__ = ["MAGIC", "Manifest", "ManifestError", "frame", "unframe", "write_last"]
+
+MAGIC = b"TARRYMF1"
+VERSION = 1
+_HEAD = struct.Struct("<8sII")
+
+
+class ManifestError(ValueError):
+    """Raised when a manifest file is not a valid, complete manifest of this version."""
+
+
+def frame(body: bytes, *, magic: bytes, version: int) -> bytes:
+    """``magic`` · version · CRC32C of ``body`` · ``body``: how every commit record is laid out
+    (the snapshot manifest here, an import area's ``IMPORT`` in ``adopt.py``)."""
+    return _HEAD.pack(magic, version, google_crc32c.value(body)) + body
+
+
+def unframe(data: bytes, *, magic: bytes, version: int) -> bytes:
+    """The body of a framed record. Checks magic, then version, then checksum; raises
+    ``ManifestError`` naming the first that fails."""
+    if len(data) < _HEAD.size or data[:8] != magic:
+        raise ManifestError("bad magic")
+    _, found, crc = _HEAD.unpack_from(data)
+    if found != version:
+        raise ManifestError(f"version {found} (this tarry reads {version})")
+    body = data[_HEAD.size :]
+    if google_crc32c.value(body) != crc:
+        raise ManifestError("checksum mismatch")
+    return body
+
+
+def write_last(final: Path, data: bytes) -> Path:
+    """Write a commit record so that it is either whole or absent after a crash: temp file,
+    fsync, rename, fsync the directory."""
+    temp = final.with_name(final.name + ".tmp")
+    with open(temp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, final)
+    fsync_dir(final.parent)
+    return final
+
+
+@dataclass
+class Manifest:
+    seq: int
+    created_ms: int
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    indexed: dict[str, list[int]] = field(default_factory=dict)
+    dedupe: list[int] = field(default_factory=lambda: [0, 0, 0])
+    scheduled: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, list[Any]] = field(default_factory=dict)
+    forwards: dict[str, int] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return frame(orjson.dumps(self.__dict__), magic=MAGIC, version=VERSION)
+
+    @classmethod
+    def validate(cls, data: bytes) -> Manifest:
+        """Check magic, then version, then checksum; raises ``ManifestError`` naming the first
+        that fails."""
+        return cls(**orjson.loads(unframe(data, magic=MAGIC, version=VERSION)))
+
+    def write(self, directory: Path) -> Path:
+        return write_last(directory / f"manifest-{self.seq:012d}", self.encode())

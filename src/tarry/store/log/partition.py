@@ -1,0 +1,106 @@
+"""A time partition: the messages due in ``[start_ms, end_ms)``, in append-only segment files
+``<root>/p-<number>/seg-<n>.log`` (``segment.py``), with a small header kept in memory (counts,
+segment sizes) and, only while it is due, a ``DueIndex``.
+
+Lifecycle (one table, ``ALLOWED``): ``open`` (its window has not ended; new messages arrive) →
+``sealed`` (the window is over; only markers are appended while the rest is released) →
+``released`` (every message released or cancelled, no write in flight: cleanup may delete its
+files). A message accepted just before the window ended can still arrive after it (the append
+follows validation by a few ms): it moves a ``released`` partition back to ``sealed``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+from tarry.store.log.index import DueIndex
+
+__all__ = ["ALLOWED", "SEGMENT_SHIFT", "Partition", "PartitionState", "position", "split"]
+
+#: A position is ``segment << SEGMENT_SHIFT | offset`` (offsets up to 1 TiB per segment).
+SEGMENT_SHIFT = 40
+
+
+def position(segment: int, offset: int) -> int:
+    return (segment << SEGMENT_SHIFT) | offset
+
+
+def split(pos: int) -> tuple[int, int]:
+    return pos >> SEGMENT_SHIFT, pos & ((1 << SEGMENT_SHIFT) - 1)
+
+
+class PartitionState(StrEnum):
+    #: Its due window has not ended: messages are still appended.
+    OPEN = "open"
+    #: The window is over; markers are appended while its messages are released.
+    SEALED = "sealed"
+    #: Nothing pending is left: its files may be deleted.
+    RELEASED = "released"
+
+
+ALLOWED: dict[PartitionState, frozenset[PartitionState]] = {
+    PartitionState.OPEN: frozenset({PartitionState.SEALED}),
+    PartitionState.SEALED: frozenset({PartitionState.RELEASED, PartitionState.OPEN}),
+    PartitionState.RELEASED: frozenset({PartitionState.SEALED}),
+}
+
+
+class Partition:
+    def __init__(self, root: Path, number: int, granularity_ms: int) -> None:
+        self.number = number
+        self.start_ms = number * granularity_ms
+        self.end_ms = self.start_ms + granularity_ms
+        self.dir = root / f"p-{number:010d}"
+        #: Bytes reserved (written or being written) per segment, in order.
+        self.sizes: list[int] = []
+        #: Bytes whose write has completed, per segment (what a reader may scan).
+        self.written: list[int] = []
+        #: MESSAGE records held (a rescheduled copy counts in its new partition).
+        self.total = 0
+        #: Of those, released, cancelled or moved away.
+        self.finished = 0
+        self.index: DueIndex | None = None
+        self._paths: list[Path] = []
+        self.state = PartitionState.OPEN
+
+    @property
+    def live(self) -> int:
+        return self.total - self.finished
+
+    def move(self, target: PartitionState) -> None:
+        if target is not self.state:
+            if target not in ALLOWED[self.state]:
+                raise ValueError(f"partition {self.number}: {self.state} -> {target}")
+            self.state = target
+
+    @property
+    def writing(self) -> bool:
+        """Bytes are reserved whose write has not completed (their messages are not counted
+        yet)."""
+        return self.sizes != self.written
+
+    def settle(self, now_ms: int) -> None:
+        """Move along the lifecycle as time, counts and writes in flight say."""
+        if self.state is PartitionState.OPEN and now_ms >= self.end_ms:
+            self.move(PartitionState.SEALED)
+        busy = self.live > 0 or self.writing
+        if self.state is PartitionState.SEALED and not busy:
+            self.move(PartitionState.RELEASED)
+        elif self.state is PartitionState.RELEASED and busy:
+            self.move(PartitionState.SEALED)
+
+    def reserve(self, nbytes: int, segment_bytes: int) -> int:
+        """The position of ``nbytes`` appended now (rolling to a new segment when full)."""
+        if not self.sizes or (self.sizes[-1] and self.sizes[-1] + nbytes > segment_bytes):
+            self.sizes.append(0)
+        segment = len(self.sizes) - 1
+        offset = self.sizes[segment]
+        self.sizes[segment] = offset + nbytes
+        return position(segment, offset)
+
+    def segment_path(self, segment: int) -> Path:
+        paths = self._paths
+        while len(paths) <= segment:
+            paths.append(self.dir / f"seg-{len(paths):06d}.log")
+        return paths[segment]

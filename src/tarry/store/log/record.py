@@ -1,0 +1,290 @@
+"""The on-disk record codec of the log store. Every byte a segment holds is a sequence of records:
+
+    record   := header payload
+    header   := version:u8 kind:u8 reserved:u16 length:u32 crc:u32          (12 bytes, little end.)
+                crc = CRC32C(header[0:8] + payload)
+    payload  := id:26 bytes ASCII  body-of-kind                            (id at offset 12)
+
+    kind 1 MESSAGE   due_ms:i64 sent_ms:i64 expires_ms:i64 (-1 none) flags:u16
+                     destination_len:u16 destination:UTF-8
+                     [dedupe_hash:i64]            when flags & 1
+                     [extra_len:u32 extra:JSON]   when flags & 2: {"t": topic, "m": message_id,
+                                                  "c": correlation_id, "r": reply_to,
+                                                  "p": report, "h": headers} (non-empty only)
+                     body: the rest
+                     flags & 4: on_undeliverable = discard; flags & 8: not persistent
+    kind 2 RELEASED  target:i64 (position of the MESSAGE record in this partition) state:i64
+                     destination: UTF-8 (the rest; keeps per-destination counts without reads)
+    kind 3 CANCELLED target:i64 at_ms:i64 destination
+    kind 4 MOVED     target:i64 new_due_ms:i64 destination  (rescheduled: a MESSAGE copy with
+                                                  the same id goes to the partition of new_due_ms)
+    kind 5 FAILED    target:i64 retry_at_ms:i64 failures:u32 error:UTF-8
+
+A position is ``segment_number << 40 | offset``. Markers (kinds 2-5) name their MESSAGE record
+by position (replay applies them with arrays, not per-id lookups) and carry the id too (``GET``
+finds every record of an id with one ``bytes.find`` over the partition's segments).
+
+Readers check version, length and CRC on every record: a short or failing record at the end of
+the last segment is a torn tail (cut on recovery); anywhere else it is damage, reported with the
+file name and offset and skipped by resynchronising on the next valid header.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import google_crc32c
+import orjson
+
+from tarry.model.message import Message, Report, Undeliverable
+
+__all__ = [
+    "CANCELLED",
+    "FAILED",
+    "HEADER",
+    "ID_LEN",
+    "MESSAGE",
+    "MOVED",
+    "RELEASED",
+    "VERSION",
+    "Damage",
+    "Record",
+    "decode_message",
+    "encode_marker",
+    "encode_message",
+    "parse_record",
+    "scan",
+]
+
+VERSION = 1
+MESSAGE, RELEASED, CANCELLED, MOVED, FAILED = 1, 2, 3, 4, 5
+_HEAD = struct.Struct("<BBHII")
+HEADER = _HEAD.size
+ID_LEN = 26
+_MSG = struct.Struct("<qqqHH")
+_I64 = struct.Struct("<q")
+_U32 = struct.Struct("<I")
+_HASH, _EXTRA, _DISCARD, _TRANSIENT = 1, 2, 4, 8
+_MARK = struct.Struct("<qq")
+_FAIL = struct.Struct("<I")
+#: Larger than any sane record: a length above it is damage, not a record.
+MAX_RECORD = 64 * 1024 * 1024
+_crc = google_crc32c.value
+_extend = google_crc32c.extend
+_HEAD8 = struct.Struct("<BBHI")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    kind: int
+    offset: int
+    size: int
+    payload: bytes
+
+    @property
+    def id(self) -> str:
+        return self.payload[:ID_LEN].decode("ascii")
+
+    def marker(self) -> tuple[int, int]:
+        """(target position, value) of a marker record."""
+        return _MARK.unpack_from(self.payload, ID_LEN)
+
+    def failure(self) -> tuple[int, str]:
+        (failures,) = _FAIL.unpack_from(self.payload, ID_LEN + _MARK.size)
+        return failures, self.payload[ID_LEN + _MARK.size + _FAIL.size :].decode("utf-8", "replace")
+
+    def destination(self) -> str:
+        """The destination a RELEASED / CANCELLED / MOVED marker names."""
+        return self.payload[ID_LEN + _MARK.size :].decode("utf-8")
+
+    def meta(self) -> tuple[int, str, int]:
+        """(due_ms, destination, dedupe_hash) of a MESSAGE record, without its body."""
+        due, _, _, flags, destination, dedupe_hash, _, _ = _fields(self.payload)
+        return due, destination, dedupe_hash
+
+    def due_ms(self) -> int:
+        return int(_MSG.unpack_from(self.payload, ID_LEN)[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Bytes that are not a valid record: ``torn`` when nothing valid follows (end of log)."""
+
+    offset: int
+    end: int
+    torn: bool
+    reason: str
+
+
+def _frame(kind: int, payload: bytes) -> bytes:
+    head = _HEAD8.pack(VERSION, kind, 0, len(payload))
+    return head + _U32.pack(_extend(_crc(head), payload)) + payload
+
+
+def encode_message(message: Message, dedupe_hash: int = 0) -> bytes:
+    """A MESSAGE record: fixed fields packed, optional ones only when present (small records
+    keep the disk near the raw message size)."""
+    destination = message.destination.encode("utf-8")
+    expires = -1 if message.expires_at_ms is None else message.expires_at_ms
+    if not (
+        dedupe_hash
+        or message.headers
+        or message.topic
+        or message.message_id
+        or message.correlation_id
+        or message.reply_to
+        or message.report
+        or not message.persistent
+        or message.on_undeliverable is Undeliverable.DISCARD
+    ):  # the common case, packed in one go
+        return _frame(
+            MESSAGE,
+            message.id.encode("ascii")
+            + _MSG.pack(message.deliver_at_ms, message.sent_at_ms, expires, 0, len(destination))
+            + destination
+            + message.body,
+        )
+    flags = 0
+    parts = []
+    if dedupe_hash:
+        flags |= _HASH
+        parts.append(_I64.pack(dedupe_hash))
+    extra: dict[str, object] = {}
+    for key, value in (
+        ("t", message.topic),
+        ("m", message.message_id),
+        ("c", message.correlation_id),
+        ("r", message.reply_to),
+        ("p", ",".join(sorted(r.value for r in message.report))),
+        ("h", message.headers),
+    ):
+        if value:
+            extra[key] = value
+    if extra:
+        flags |= _EXTRA
+        blob = orjson.dumps(extra)
+        parts.append(_U32.pack(len(blob)))
+        parts.append(blob)
+    if message.on_undeliverable is Undeliverable.DISCARD:
+        flags |= _DISCARD
+    if not message.persistent:
+        flags |= _TRANSIENT
+    payload = b"".join(
+        (
+            message.id.encode("ascii"),
+            _MSG.pack(message.deliver_at_ms, message.sent_at_ms, expires, flags, len(destination)),
+            destination,
+            *parts,
+            message.body,
+        )
+    )
+    return _frame(MESSAGE, payload)
+
+
+def encode_marker(
+    kind: int,
+    message_id: str,
+    target: int,
+    value: int,
+    *,
+    destination: str = "",
+    failures: int = 0,
+    error: str = "",
+) -> bytes:
+    payload = message_id.encode("ascii") + _MARK.pack(target, value)
+    if kind == FAILED:
+        payload += _FAIL.pack(failures) + error.encode("utf-8")[:2000]
+    else:
+        payload += destination.encode("utf-8")
+    return _frame(kind, payload)
+
+
+def _fields(payload: bytes) -> tuple[int, int, int, int, str, int, dict[str, Any], int]:
+    """(due, sent, expires, flags, destination, dedupe_hash, extra, body offset)."""
+    due, sent, expires, flags, dest_len = _MSG.unpack_from(payload, ID_LEN)
+    at = ID_LEN + _MSG.size
+    destination = payload[at : at + dest_len].decode("utf-8")
+    at += dest_len
+    dedupe_hash = 0
+    if flags & _HASH:
+        (dedupe_hash,) = _I64.unpack_from(payload, at)
+        at += 8
+    extra: dict[str, Any] = {}
+    if flags & _EXTRA:
+        (length,) = _U32.unpack_from(payload, at)
+        extra = orjson.loads(payload[at + 4 : at + 4 + length])
+        at += 4 + length
+    return due, sent, expires, flags, destination, dedupe_hash, extra, at
+
+
+def decode_message(payload: bytes) -> tuple[Message, int]:
+    """The message of a MESSAGE payload and its de-duplication hash (0: none)."""
+    due, sent, expires, flags, destination, dedupe_hash, extra, at = _fields(payload)
+    report = extra.get("p", "")
+    message = Message(
+        id=payload[:ID_LEN].decode("ascii"),
+        destination=destination,
+        body=payload[at:],
+        headers=extra.get("h", {}),
+        sent_at_ms=sent,
+        deliver_at_ms=due,
+        expires_at_ms=None if expires < 0 else expires,
+        message_id=extra.get("m"),
+        correlation_id=extra.get("c"),
+        reply_to=extra.get("r"),
+        report=frozenset(Report(r) for r in report.split(",") if r),
+        on_undeliverable=Undeliverable.DISCARD if flags & _DISCARD else Undeliverable.DEAD_LETTER,
+        persistent=not flags & _TRANSIENT,
+        topic=extra.get("t"),
+        updated_at_ms=sent,
+    )
+    return message, dedupe_hash
+
+
+def parse_record(buf: bytes | memoryview | mmap.mmap, offset: int) -> Record | str:
+    """The record at ``offset`` of ``buf``, or why there is none (short / bad header / crc)."""
+    if len(buf) - offset < HEADER:
+        return "short header"
+    version, kind, _, length, crc = _HEAD.unpack_from(buf, offset)
+    if version != VERSION or not MESSAGE <= kind <= FAILED or length > MAX_RECORD:
+        return "bad header"
+    if length < ID_LEN:
+        return "bad header"
+    end = offset + HEADER + length
+    if end > len(buf):
+        return "short record"
+    payload = bytes(buf[offset + HEADER : end])
+    if _extend(_crc(bytes(buf[offset : offset + 8])), payload) != crc:
+        return "checksum mismatch"
+    return Record(kind, offset, HEADER + length, payload)
+
+
+def scan(buf: bytes, start: int = 0) -> Iterator[Record | Damage]:
+    """Every record from ``start``; damage is reported once per damaged stretch, then the scan
+    resynchronises on the next offset that holds a valid record."""
+    offset, size = start, len(buf)
+    while offset < size:
+        got = parse_record(buf, offset)
+        if isinstance(got, Record):
+            yield got
+            offset += got.size
+            continue
+        resume = _resync(buf, offset + 1)
+        yield Damage(offset, resume, resume >= size, got)
+        offset = resume
+
+
+def _resync(buf: bytes, offset: int) -> int:
+    marker = bytes([VERSION])
+    size = len(buf)
+    while True:
+        found = buf.find(marker, offset)
+        if found < 0:
+            return size
+        if isinstance(parse_record(buf, found), Record):
+            return found
+        offset = found + 1

@@ -1,0 +1,251 @@
+"""Recovery: load the newest complete snapshot (a valid manifest whose parts all check), then
+replay only what every partition's segments hold past the sizes that manifest recorded; with no
+usable snapshot, replay everything. A torn tail (a short or failing record at the end of a
+partition's last segment) is cut off; damage anywhere else is reported with the file name and
+offset and skipped. Orphans (temp files, snapshot directories without a manifest, manifests
+older than the one loaded) are deleted, with one log line each.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tarry.store.log.index import DueIndex
+from tarry.store.log.manifest import Manifest, ManifestError
+from tarry.store.log.partition import Partition, position
+from tarry.store.log.record import (
+    CANCELLED,
+    FAILED,
+    MESSAGE,
+    MOVED,
+    RELEASED,
+    Damage,
+    scan,
+)
+from tarry.store.log.snapshot import (
+    SnapshotError,
+    dedupe_arrays,
+    index_arrays,
+    read_blob,
+)
+
+__all__ = ["Recovered", "load_snapshot", "replay", "sweep_orphans"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Recovered:
+    """Everything recovery rebuilds besides the partitions themselves."""
+
+    manifest: Manifest | None = None
+    dedupe: dict[int, str] = field(default_factory=dict)
+    scheduled: Counter[str] = field(default_factory=Counter)
+    failures: dict[str, tuple[int, str]] = field(default_factory=dict)
+    forwards: dict[str, int] = field(default_factory=dict)
+    #: Damaged files, one line each: what ``health`` and ``tarry store verify`` report.
+    damaged: list[str] = field(default_factory=list)
+    replayed_records: int = 0
+
+
+def snapshot_root(root: Path) -> Path:
+    return root / "snapshots"
+
+
+def load_snapshot(root: Path, partitions: dict[int, Partition], out: Recovered) -> None:
+    """Apply the newest complete snapshot to ``partitions`` and ``out`` (nothing if none)."""
+    directory = snapshot_root(root)
+    if not directory.exists():
+        return
+    manifests = sorted(
+        (p for p in directory.glob("manifest-*") if not p.name.endswith(".tmp")), reverse=True
+    )
+    for path in manifests:
+        try:
+            manifest = Manifest.validate(path.read_bytes())
+            indexes = {
+                int(n): index_arrays(read_blob(directory, manifest, first, count), entries)
+                for n, (first, count, entries) in manifest.indexed.items()
+            }
+            first, count, entries = manifest.dedupe
+            hashes, ids = dedupe_arrays(read_blob(directory, manifest, first, count), entries)
+        except (ManifestError, SnapshotError, ValueError) as exc:
+            log.error("snapshot %s is unusable (%s); trying an older one", path.name, exc)
+            out.damaged.append(f"{path}: {exc}")
+            continue
+        for number_text, header in manifest.partitions.items():
+            number = int(number_text)
+            partition = partitions.get(number)
+            if partition is None:
+                continue  # deleted by cleanup after this snapshot
+            partition.sizes = list(header["sizes"])
+            partition.total, partition.finished = header["total"], header["finished"]
+            if number in indexes:
+                partition.index = DueIndex(*indexes[number])
+        out.dedupe = dict(zip(hashes.tolist(), (i.decode() for i in ids.tolist()), strict=True))
+        out.scheduled = Counter(manifest.scheduled)
+        out.failures = {k: (int(v[0]), str(v[1])) for k, v in manifest.failures.items()}
+        out.forwards = dict(manifest.forwards)
+        # Applied: keep the manifest's name and parts, not its per-partition copy.
+        manifest.partitions, manifest.failures, manifest.forwards = {}, {}, {}
+        out.manifest = manifest
+        log.info("loaded snapshot %s", path.name)
+        return
+
+
+def sweep_orphans(root: Path, keep_seq: int | None) -> None:
+    """Delete what no kept manifest names: temp files and snapshot directories without a
+    manifest (orphans: a warning each), and snapshots older than the two newest at or below
+    ``keep_seq`` (superseded: the previous one is kept as a fallback)."""
+    directory = snapshot_root(root)
+    if not directory.exists():
+        return
+    seqs = sorted(
+        int(p.name.split("-", 1)[1])
+        for p in directory.glob("manifest-*")
+        if p.name.split("-", 1)[1].isdigit()
+    )
+    keep = set(s for s in seqs if keep_seq is None or s <= keep_seq)
+    keep = set(sorted(keep)[-2:])
+    for path in sorted(directory.iterdir()):
+        seq_text = path.name.split("-", 1)[-1]
+        if path.name.endswith(".tmp") or not seq_text.isdigit():
+            log.warning("deleting orphan snapshot file %s", path)
+        elif int(seq_text) in keep:
+            continue
+        elif path.name.startswith("snap-") and int(seq_text) not in seqs:
+            log.warning("deleting orphan snapshot file %s (no manifest names it)", path)
+        else:
+            log.info("removing superseded snapshot file %s", path)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _unchanged(partition: Partition, known: list[int]) -> bool:
+    """True when the last segment the snapshot knows has its recorded size and no segment
+    follows it (two ``stat`` calls instead of a directory listing per partition)."""
+    last = len(known) - 1
+    try:
+        if os.stat(partition.segment_path(last)).st_size != known[last]:
+            return False
+    except FileNotFoundError:
+        return False
+    if os.path.exists(partition.segment_path(last + 1)):
+        return False
+    partition.written = list(known)
+    return True
+
+
+def replay(
+    partition: Partition,
+    out: Recovered,
+    *,
+    build_index: bool,
+    index_only: bool = False,
+    readonly: bool = False,
+) -> None:
+    """Apply the records past ``partition.sizes`` (all of them when ``sizes`` is empty) to the
+    partition's counts, ``out``, and (``build_index``) its index. ``index_only`` reads every
+    record to build the index of a partition that becomes due, changing no count;
+    ``readonly`` (the inspection tools) reports a torn tail instead of cutting it."""
+    known = [] if index_only else list(partition.sizes)
+    if known and _unchanged(partition, known):
+        return  # the snapshot covers every byte: not even a directory listing
+    try:
+        entries = sorted(
+            (e for e in os.scandir(partition.dir) if e.name.startswith("seg-")),
+            key=lambda e: e.name,
+        )
+    except FileNotFoundError:
+        entries = []
+    files = [Path(e.path) for e in entries]
+    sizes: list[int] = []
+    new_due: list[int] = []
+    new_pos: list[int] = []
+    gone: list[int] = []
+    for segment, path in enumerate(files):
+        start = known[segment] if segment < len(known) else 0
+        if not index_only and entries[segment].stat().st_size == start:
+            sizes.append(start)  # nothing past what the snapshot covers: no read at all
+            continue
+        with open(path, "rb") as handle:
+            handle.seek(start)
+            if index_only:
+                # Only what the writer has finished: later appends join the index themselves.
+                done = partition.written[segment] if segment < len(partition.written) else 0
+                data = handle.read(max(0, done - start))
+            else:
+                data = handle.read()
+        size = start + len(data)
+        last = segment == len(files) - 1
+        for item in scan(data):
+            if isinstance(item, Damage):
+                where = f"{path} at byte {start + item.offset}"
+                if index_only and item.torn:
+                    continue
+                if item.torn and last and readonly:
+                    out.damaged.append(f"{where}: torn tail ({item.reason}), cut on next start")
+                    size = start + item.offset
+                elif item.torn and last:
+                    log.warning("cutting a torn tail off %s (%s)", where, item.reason)
+                    os.truncate(path, start + item.offset)
+                    size = start + item.offset
+                else:
+                    log.error("damaged record in %s (%s); skipped", where, item.reason)
+                    out.damaged.append(f"{where}: {item.reason}")
+                continue
+            out.replayed_records += 1
+            pos = position(segment, start + item.offset)
+            kind = item.kind
+            if index_only:
+                if kind == MESSAGE:
+                    new_due.append(item.due_ms())
+                    new_pos.append(pos)
+                elif kind in (RELEASED, CANCELLED, MOVED):
+                    gone.append(item.marker()[0])
+                continue
+            if kind == MESSAGE:
+                due, destination, dedupe_hash = item.meta()
+                partition.total += 1
+                out.scheduled[destination] += 1
+                if dedupe_hash:
+                    out.dedupe[dedupe_hash] = item.id
+                if build_index:
+                    new_due.append(due)
+                    new_pos.append(pos)
+            elif kind in (RELEASED, CANCELLED, MOVED):
+                target, value = item.marker()
+                partition.finished += 1
+                out.scheduled[item.destination()] -= 1
+                out.failures.pop(item.id, None)
+                gone.append(target)
+                if kind == MOVED:
+                    out.forwards[item.id] = value
+            elif kind == FAILED:
+                out.failures[item.id] = item.failure()
+        sizes.append(size)
+    if not index_only:
+        partition.sizes = sizes
+        partition.written = list(sizes)
+    if not build_index:
+        return
+    if partition.index is None:
+        partition.index = DueIndex()
+    if new_due:
+        dues = np.array(new_due, dtype=np.int64)
+        poss = np.array(new_pos, dtype=np.int64)
+        if gone:
+            keep = ~np.isin(poss, np.array(gone, dtype=np.int64))
+            dues, poss = dues[keep], poss[keep]
+        partition.index.add(dues.tolist(), poss.tolist())
+    if gone:
+        partition.index.drop_positions(np.array(gone, dtype=np.int64))

@@ -1,0 +1,164 @@
+"""Segment files: appends from one writer thread (whole groups per write, then fsync as the
+durability policy says) and positional reads.
+
+Durability policies (``[store] fsync``):
+
+- ``batch`` (default): writes arriving within ``commit_interval_ms`` share one write and one
+  fsync per touched segment; a producer's 201 waits for that fsync.
+- ``always``: every group is fsynced at once, without waiting to gather more.
+- ``never``: written to the operating system before the 201, never fsynced by the write path
+  (a process crash loses nothing; a power loss may lose the last seconds).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from tarry.store.log.partition import Partition, split
+from tarry.store.log.record import HEADER, MAX_RECORD, Record, parse_record
+
+__all__ = ["SegmentFiles", "fsync_dir"]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _load_syncfs() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        function = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+_syncfs = _load_syncfs()
+#: More touched files than this in one group: one ``syncfs`` beats one ``fsync`` per file
+#: (messages spread over many future partitions).
+SYNCFS_ABOVE = 8
+#: Most descriptors kept open per kind (write / read); the least recently used are closed.
+MAX_OPEN = 256
+
+
+class SegmentFiles:
+    """Descriptors of segment files, bounded (``MAX_OPEN`` per kind, least recently used closed
+    first): writes happen on the writer thread, reads with ``os.pread`` from any thread. New
+    files and directories are made durable with the group that created them (``sync``)."""
+
+    def __init__(self) -> None:
+        self._write: OrderedDict[Path, int] = OrderedDict()
+        self._read: OrderedDict[Path, mmap.mmap] = OrderedDict()
+        self._new_dirs: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def write(self, partition: Partition, segment: int, data: bytes) -> int:
+        path = partition.segment_path(segment)
+        fd = self._write.get(path)
+        if fd is None:
+            if not partition.dir.exists():
+                partition.dir.mkdir(parents=True, exist_ok=True)
+                self._new_dirs.add(partition.dir.parent)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._new_dirs.add(partition.dir)
+            self._write[path] = fd
+        self._write.move_to_end(path)
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        return fd
+
+    def sync(self, fds: set[int]) -> None:
+        """Make the given files, and the directories that gained entries, durable."""
+        if len(fds) + len(self._new_dirs) > SYNCFS_ABOVE and _syncfs is not None and fds:
+            if _syncfs(next(iter(fds))) == 0:
+                self._new_dirs.clear()
+                return
+        for fd in fds:
+            os.fsync(fd)
+        for directory in sorted(self._new_dirs, key=lambda d: len(d.parts)):
+            fsync_dir(directory)
+        self._new_dirs.clear()
+
+    def trim(self) -> None:
+        """Close the least recently used write descriptors past ``MAX_OPEN`` (between groups:
+        everything written through them has had its group's fsync)."""
+        while len(self._write) > MAX_OPEN:
+            _, fd = self._write.popitem(last=False)
+            os.close(fd)
+
+    def sync_all(self) -> None:
+        for fd in list(self._write.values()):
+            os.fsync(fd)
+        for directory in self._new_dirs:
+            fsync_dir(directory)
+        self._new_dirs.clear()
+
+    def close_partition(self, partition: Partition) -> None:
+        with self._lock:
+            for path in [p for p in self._write if p.parent == partition.dir]:
+                os.close(self._write.pop(path))
+            for path in [p for p in self._read if p.parent == partition.dir]:
+                self._read.pop(path).close()
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._write.values():
+                os.close(fd)
+            for view in self._read.values():
+                view.close()
+            self._write.clear()
+            self._read.clear()
+
+    def read(self, partition: Partition, pos: int) -> Record | str:
+        """The record at ``pos`` (checked), or why it cannot be read. Segments are read through
+        read-only memory maps (no system call per record), remapped when they have grown."""
+        segment, offset = split(pos)
+        path = partition.segment_path(segment)
+        with self._lock:
+            view = self._map(path, offset + HEADER)
+            if view is None:
+                return "missing segment"
+            if len(view) >= offset + HEADER:
+                end = offset + HEADER + int.from_bytes(view[offset + 4 : offset + 8], "little")
+                if end <= offset + HEADER + MAX_RECORD and end > len(view):
+                    view = self._map(path, end) or view
+            return parse_record(view, offset)
+
+    def _map(self, path: Path, need: int) -> mmap.mmap | None:
+        view = self._read.get(path)
+        if view is not None and len(view) >= need:
+            self._read.move_to_end(path)
+            return view
+        if view is not None:
+            view.close()
+            del self._read[path]
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return None
+            view = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self._read[path] = view
+        while len(self._read) > MAX_OPEN:
+            self._read.popitem(last=False)[1].close()
+        return view

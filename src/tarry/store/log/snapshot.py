@@ -1,0 +1,129 @@
+"""Index snapshots, written in parts of at most ``PART_BYTES`` (5 MB) under
+``<root>/snapshots/snap-<seq>/part-<n>``; each part is fsynced, then the directory, and only
+then the manifest (``manifest.py``) that names them with their CRC32C. A snapshot without a
+manifest is incomplete: recovery ignores it and the orphan sweep deletes it.
+
+What is stored: for every indexed partition its (due, position) arrays; the de-duplication
+keys (hash, id) of pending messages. Everything else (counts, failures) is in the manifest.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import google_crc32c
+import numpy as np
+
+from tarry.store.log.index import I64
+from tarry.store.log.manifest import Manifest
+from tarry.store.log.segment import fsync_dir
+
+if TYPE_CHECKING:
+    from tarry.store.log.engine import LogStore
+
+__all__ = ["PART_BYTES", "SnapshotError", "capture", "read_blob", "write_snapshot"]
+
+PART_BYTES = 5 * 1024 * 1024
+
+
+class SnapshotError(Exception):
+    """Raised when a part named by a manifest is missing or damaged."""
+
+
+def _write_blob(directory: Path, manifest: Manifest, blob: bytes) -> list[int]:
+    first = len(manifest.parts)
+    for start in range(0, max(len(blob), 1), PART_BYTES):
+        chunk = blob[start : start + PART_BYTES]
+        name = f"part-{len(manifest.parts):06d}"
+        with open(directory / name, "wb") as handle:
+            handle.write(chunk)
+            handle.flush()
+            os.fsync(handle.fileno())
+        manifest.parts.append(
+            {"name": name, "bytes": len(chunk), "crc": google_crc32c.value(chunk)}
+        )
+    return [first, len(manifest.parts) - first]
+
+
+def write_snapshot(
+    root: Path,
+    manifest: Manifest,
+    indexes: dict[int, tuple[I64, I64]],
+    dedupe: tuple[I64, np.ndarray[Any, Any]],
+) -> Path:
+    """Parts first, the manifest last; returns the manifest's path."""
+    directory = root / f"snap-{manifest.seq:012d}"
+    directory.mkdir(parents=True, exist_ok=True)
+    for number, (due, pos) in indexes.items():
+        blob = np.stack((due, pos)).tobytes()
+        manifest.indexed[str(number)] = [*_write_blob(directory, manifest, blob), len(due)]
+    hashes, ids = dedupe
+    blob = hashes.tobytes() + ids.tobytes()
+    manifest.dedupe = [*_write_blob(directory, manifest, blob), len(hashes)]
+    fsync_dir(directory)
+    return manifest.write(root)
+
+
+def read_blob(root: Path, manifest: Manifest, first: int, count: int) -> bytes:
+    """The bytes of parts ``first .. first+count``, each checked against its CRC."""
+    directory = root / f"snap-{manifest.seq:012d}"
+    chunks = []
+    for part in manifest.parts[first : first + count]:
+        path = directory / part["name"]
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise SnapshotError(f"snapshot part {path} is missing") from None
+        if len(data) != part["bytes"] or google_crc32c.value(data) != part["crc"]:
+            raise SnapshotError(f"snapshot part {path} is damaged (checksum mismatch)")
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def index_arrays(blob: bytes, entries: int) -> tuple[I64, I64]:
+    both = np.frombuffer(blob, dtype=np.int64).reshape(2, entries)
+    return both[0].copy(), both[1].copy()
+
+
+def dedupe_arrays(blob: bytes, entries: int) -> tuple[I64, np.ndarray[Any, Any]]:
+    hashes = np.frombuffer(blob[: 8 * entries], dtype=np.int64)
+    ids = np.frombuffer(blob[8 * entries :], dtype="S26")
+    return hashes, ids
+
+
+def capture(
+    store: LogStore, seq: int
+) -> tuple[Manifest, dict[int, tuple[I64, I64]], tuple[I64, np.ndarray[Any, Any]]]:
+    """What snapshot ``seq`` of ``store`` holds, taken in one event-loop step (no await), so
+    the sizes it records agree with the in-memory state (``writer.py``): every partition's
+    header, and for indexed ones the index plus the messages held outside it (claimed, waiting
+    to retry, or leaving until their marker is written)."""
+    manifest = Manifest(seq=seq, created_ms=store._now_ms)
+    held_by: dict[int, list[Any]] = {}
+    for held in store._held():
+        held_by.setdefault(held.number, []).append(held)
+    indexes = {}
+    for number, partition in store.partitions.items():
+        manifest.partitions[str(number)] = {
+            "sizes": list(partition.written),
+            "total": partition.total,
+            "finished": partition.finished,
+        }
+        if partition.index is not None:
+            due, pos = partition.index.arrays()
+            extra = held_by.get(number, [])
+            if extra:
+                due = np.concatenate((due, np.array([h.due for h in extra], np.int64)))
+                pos = np.concatenate((pos, np.array([h.pos for h in extra], np.int64)))
+                order = np.argsort(due, kind="stable")
+                due, pos = due[order], pos[order]
+            indexes[number] = (due, pos)
+    state = store.state
+    manifest.scheduled = {k: v for k, v in state.scheduled.items() if v > 0}
+    manifest.failures = {k: list(v) for k, v in state.failures.items()}
+    manifest.forwards = dict(state.forwards)
+    hashes = np.fromiter(state.dedupe.keys(), np.int64, len(state.dedupe))
+    ids = np.array([i.encode() for i in state.dedupe.values()], dtype="S26")
+    return manifest, indexes, (hashes, ids)

@@ -1,0 +1,36 @@
+"""The connection face shared SQL runs against (``sqlite3.Connection``, or PostgreSQL through
+``store/postgres/dialect.py``), and the one dialect difference that SQL must state itself:
+locking the rows a SELECT returns against other nodes' transactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+__all__ = ["SqlConnection", "SqlCursor", "row_lock"]
+
+
+class SqlCursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> Any: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class SqlConnection(Protocol):
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Any: ...
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> Any: ...
+
+
+def row_lock(conn: object, *, skip_locked: bool = False) -> str:
+    """The clause that makes a SELECT lock its rows until the transaction ends (with
+    ``skip_locked``, rows another transaction holds are left out). Empty for SQLite, where one
+    process owns the database and every write transaction is exclusive."""
+    dialect = getattr(conn, "dialect", None)
+    return "" if dialect is None else str(dialect.row_lock(skip_locked=skip_locked))

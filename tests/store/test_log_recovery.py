@@ -1,0 +1,248 @@
+"""The log store's crash, corruption and lifecycle cases, one test each, on real files. Every
+test ends with an integrity check (``check()``) or states which damage it expects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tarry.model.ids import IdGenerator
+from tarry.model.message import Message
+from tarry.model.state import MessageState
+from tarry.store.log import LogStore
+
+NOW = 1_700_000_000_000
+G = 60_000
+ids = IdGenerator()
+
+
+def message(due_ms: int, body: bytes = b"hello", destination: str = "q") -> Message:
+    return Message(
+        id=ids.new_due(NOW, due_ms),
+        destination=destination,
+        body=body,
+        headers={},
+        sent_at_ms=NOW,
+        deliver_at_ms=due_ms,
+        expires_at_ms=None,
+        updated_at_ms=NOW,
+    )
+
+
+async def opened(root: Path, **kwargs: object) -> LogStore:
+    store = LogStore(root, granularity_ms=G, **kwargs)  # type: ignore[arg-type]
+    await store.open()
+    return store
+
+
+async def crash(store: LogStore) -> None:
+    """Stop without the closing snapshot: what kill -9 leaves (the files as written)."""
+    store._opened = False
+    store.files.close()
+    store._executor.shutdown(wait=True)
+
+
+def segments(root: Path) -> list[Path]:
+    return sorted(root.glob("p-*/seg-*.log"))
+
+
+async def test_a_torn_tail_is_cut_and_never_served(tmp_path: Path) -> None:
+    # Given two messages written and the last one half-written by a crash
+    store = await opened(tmp_path)
+    kept, torn = message(NOW + 10), message(NOW + 20)
+    await store.store([kept, torn])
+    await crash(store)
+    [segment] = segments(tmp_path)
+    segment.write_bytes(segment.read_bytes()[:-7])
+    # When the store recovers
+    store = await opened(tmp_path)
+    # Then the torn record is gone and the whole one is due
+    due = await store.fetch_due(NOW + 100, limit=10, lease_ms=1000)
+    assert [m.id for m in due] == [kept.id]
+    assert await store.check() == []  # a torn tail is not damage
+    await store.close()
+
+
+async def test_a_flipped_byte_in_a_closed_segment_is_reported_and_the_rest_served(
+    tmp_path: Path,
+) -> None:
+    # Given a partition with two segments (tiny segment size) and a byte flipped in the first
+    store = await opened(tmp_path, segment_bytes=4096)
+    batch = [message(NOW + i, body=b"x" * 600) for i in range(12)]
+    await store.store(batch)
+    await crash(store)
+    first = segments(tmp_path)[0]
+    assert len(segments(tmp_path)) > 1
+    data = bytearray(first.read_bytes())
+    data[700] ^= 0xFF
+    first.write_bytes(bytes(data))
+    # When the store recovers and releases everything due
+    store = await opened(tmp_path, segment_bytes=4096)
+    due = await store.fetch_due(NOW + 100, limit=100, lease_ms=1000)
+    # Then the damaged file is named, the damaged message is not delivered, the rest is
+    problems = await store.check()
+    assert problems and str(first) in problems[0]
+    assert all(m.body == b"x" * 600 for m in due)
+    assert len(due) == len(batch) - 1
+    await store.close()
+
+
+async def test_messages_fall_into_time_partitions_and_roll_over(tmp_path: Path) -> None:
+    # Given messages due in three consecutive partitions
+    store = await opened(tmp_path)
+    batch = [message(NOW + offset) for offset in (5, G + 5, 2 * G + 5)]
+    await store.store(batch)
+    assert len(list(tmp_path.glob("p-*"))) == 3
+    # When time passes the first partition's end
+    first = await store.fetch_due(NOW + G, limit=10, lease_ms=10 * G)
+    later = await store.fetch_due(NOW + 3 * G, limit=10, lease_ms=10 * G)
+    # Then each message comes in its own time, in due order
+    assert [m.id for m in first] == [batch[0].id]
+    assert [m.id for m in later] == [batch[1].id, batch[2].id]
+    assert await store.check() == []
+    await store.close()
+
+
+async def test_overdue_partitions_after_downtime_are_released_in_due_order(tmp_path: Path) -> None:
+    # Given messages over ten partitions and a store that was down for all of them
+    store = await opened(tmp_path)
+    batch = [message(NOW + k * G + 7) for k in range(10)]
+    await store.store(list(reversed(batch)))
+    await crash(store)
+    store = await opened(tmp_path)
+    # When it comes back long after
+    got: list[Message] = []
+    while True:
+        due = await store.fetch_due(NOW + 100 * G, limit=3, lease_ms=60_000)
+        if not due:
+            break
+        got += due
+    # Then all are released, in due order
+    assert [m.id for m in got] == [m.id for m in batch]
+    await store.close()
+
+
+async def test_released_partitions_are_deleted_with_their_files(tmp_path: Path) -> None:
+    store = await opened(tmp_path)
+    batch = [message(NOW + 5), message(NOW + G + 5)]
+    await store.store(batch)
+    due = await store.fetch_due(NOW + 10, limit=10, lease_ms=1000)
+    await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 10)
+    from tarry.store.log.cleanup import delete_released
+
+    # The first partition is drained and its window over; the second still holds a message
+    assert await delete_released(store, NOW + G + 1) == 1
+    assert len(list(tmp_path.glob("p-*"))) == 1
+    assert await store.get(batch[1].id) is not None
+    await store.close()
+
+
+async def test_recovery_uses_the_snapshot_and_replays_only_the_tail(tmp_path: Path) -> None:
+    # Given an indexed partition snapshotted, then more appends and a release after it
+    store = await opened(tmp_path)
+    before = [message(NOW + 10 + i) for i in range(50)]
+    await store.store(before)
+    await store.fetch_due(NOW, limit=1, lease_ms=1)  # indexes the partition
+    await store.snapshot()
+    after = [message(NOW + 100 + i) for i in range(5)]
+    await store.store(after)
+    [first] = await store.fetch_due(NOW + 10, limit=1, lease_ms=1000)
+    await store.remove([first.id], state=MessageState.READY, now_ms=NOW + 10)
+    await crash(store)
+    # When it recovers
+    store = await opened(tmp_path)
+    # Then only the tail was replayed, and the index is exact
+    assert store.state.manifest is not None
+    assert store.state.replayed_records == len(after) + 1
+    due = await store.fetch_due(NOW + 1000, limit=100, lease_ms=1000)
+    assert [m.id for m in due] == [m.id for m in before[1:] + after]
+    await store.close()
+
+
+async def test_an_incomplete_or_damaged_snapshot_is_ignored(tmp_path: Path) -> None:
+    store = await opened(tmp_path)
+    batch = [message(NOW + 10 + i) for i in range(20)]
+    await store.store(batch)
+    await store.fetch_due(NOW, limit=1, lease_ms=1)
+    await store.snapshot()
+    await crash(store)
+    snapshots = tmp_path / "snapshots"
+    [part] = sorted(snapshots.glob("snap-*/part-*"))[:1]
+    data = bytearray(part.read_bytes())
+    data[3] ^= 0x01
+    part.write_bytes(bytes(data))
+    (snapshots / "snap-000000000099").mkdir()  # an orphan: parts without a manifest
+    # When it recovers
+    store = await opened(tmp_path)
+    # Then the damaged part is reported, everything is rebuilt from the log, orphans are gone
+    assert any(str(part) in p for p in await store.check())
+    assert not (snapshots / "snap-000000000099").exists()
+    due = await store.fetch_due(NOW + 1000, limit=100, lease_ms=1000)
+    assert [m.id for m in due] == [m.id for m in batch]
+    await store.close()
+
+
+async def test_cancel_and_reschedule_survive_a_restart(tmp_path: Path) -> None:
+    store = await opened(tmp_path)
+    cancelled, moved = message(NOW + 10), message(NOW + 20)
+    await store.store([cancelled, moved])
+    await store.cancel(cancelled.id, now_ms=NOW)
+    await store.reschedule(moved.id, deliver_at_ms=NOW + 3 * G, now_ms=NOW)
+    await crash(store)
+    store = await opened(tmp_path)
+    assert (await store.get(cancelled.id)).state is MessageState.CANCELLED
+    got = await store.get(moved.id)
+    assert got is not None and got.deliver_at_ms == NOW + 3 * G
+    assert await store.fetch_due(NOW + G, limit=10, lease_ms=10) == []
+    [due] = await store.fetch_due(NOW + 3 * G, limit=10, lease_ms=10)
+    assert due.id == moved.id
+    assert await store.check() == []
+    await store.close()
+
+
+async def test_a_message_arriving_for_a_released_partition_keeps_it_from_deletion(
+    tmp_path: Path,
+) -> None:
+    from tarry.store.log.cleanup import delete_released
+    from tarry.store.log.partition import PartitionState
+
+    # Given a partition whose window is over and whose messages are all released
+    store = await opened(tmp_path)
+    first = message(NOW + 5)
+    await store.store([first])
+    [due] = await store.fetch_due(NOW + 10, limit=1, lease_ms=1000)
+    await store.remove([due.id], state=MessageState.READY, now_ms=NOW + 10)
+    partition = store.partitions[(NOW + 5) // G]
+    end = partition.end_ms
+    partition.settle(end)
+    assert partition.state is PartitionState.RELEASED
+    # When a message accepted just before the window ended arrives after it
+    late = message(end - 1)
+    await store.store([late])
+    # Then the partition is sealed again, not deleted, and the message is released
+    assert await delete_released(store, end + 1) == 0
+    assert partition.state is PartitionState.SEALED
+    [got] = await store.fetch_due(end + 1, limit=10, lease_ms=1000)
+    assert got.id == late.id
+    await store.close()
+
+
+async def test_a_manifest_naming_a_missing_part_is_ignored_and_the_log_replayed(
+    tmp_path: Path,
+) -> None:
+    # Given a snapshot whose manifest names a part that is gone
+    store = await opened(tmp_path)
+    batch = [message(NOW + 10 + i) for i in range(8)]
+    await store.store(batch)
+    await store.fetch_due(NOW, limit=1, lease_ms=1)
+    await store.snapshot()
+    await crash(store)
+    [part] = sorted((tmp_path / "snapshots").glob("snap-*/part-*"))[:1]
+    part.unlink()
+    # When the store recovers
+    store = await opened(tmp_path)
+    # Then the missing part is reported, no snapshot is used, and every message is there
+    assert any("missing" in p and str(part) in p for p in await store.check())
+    assert store.state.manifest is None
+    due = await store.fetch_due(NOW + 1000, limit=100, lease_ms=1000)
+    assert [m.id for m in due] == [m.id for m in batch]
+    await store.close()
