@@ -1,0 +1,182 @@
+"""What a node must hear from, and guard against, the other nodes sharing its store.
+
+With the embedded store one process owns everything, so none of this applies (every function
+here is a no-op for a store without these capabilities). With a shared PostgreSQL store:
+
+- wake-ups: another node stored a message due earlier than this dispatcher planned to look
+  (``tarry_due``); a queue received messages, so consumers waiting here look now
+  (``tarry_filled``);
+- the catalog (queues, topics, subscriptions, policies) is reloaded whenever any node changes
+  it (``tarry_catalog``, and after every reconnection, since changes may have been missed);
+- arrival order in a queue is the arrival time (``ClockSequencer``), not a per-node count;
+- the dispatcher fetches due messages and releases the local ones in one transaction
+  (``_release_due``); where a claim must outlive a transaction (transports, or the two-step
+  path), a release re-locks the claims this node still holds (``still_held``) so that a message
+  whose lease lapsed while this node stalled is not released by two nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from tarry.dispatch.dispatcher import DueRelease
+from tarry.engine.waiters import Waiters
+from tarry.errors import DeliveryFailed, TarryError
+from tarry.model.message import Message
+from tarry.queues.catalog import Catalog
+from tarry.queues.txn import ClockSequencer, QueueTxn
+
+if TYPE_CHECKING:
+    from tarry.engine.core import Engine
+
+__all__ = ["announce_due", "attach", "still_held"]
+
+log = logging.getLogger(__name__)
+
+
+def attach(engine: Engine) -> None:
+    """Wire ``engine`` to the other nodes when its store is shared (PostgreSQL)."""
+    store: Any = engine.store
+    if not hasattr(store, "on_due"):
+        return
+    store.on_due(engine.dispatcher.notify_due)
+    if not engine.shared:
+        return  # at_least_once: each node's queues are its own
+    engine._seq = ClockSequencer(engine.clock)
+    engine.dispatcher.release_due = partial(_release_due, engine)
+    waiters = _ClusterWaiters(store)
+    engine.waiters = waiters
+    store.on_filled(lambda queue: waiters.wake_here({queue}))
+    reloader = _CatalogReloader(engine)
+    store.on_catalog_change(reloader.request)
+
+
+def announce_due(engine: Engine, deliver_at_ms: int, now_ms: int) -> None:
+    """After a send committed: wake the other nodes for a message due at ``deliver_at_ms``
+    (in the background: the producer does not wait for it)."""
+    announce = getattr(engine.store, "announce_due", None)
+    if announce is not None and engine.shared:  # else ``store.store`` announces by itself
+        announce(deliver_at_ms, now_ms=now_ms)
+
+
+async def _release_due(engine: Engine, now_ms: int, limit: int, lease_ms: int) -> DueRelease:
+    """Fetch, enqueue and remove in ONE transaction (exactly_once): the due rows are locked
+    (``SKIP LOCKED``: other nodes take the next ones), each local message goes through its
+    queue's rules, and only what must outlive the transaction (refused messages, messages for
+    transports) is claimed with a lease. A node killed inside it leaves nothing behind: its
+    transaction rolls back and the messages are due again at once for every node."""
+    store: Any = engine.store
+
+    def work(conn: Any) -> tuple[QueueTxn, DueRelease]:
+        due = store.claim_due(conn, now_ms=now_ms, limit=limit)
+        txn = engine._txn(conn, now_ms)
+        refused: list[tuple[Message, DeliveryFailed]] = []
+        external: list[Message] = []
+        for message in due:
+            if message.destination in engine.transports:
+                external.append(message)
+                continue
+            try:
+                txn.enqueue(message, message.destination)
+            except DeliveryFailed as exc:
+                refused.append((message, exc))
+        held = [m.id for m in external] + [m.id for m, _ in refused]
+        store.claim(conn, held, until_ms=now_ms + lease_ms)
+        return txn, DueRelease(len(due) - len(held), refused, external)
+
+    txn, outcome = await engine.qdb.write(work)
+    engine._after(txn)
+    return outcome
+
+
+def still_held(engine: Engine, conn: Any, batch: Sequence[Message]) -> Sequence[Message]:
+    """Inside the release transaction: the messages of ``batch`` this node still holds, their
+    rows locked until commit (all of them for a store that only one process uses)."""
+    lock = getattr(engine.store, "release_claimed", None)
+    if lock is None:
+        return batch
+    held = lock(conn, [m.id for m in batch])
+    return [m for m in batch if m.id in held]
+
+
+class _ClusterWaiters(Waiters):
+    """Waking the consumers of a queue wakes those waiting on the other nodes too: one NOTIFY
+    per queue and flush, sent after the commit that filled it (coalesced while one is sent)."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__()
+        self._store = store
+        self._pending: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def wake(self, queues: set[str]) -> None:
+        super().wake(queues)
+        if queues:
+            self._pending |= queues
+            if self._task is None or self._task.done():
+                self._task = asyncio.get_running_loop().create_task(self._flush())
+
+    def wake_here(self, queues: set[str]) -> None:
+        super().wake(queues)
+
+    async def _flush(self) -> None:
+        while self._pending:
+            queues, self._pending = sorted(self._pending), set()
+            try:
+                await self._store.announce_filled(queues)
+            except TarryError as exc:  # consumers elsewhere look again within a second anyway
+                log.warning("could not wake consumers on the other nodes: %s", exc)
+                return
+
+
+class _CatalogReloader:
+    """Reload the catalog from the database, one reload at a time, coalescing requests."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def request(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self._again = False
+            try:
+                await self._reload()
+            except TarryError as exc:
+                log.warning("catalog reload failed (retrying on the next change): %s", exc)
+            if not self._again:
+                return
+
+    async def _reload(self) -> None:
+        engine = self._engine
+        while True:
+            fresh = Catalog()
+            now = engine.clock.now_ms()
+            before = _fingerprint(engine.catalog)
+            await engine.qdb.read(partial(fresh.load, now_ms=now))
+            if _fingerprint(engine.catalog) == before:
+                break
+            # This node changed its catalog while we read: what we read may predate it.
+        for name, entry in fresh.queues.items():
+            known = engine.catalog.queues.get(name)
+            if known is not None:  # last use is kept per node, in memory
+                entry.last_used_ms = known.last_used_ms
+        engine.catalog = fresh
+
+
+def _fingerprint(catalog: Catalog) -> tuple[object, ...]:
+    return (
+        sorted((n, repr(e.args)) for n, e in catalog.queues.items()),
+        sorted((t, sorted(q)) for t, q in catalog.topics.items()),
+        sorted((n, repr(p)) for n, p in catalog.policies.items()),
+    )

@@ -1,0 +1,63 @@
+"""The shared SQL runs on both databases: placeholders, row locks, configuration, migrations."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tarry.config import load_config
+from tarry.errors import InvalidArgument
+from tarry.store.postgres.database import redact_dsn
+from tarry.store.postgres.dialect import PgConnection, translate
+from tarry.store.sql import row_lock
+from tarry.store.sqlite.schema import SCHEMA_VERSION, migrate
+
+
+def test_question_marks_become_psycopg_placeholders_and_percent_signs_are_escaped() -> None:
+    assert translate("a = ? AND b LIKE '5%' AND c = ?") == (
+        "a = %s AND b LIKE '5%%' AND c = %s",
+        None,
+    )
+
+
+def test_numbered_placeholders_reorder_and_repeat_the_parameters() -> None:
+    assert translate("x = ?2 OR y = ?1 OR z = ?2") == ("x = %s OR y = %s OR z = %s", (1, 0, 1))
+
+
+def test_a_query_without_parameters_is_left_as_it_is() -> None:
+    assert translate("SELECT '100%'") == ("SELECT '100%'", None)
+
+
+def test_row_locks_exist_only_where_several_nodes_share_the_database() -> None:
+    assert row_lock(sqlite3.connect(":memory:")) == ""
+    assert row_lock(PgConnection.__new__(PgConnection)) == " FOR UPDATE"
+    assert row_lock(PgConnection.__new__(PgConnection), skip_locked=True) == (
+        " FOR UPDATE SKIP LOCKED"
+    )
+
+
+def test_the_postgres_engine_without_a_dsn_is_refused_with_what_to_set() -> None:
+    with pytest.raises(InvalidArgument, match="needs store.dsn"):
+        load_config(None, {"store": {"engine": "postgres"}})
+
+
+def test_the_dsn_password_never_reaches_the_logs() -> None:
+    config = load_config(
+        None, {"store": {"engine": "postgres", "dsn": "postgresql://tarry:s3cret@db:5432/t"}}
+    )
+    assert "s3cret" not in str(config.redacted())
+    assert "s3cret" not in redact_dsn("postgresql://tarry:s3cret@db:5432/t")
+    assert config.store.consistency == "exactly_once"
+
+
+def test_the_sqlite_migration_rewrites_old_dedupe_keys(tmp_path: Path) -> None:
+    # Given a version-1 database holding a key joined with NUL (before PostgreSQL shared the codec)
+    conn = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
+    conn.executescript("CREATE TABLE messages (dedupe_key TEXT); PRAGMA user_version = 1;")
+    conn.execute("INSERT INTO messages VALUES (?)", ("\x00q\x00m-1",))
+    # When this tarry opens it, the key is rewritten with the unit separator
+    migrate(conn)
+    assert conn.execute("SELECT dedupe_key FROM messages").fetchone() == ("\x1fq\x1fm-1",)
+    assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
