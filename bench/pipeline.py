@@ -1,0 +1,405 @@
+"""Pipeline benchmark (issue 6); prints JSON.
+
+    .venv/bin/python bench/pipeline.py --rows 1000000            # while others work
+    .venv/bin/python bench/pipeline.py --rows 10000000           # the full run
+
+Input: ``--rows`` generated rows (Parquet; about 3 % invalid, 1 % duplicates, 20 queues and a
+topic with 2 subscriptions, deliver_at or delay_ms, some ttl_ms), a real ``tarry serve`` for the
+catalog. Measured, each Spark run in a fresh process (the JVM's start-up is reported apart):
+
+1. import, offline sink (validate → dedupe → fan out → partition → sort → segment files in the
+   log store's format, adopted at the next start) on local[1] and local[2]; target local[2]
+   >= 150,000 rows/s and >= 1.7 x local[1]; then the server's restart that adopts them;
+2. the same work single-process with pyarrow (the same rules from tarry.model; Parquet out) as
+   the baseline;
+3. import, online sink on local[2]: ``--online-rows`` rows into the real server over HTTP;
+4. ``tarry pipeline report`` over ``--events`` journal events on local[2] (target <= 60 s at 10M).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+QUEUES = [f"bench.q{i:02d}" for i in range(20)]
+TOPIC, SUBS = "bench.topic", ["bench.s1", "bench.s2"]
+#: The import's now (whole minute); the online sink's server checks against its own clock.
+NOW_MS = int(time.time()) // 60 * 60_000
+CHUNK = 1_000_000
+HERE = Path(__file__).resolve().parent
+
+
+# --- data -----------------------------------------------------------------------------------------
+def generate_input(path: Path, rows: int, seed: int = 7) -> None:
+    rng = np.random.default_rng(seed)
+    schema = pa.schema(
+        [
+            ("message_id", pa.string()),
+            ("destination", pa.string()),
+            ("body", pa.string()),
+            ("deliver_at", pa.timestamp("ms", tz="UTC")),
+            ("delay_ms", pa.int64()),
+            ("ttl_ms", pa.int64()),
+        ]
+    )
+    names = np.array(QUEUES + [TOPIC, "bench.missing", "bad name!"], dtype=object)
+    with pq.ParquetWriter(path, schema) as writer:
+        for start in range(0, rows, CHUNK):
+            n = min(CHUNK, rows - start)
+            index = np.arange(start, start + n)
+            ids = np.char.add("m", index.astype(str)).astype(object)
+            dup = rng.random(n) < 0.01  # repeat an earlier id of the same chunk
+            ids[dup] = ids[np.maximum(0, np.arange(n)[dup] - rng.integers(1, 1000, dup.sum()))]
+            dest_index = rng.integers(0, 21, n)
+            bad = rng.random(n)
+            dest_index[bad < 0.005] = 21  # unknown destination
+            dest_index[(bad >= 0.005) & (bad < 0.01)] = 22  # invalid name
+            dest = names[dest_index]
+            dest[dup] = names[np.where(np.isin(names[dest_index], names[:21]), dest_index, 0)][dup]
+            at = rng.random(n) < 0.5
+            spread = rng.integers(0, 48 * 3_600_000, n)
+            deliver_at = np.where(at, NOW_MS + spread, 0)
+            delay = np.where(at, 0, spread)
+            both = (bad >= 0.01) & (bad < 0.02)  # deliver_at and delay_ms: invalid_argument
+            ttl = np.where(rng.random(n) < 0.3, spread + 60_000, -1)
+            short_ttl = (bad >= 0.02) & (bad < 0.03)  # expiry_error
+            ttl[short_ttl] = 1
+            delay[short_ttl] = np.maximum(delay[short_ttl], 10_000)
+            deliver_at[short_ttl] = 0
+            body = np.char.add("reminder body with some words in it, number ", index.astype(str))
+            table = pa.table(
+                {
+                    "message_id": pa.array(ids, pa.string()),
+                    "destination": pa.array(dest, pa.string()),
+                    "body": pa.array(body.astype(object), pa.string()),
+                    "deliver_at": pa.array(
+                        np.where((deliver_at > 0) | both, np.maximum(deliver_at, NOW_MS), 0),
+                        pa.timestamp("ms", tz="UTC"),
+                        mask=~((deliver_at > 0) | both),
+                    ),
+                    "delay_ms": pa.array(delay, pa.int64(), mask=(deliver_at > 0) & ~both),
+                    "ttl_ms": pa.array(ttl, pa.int64(), mask=ttl < 0),
+                },
+                schema=schema,
+            )
+            writer.write_table(table)
+
+
+def generate_journal(directory: Path, events: int, seed: int = 11) -> None:
+    """About 2.2 events per message: scheduled, then released (+ received/acked), expired,
+    cancelled or still pending, over 48 h before and 30 days after NOW_MS."""
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    per_file = 2_000_000
+    written = 0
+    part = 0
+    while written < events:
+        n_msgs = max(1, min(per_file, events - written) // 2)
+        sent = NOW_MS - rng.integers(0, 48 * 3_600_000, n_msgs)
+        due = sent + rng.integers(0, 50 * 3_600_000, n_msgs)
+        late = rng.gamma(2.0, 8.0, n_msgs).astype(np.int64)
+        dest = rng.integers(0, len(QUEUES), n_msgs)
+        fate = rng.random(n_msgs)
+        lines: list[bytes] = []
+        for i in range(n_msgs):
+            base = {
+                "node": f"n{part % 2}",
+                "id": f"j{part}-{i}",
+                "destination": QUEUES[dest[i]],
+                "topic": None,
+                "queue": QUEUES[dest[i]],
+                "message_id": None,
+                "correlation_id": None,
+                "sent_at": int(sent[i]),
+                "deliver_at": int(due[i]),
+                "expires_at": None,
+                "size": 90,
+                "failures": 0,
+                "reason": None,
+            }
+            lines.append(
+                orjson.dumps(
+                    {**base, "event": "scheduled", "time": int(sent[i]), "lateness_ms": None}
+                )
+            )
+            if due[i] > NOW_MS or fate[i] < 0.02:
+                if fate[i] < 0.02:
+                    lines.append(
+                        orjson.dumps(
+                            {
+                                **base,
+                                "event": "cancelled",
+                                "time": int(sent[i]) + 5,
+                                "lateness_ms": None,
+                            }
+                        )
+                    )
+                continue
+            t = int(due[i] + late[i])
+            kind = "expired" if fate[i] < 0.05 else "released"
+            lines.append(
+                orjson.dumps({**base, "event": kind, "time": t, "lateness_ms": int(late[i])})
+            )
+            if kind == "released" and fate[i] > 0.5:
+                lines.append(
+                    orjson.dumps({**base, "event": "acked", "time": t + 40, "lateness_ms": None})
+                )
+        (directory / f"journal-{part}-n{part % 2}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+        written += len(lines)
+        part += 1
+
+
+# --- the baseline ------------------------------------------------------------------------------
+def baseline(input_path: Path, out: Path, views: Any) -> dict[str, Any]:
+    """validate (the same rules) → dedupe → partition → sort → Parquet, one process, pyarrow."""
+    from tarry.pipeline.validation import ImportRules, checker
+
+    started = time.perf_counter()
+    rules = ImportRules(now_ms=NOW_MS, views=tuple(views))
+    run = checker(rules)
+    offset = 0
+    checked = []
+    for batch in pq.ParquetFile(input_path).iter_batches(batch_size=10_000):
+        ordinals = pa.array(np.arange(offset, offset + batch.num_rows), pa.int64())
+        offset += batch.num_rows
+        batch = batch.set_column(
+            batch.schema.get_field_index("deliver_at"),
+            "deliver_at",
+            pc.cast(pc.cast(batch.column("deliver_at"), pa.timestamp("ms")), pa.int64()),
+        )
+        checked += list(
+            run(
+                iter(
+                    [
+                        pa.RecordBatch.from_arrays(
+                            [ordinals, *batch.columns], names=["_row", *batch.schema.names]
+                        )
+                    ]
+                )
+            )
+        )
+    table = pa.Table.from_batches(checked)
+    ok = table.filter(pc.is_null(table.column("code")))
+    firsts = ok.group_by(["destination", "message_id"]).aggregate([("_row", "min")])
+    kept = ok.filter(pc.is_in(ok.column("_row"), firsts.column("_row_min")))
+    parents = pc.list_parent_indices(kept.column("targets"))
+    flat = pa.table(
+        {
+            "queue": pc.list_flatten(kept.column("targets")),
+            **{c: pc.take(kept.column(c), parents) for c in ("partition_ms", "deliver_at_ms")},
+            "record": pc.take(kept.column("record"), parents),
+        }
+    ).sort_by([("partition_ms", "ascending"), ("deliver_at_ms", "ascending")])
+    ds.write_dataset(
+        flat,
+        out,
+        format="parquet",
+        partitioning=ds.partitioning(pa.schema([("partition_ms", pa.int64())]), flavor="hive"),
+        existing_data_behavior="delete_matching",
+        max_rows_per_group=1 << 20,
+    )
+    seconds = time.perf_counter() - started
+    return {
+        "seconds": round(seconds, 2),
+        "rows_per_s": round(table.num_rows / seconds),
+        "accepted": kept.num_rows,
+        "rejected": table.num_rows - ok.num_rows,
+        "duplicates": ok.num_rows - kept.num_rows,
+    }
+
+
+# --- child processes (one JVM each) -----------------------------------------------------------
+def child(args: argparse.Namespace) -> None:
+    from tarry.client import Client
+    from tarry.config import StoreConfig
+    from tarry.pipeline.analytics import run_report
+    from tarry.pipeline.bulk_import import ImportOptions, run_import
+    from tarry.pipeline.catalog import views_from_server, views_from_store
+    from tarry.pipeline.session import SparkSettings, spark_session
+    from tarry.pipeline.sink_http import SinkSettings
+    from tarry.pipeline.sink_log import LogSinkSettings, import_area
+
+    started = time.perf_counter()
+    spark = spark_session(
+        SparkSettings(
+            master=args.master, driver_memory=args.driver_memory, shuffle_partitions=args.shuffle
+        )
+    )
+    spark.range(10).count()
+    startup = time.perf_counter() - started
+    out = Path(args.out)
+    if args.child == "report":
+        summary = run_report(spark, sorted(Path(args.input).glob("*.jsonl")), out, now_ms=args.now)
+        print(json.dumps({"startup_s": round(startup, 2), **summary}))
+        return
+    client = Client(args.url)
+    granularity = StoreConfig().granularity_ms
+    offline = args.child == "offline"
+    data_dir = Path(args.data) if args.data else None
+    options = ImportOptions(
+        input=Path(args.input),
+        rejects_dir=out / "rejects",
+        plan_dir=out / "plan" if args.child == "plan" else None,
+        sink=SinkSettings(url=args.url, batch_size=2_000) if args.child == "online" else None,
+        log_sink=LogSinkSettings(import_area(data_dir), granularity, args.now)
+        if offline and data_dir
+        else None,
+        partition_ms=granularity if offline else 3_600_000,
+        send_partitions=2 if args.child == "online" else None,
+    )
+    summary = run_import(
+        spark,
+        options,
+        now_ms=args.now,
+        resolve_views=lambda names: (
+            views_from_store(data_dir, names, now_ms=args.now)
+            if offline and data_dir
+            else views_from_server(client, names)
+        ),
+    )
+    client.close()
+    print(json.dumps({"startup_s": round(startup, 2), **summary.to_dict()}))
+
+
+def run_child(
+    kind: str, master: str, input_path: Path, out: Path, url: str, args: Any
+) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        __file__,
+        "--now",
+        str(NOW_MS),
+        "--child",
+        kind,
+        "--master",
+        master,
+        "--input",
+        str(input_path),
+        "--out",
+        str(out),
+        "--url",
+        url,
+        "--driver-memory",
+        args.driver_memory,
+        "--shuffle",
+        str(args.shuffle),
+        "--data",
+        str(args.data_dir),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{kind} on {master} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def start_server(data: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tarry.cli.main", "serve", "--port", "0", "--data", str(data)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "TARRY_JOURNAL__ENABLED": "false", "TARRY_STORE__SYNCHRONOUS": "normal"},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("tarry serving on "):
+        raise SystemExit("tarry serve did not start")
+    return proc, line.split()[-1].strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--online-rows", type=int, default=100_000)
+    parser.add_argument("--events", type=int, default=None, help="journal events (default --rows)")
+    parser.add_argument("--driver-memory", default="6g")
+    parser.add_argument("--shuffle", type=int, default=8)
+    parser.add_argument("--keep", help="keep the data in this directory")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--now", type=int, default=NOW_MS, help=argparse.SUPPRESS)
+    parser.add_argument("--master", help=argparse.SUPPRESS)
+    parser.add_argument("--input", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    from tarry.client import Client
+    from tarry.pipeline.catalog import views_from_server, views_to_json
+
+    root = Path(args.keep or tempfile.mkdtemp(prefix="tarry-bench-pipeline-"))
+    root.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"rows": args.rows, "cpus": os.cpu_count()}
+    t = time.perf_counter()
+    generate_input(root / "input.parquet", args.rows)
+    generate_input(root / "online.parquet", min(args.online_rows, args.rows), seed=8)
+    generate_journal(root / "journal", args.events or args.rows)
+    result["generate_s"] = round(time.perf_counter() - t, 1)
+    args.data_dir = root / "data"
+    server, url = start_server(root / "data")
+    try:
+        with Client(url) as client:
+            for name in QUEUES + SUBS:
+                client.declare_queue(name)
+            client.declare_topic(TOPIC)
+            for sub in SUBS:
+                client.subscribe(TOPIC, sub)
+            views = views_to_json(views_from_server(client, QUEUES + [TOPIC, "bench.missing"]))
+        result["baseline_pyarrow"] = baseline(root / "input.parquet", root / "baseline", views)
+        for master in ("local[1]", "local[2]"):
+            run = run_child(
+                "offline", master, root / "input.parquet", root / f"offline-{master[-2]}", url, args
+            )
+            run["rows_per_s_incl_startup"] = round(args.rows / (run["seconds"] + run["startup_s"]))
+            result[f"offline_sink_{master}"] = run
+        one, two = result["offline_sink_local[1]"], result["offline_sink_local[2]"]
+        result["speedup_local2_over_local1"] = round(two["rows_per_s"] / one["rows_per_s"], 2)
+        result["local2_over_baseline"] = round(
+            two["rows_per_s"] / result["baseline_pyarrow"]["rows_per_s"], 2
+        )
+        result["online_sink_local[2]"] = run_child(
+            "online", "local[2]", root / "online.parquet", root / "online", url, args
+        )
+        result["report_local[2]"] = run_child(
+            "report", "local[2]", root / "journal", root / "report", url, args
+        )
+    finally:
+        server.terminate()
+        server.wait(30)
+    # The next start adopts both offline imports (the second only finds messages it holds).
+    t = time.perf_counter()
+    server, url = start_server(root / "data")
+    result["restart_adopting_both_imports_s"] = round(time.perf_counter() - t, 2)
+    with Client(url) as client:
+        result["scheduled_after_adoption"] = client.stats()["messages"]["scheduled"]
+    server.terminate()
+    server.wait(30)
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

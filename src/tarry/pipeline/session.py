@@ -1,0 +1,114 @@
+"""Starting Spark for the pipeline: one tuned, quiet ``SparkSession`` per process.
+
+What the settings are for (measured on these machines, see shared/reference/spark.md):
+
+- Parquet timestamps are written as ``TIMESTAMP_MICROS`` in UTC (Spark's INT96 default reads back
+  in pyarrow as naive nanoseconds).
+- the Spark UI and progress bar are off; log4j prints errors only;
+- Python workers run this interpreter (``PYSPARK_PYTHON``) so they import the installed
+  ``tarry`` package, where the send rules live;
+- ``spark.driver.memory`` must be set before the JVM starts, so it is a builder option here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tarry.errors import Unavailable
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["SparkSettings", "spark_session", "stop_session"]
+
+_QUIET_LOG4J = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SparkSettings:
+    """How to run Spark: ``local[*]`` by default, any cluster through ``master``."""
+
+    master: str = "local[*]"
+    #: Memory of the driver JVM (in local mode also the executors').
+    driver_memory: str = "4g"
+    #: Partitions after a shuffle (de-duplication, the per-partition sort, the report's groups).
+    shuffle_partitions: int = 8
+    #: Fewer JIT tiers and a serial GC: about 40 % less JVM CPU for short jobs and tests.
+    light_jvm: bool = False
+    #: Where Spark may write scratch files (default: a temporary directory).
+    work_dir: Path | None = None
+    app_name: str = "tarry-pipeline"
+
+
+def _require_pyspark() -> None:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise Unavailable(
+            "the pipeline needs Apache Spark: install it with pip install 'tarry[spark]' "
+            "(and Java 17 on the PATH)"
+        ) from None
+
+
+def spark_session(settings: SparkSettings = SparkSettings()) -> SparkSession:
+    """The process's SparkSession, created on first use with ``settings``."""
+    _require_pyspark()
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    work = settings.work_dir or Path(tempfile.gettempdir()) / f"tarry-spark-{os.getuid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    log4j = work / "log4j2-quiet.properties"
+    if not log4j.exists():
+        log4j.write_text(_QUIET_LOG4J)
+    java_options = f"-Dlog4j.configurationFile=file:{log4j}"
+    if settings.light_jvm:
+        java_options += " -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    builder = (
+        SparkSession.builder.master(settings.master)
+        .appName(settings.app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .config("spark.sql.warehouse.dir", str(work / "warehouse"))
+        .config("spark.local.dir", str(work / "local"))
+        .config("spark.driver.memory", settings.driver_memory)
+        .config("spark.driver.extraJavaOptions", java_options)
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.adaptive.enabled", "true")
+    )
+    if settings.master.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def stop_session() -> None:
+    """Stop the process's session, if one runs (the next ``spark_session`` starts afresh)."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        return
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()

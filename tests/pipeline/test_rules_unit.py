@@ -1,0 +1,158 @@
+"""The import's pieces that need no JVM: row decoding, the rules over one Arrow batch (every
+code the catalog snapshot can decide), the mapping option, the sink's retry loop, chart scales.
+The same paths run end to end through Spark and a real server in test_import.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from tarry.errors import InvalidArgument, Unavailable
+from tarry.model.validate import DestinationView, TargetView
+from tarry.pipeline.catalog import views_from_json, views_to_json
+from tarry.pipeline.records import decode_row, derived_message_id
+from tarry.pipeline.sink_http import SinkSettings, send_all
+from tarry.pipeline.sources import parse_mapping
+from tarry.pipeline.svg import nice_max
+from tarry.pipeline.validation import ImportRules, checker
+
+NOW = 1_800_000_000_000
+VIEWS = {
+    "q": DestinationView("q", "queue", (TargetView("q"),)),
+    "off": DestinationView("off", "queue", (TargetView("off", put_enabled=False),)),
+    "tiny": DestinationView("tiny", "queue", (TargetView("tiny", max_message_bytes=4),)),
+    "t": DestinationView("t", "topic", (TargetView("s1"), TargetView("s2"))),
+}
+
+
+def _check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rules = ImportRules(now_ms=NOW, views=tuple(views_to_json(VIEWS)), partition_ms=3_600_000)
+    columns = ["destination", "body", "delay_ms", "deliver_at", "ttl_ms", "message_id"]
+    columns += ["group_id", "headers"]
+    table = {"_row": list(range(len(rows)))}
+    table.update({c: [r.get(c) for r in rows] for c in columns})
+    schema = pa.schema(
+        [("_row", pa.int64()), ("destination", pa.string()), ("body", pa.string())]
+        + [("delay_ms", pa.string()), ("deliver_at", pa.string()), ("ttl_ms", pa.int64())]
+        + [("message_id", pa.string()), ("group_id", pa.string()), ("headers", pa.string())]
+    )
+    batch = pa.RecordBatch.from_pydict(table, schema=schema)
+    return [r for out in checker(rules)(iter([batch])) for r in out.to_pylist()]
+
+
+def test_every_code_the_snapshot_decides() -> None:
+    out = _check(
+        [
+            {"destination": "q", "delay_ms": "60000", "message_id": "a"},
+            {"destination": "nowhere"},
+            {"destination": "off"},
+            {"destination": "tiny", "body": "too long"},
+            {"destination": "q", "delay_ms": "5", "deliver_at": "2030-01-01T00:00:00Z"},
+            {"destination": "q", "delay_ms": "10000", "ttl_ms": 10},
+            {"destination": "q", "delay_ms": "10", "group_id": "g"},
+            {"destination": "q", "headers": "{not json"},
+            {"destination": "t", "deliver_at": "2027-01-01T00:00:00Z"},
+        ]
+    )
+    assert [r["code"] for r in out] == [
+        None,
+        "unknown_destination",
+        "put_disabled",
+        "message_too_large",
+        "invalid_argument",
+        "expiry_error",
+        "options_error",
+        "invalid_argument",
+        None,
+    ]
+    assert out[0]["deliver_at_ms"] == NOW + 60_000
+    assert out[0]["partition_ms"] == NOW  # NOW is a whole hour
+    assert out[0]["targets"] == ["q"]
+    assert out[8]["targets"] == ["s1", "s2"]
+    assert out[8]["deliver_at_ms"] == NOW  # a past deliver_at means now
+    assert "ttl_ms (10) is shorter" in out[5]["message"]
+    assert out[7]["message"].startswith("headers is not valid JSON")
+    assert all(r["message_id"] for r in out)  # derived where missing
+
+
+def test_decoding_and_derived_ids() -> None:
+    row = {"destination": "q", "delay_ms": "5", "retain": "false", "body": b"\xff\x00"}
+    data = decode_row({**row, "headers": '{"k": "v"}', "ttl_ms": 7.0, "message_id": None})
+    assert data == {
+        "destination": "q",
+        "delay_ms": 5,
+        "retain": False,
+        "body_base64": "/wA=",
+        "headers": {"k": "v"},
+        "ttl_ms": 7,
+    }
+    assert decode_row({"headers": [("a", "b")]})["headers"] == {"a": "b"}
+    assert derived_message_id(data) == derived_message_id(dict(data))
+    assert derived_message_id(data) != derived_message_id({**data, "delay_ms": 6})
+    assert derived_message_id(data).startswith("imp-")
+
+
+def test_catalog_round_trip() -> None:
+    assert views_from_json(views_to_json(VIEWS)) == VIEWS
+
+
+def test_mapping_option() -> None:
+    assert parse_mapping(["deliver_at=send_time, destination=channel", "body=text"]) == {
+        "deliver_at": "send_time",
+        "destination": "channel",
+        "body": "text",
+    }
+    for bad in (["deliver_at"], ["when=send_time"], ["body=a,body=b"]):
+        with pytest.raises(InvalidArgument):
+            parse_mapping(bad)
+
+
+def test_sink_retries_only_what_may_succeed_later() -> None:
+    answers: list[Any] = [
+        Unavailable("down"),
+        [
+            {"id": "1"},
+            {"error": {"code": "destination_full", "message": "full"}},
+            {"error": {"code": "not_authorized", "message": "no"}},
+        ],
+        [{"error": {"code": "destination_full", "message": "full"}}],
+        [{"id": "2", "duplicate": True}],
+    ]
+    sent: list[list[bytes]] = []
+    slept: list[float] = []
+
+    def post(records: list[bytes]) -> list[dict[str, Any]]:
+        sent.append(records)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    settings = SinkSettings(url="http://x", max_attempts=5, backoff_base_ms=100)
+    outcomes = send_all([b"a", b"b", b"c"], post, settings, slept.append)
+    assert [o for o, _ in outcomes] == ["created", "already_there", "not_authorized"]
+    assert sent == [[b"a", b"b", b"c"], [b"a", b"b", b"c"], [b"b"], [b"b"]]
+    assert len(slept) == 3 and 0.07 <= slept[0] <= 0.13 and slept[2] > slept[0]
+
+
+def test_sink_gives_up_after_the_last_attempt() -> None:
+    def post(records: list[bytes]) -> list[dict[str, Any]]:
+        return [{"error": {"code": "destination_full", "message": "full"}} for _ in records]
+
+    outcomes = send_all([b"a"], post, SinkSettings(url="x", max_attempts=3), lambda s: None)
+    assert outcomes == [("destination_full", "full")]
+
+
+def test_chart_scale() -> None:
+    assert [nice_max(v) for v in (0, 0.3, 1, 7, 12, 99, 101, 4500)] == [
+        1,
+        0.5,
+        1,
+        10,
+        20,
+        100,
+        200,
+        5000,
+    ]
