@@ -57,6 +57,16 @@ _SERVICES["postgres"] = (
 _SERVICES["spark"] = (_spark_available, "pyspark and Java 17 (pip install -e '.[spark]')")
 
 
+_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    item.stash.setdefault(_REPORTS, {})[report.when] = report
+    return report
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for name, (check, how) in _SERVICES.items():
         if item.get_closest_marker(name) is None:
@@ -162,7 +172,9 @@ class ServerProcess:
 
 
 @pytest.fixture
-def make_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+def make_server(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., ServerProcess]]:
     servers: list[ServerProcess] = []
 
     def factory(
@@ -182,7 +194,11 @@ def make_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
         return server
 
     yield factory
-    for server in servers:
+    failed = any(r.failed for r in request.node.stash.get(_REPORTS, {}).values())
+    for number, server in enumerate(servers):
+        if failed:  # what the servers logged is the first thing to read when a run fails
+            tail = "".join(server.stderr_lines[-40:])
+            print(f"\n--- tarry serve #{number} stderr (last 40 lines) ---\n{tail}")
         server.stop()
 
 

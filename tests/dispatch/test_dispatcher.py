@@ -242,3 +242,37 @@ async def test_no_more_is_claimed_while_two_batches_are_still_out() -> None:
     assert await third
     await h.dispatcher.drain()
     assert len(transport.delivered) == 6
+
+
+async def test_a_store_failing_while_the_loop_plans_its_sleep_does_not_end_the_loop() -> None:
+    # Given a store that fails once when asked for the next due time (PostgreSQL restarting
+    # between the round and the plan: this used to end the loop and stop delivery for good)
+    h = Harness()
+    calls = 0
+    next_due_time = h.store.next_due_time
+
+    async def failing_once() -> int | None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise Unavailable("server closed the connection unexpectedly")
+        return await next_due_time()
+
+    h.store.next_due_time = failing_once  # type: ignore[method-assign]
+    loop = asyncio.create_task(h.dispatcher.run())
+    try:
+        await asyncio.sleep(0.05)
+        assert calls == 1 and not loop.done()
+        # When a message falls due afterwards
+        m = await h.schedule()
+        h.dispatcher.notify_due(m.deliver_at_ms)
+        for _ in range(200):
+            if h.transport.delivered:
+                break
+            await asyncio.sleep(0.01)
+        # Then the loop is still there and delivers it
+        assert [d.id for d in h.transport.delivered] == [m.id]
+        assert not loop.done()
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)

@@ -54,3 +54,31 @@ def test_sqlite_reports_a_full_database_as_an_operational_error() -> None:
     conn.execute("PRAGMA max_page_count=3")
     with pytest.raises(sqlite3.OperationalError):
         conn.execute("INSERT INTO t VALUES (?)", (b"x" * 100_000,))
+
+
+@pytest.mark.parametrize("engine_store", ["log"])
+async def test_a_background_loop_that_ends_by_mistake_is_started_again(make_engine) -> None:
+    # Given an engine and a background loop that fails on its first run, then on its second is
+    # cancelled by something other than the engine (a library raising CancelledError)
+    import asyncio
+
+    engine = await make_engine()
+    runs: list[int] = []
+    resumed = asyncio.Event()
+
+    async def loop() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            raise RuntimeError("a bug")
+        if len(runs) == 2:
+            raise asyncio.CancelledError()
+        resumed.set()
+        await asyncio.Event().wait()
+
+    # When it runs under the engine's supervision
+    engine._spawn(loop)
+    # Then it is started again each time, and stop() still ends it
+    await asyncio.wait_for(resumed.wait(), timeout=10)
+    assert runs == [0, 1, 2]
+    await engine.stop()
+    assert all(task.done() for task in engine._tasks) and not engine._tasks

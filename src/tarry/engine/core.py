@@ -10,7 +10,7 @@ import logging
 import os
 import socket
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import IO, Any, cast
@@ -132,6 +132,7 @@ class Engine:
             notify=self._emit,
         )
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
         self._lock_file: IO[str] | None = None
         self.journal: Any = None
         self.ingress: Any = None
@@ -184,7 +185,7 @@ class Engine:
             )
             self.add_listener(self.journal.record)
             if background:
-                self._spawn(self.journal.run())
+                self._spawn(self.journal.run)
         await self._declare_configured()
         if self.config.rabbitmq.ingress:
             _rabbitmq()
@@ -193,8 +194,8 @@ class Engine:
             self.ingress = AmqpIngress(self.config.rabbitmq, send_batch=self.send_batch)
             await self.ingress.start()
         if background:
-            self._spawn(self.dispatcher.run())
-            self._spawn(self._housekeeping())
+            self._spawn(self.dispatcher.run)
+            self._spawn(self._housekeeping)
         log.info(
             "engine started: %d queues, %d topics",
             len(self.catalog.queues),
@@ -204,6 +205,7 @@ class Engine:
     async def stop(self) -> None:
         if self.ingress is not None:
             await self.ingress.stop()
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -236,8 +238,33 @@ class Engine:
         handle.flush()
         self._lock_file = handle
 
-    def _spawn(self, coro: Any) -> None:
-        self._tasks.append(asyncio.get_running_loop().create_task(coro))
+    def _spawn(self, loop_fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run a background loop for the engine's life. A loop must never end by itself; if one
+        does (a bug, or a stray cancellation from a library), it is logged and started again, so
+        a node never silently stops dispatching while it still answers HTTP."""
+
+        async def supervised() -> None:
+            while True:
+                try:
+                    await loop_fn()
+                    log.error("background loop %s returned; starting it again", loop_fn.__name__)
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if self._stopping or task is None or task.cancelling():
+                        raise
+                    # Nobody cancelled this task: a library raised CancelledError at us.
+                    log.error(
+                        "background loop %s got a stray cancellation; starting it again",
+                        loop_fn.__name__,
+                        exc_info=True,
+                    )
+                except Exception:
+                    log.exception("background loop %s failed; starting it again", loop_fn.__name__)
+                await asyncio.sleep(1.0)
+
+        self._tasks.append(
+            asyncio.get_running_loop().create_task(supervised(), name=f"tarry-{loop_fn.__name__}")
+        )
 
     async def _declare_configured(self) -> None:
         error_queue = self.config.dispatch.error_queue

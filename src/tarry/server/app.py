@@ -18,6 +18,7 @@ import tarry
 from tarry.config import TarryConfig
 from tarry.engine.api import EngineAPI
 from tarry.server.auth import check_bind_safety
+from tarry.server.diagnostics import install_stack_dump
 from tarry.server.errors import install_error_handlers
 from tarry.server.metrics import Metrics
 from tarry.server.responses import JSON
@@ -39,6 +40,7 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await engine.start()
+        install_stack_dump()
         try:
             yield
         finally:
