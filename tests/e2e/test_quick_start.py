@@ -66,7 +66,9 @@ def test_the_readme_serve_command_works_from_a_fresh_clone(tmp_path: Path) -> No
         [message] = response.json()["messages"]
         assert message["id"] == message_id and message["body"] == "hello"
         assert received_ms >= sent_ms + 2000
-        assert received_ms - due_ms <= 250  # generous: CI shares two cores with the suite
+        # Close to due (lateness goals are measured by bench/, not here: a loaded CI machine must
+        # not fail this by a scheduling hiccup)
+        assert received_ms - due_ms <= 1000
     finally:
         os.killpg(serve.pid, signal.SIGTERM)
         serve.wait(30)
