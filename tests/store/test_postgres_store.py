@@ -216,3 +216,25 @@ async def test_rows_taken_inside_a_release_are_skipped_by_others_and_free_at_onc
             break
         await asyncio.sleep(0.05)
     assert sorted(m.id for m in again) == sorted(m.id for m in batch)
+
+
+async def test_a_held_claim_falls_due_again_at_the_hold_not_after_the_whole_lease(
+    open_store,
+) -> None:
+    # Given node a claimed a message with a 30 s lease, and its destination turned out to be away
+    a, b = await open_store(node="a"), await open_store(node="b")
+    m = message(0)
+    await a.store([m])
+    assert [x.id for x in await a.fetch_due(NOW, limit=10, lease_ms=30_000)] == [m.id]
+    # When a holds it back for 1 s (no failure counted)
+    a.hold_claims([m.id], until_ms=NOW + 1000)
+    await a.settle()
+    # Then it is due again after 1 s, for any node, with no failure on it
+    assert await b.next_due_time() == NOW + 1000
+    assert await b.fetch_due(NOW + 999, limit=10, lease_ms=30_000) == []
+    [again] = await b.fetch_due(NOW + 1000, limit=10, lease_ms=30_000)
+    assert again.id == m.id and again.failures == 0
+    # And a hold from a node that no longer owns the claim changes nothing
+    a.hold_claims([m.id], until_ms=NOW + 2000)
+    await a.settle()
+    assert await a.fetch_due(NOW + 2000, limit=10, lease_ms=30_000) == []

@@ -258,9 +258,7 @@ class Dispatcher:
         except TarryError as exc:
             # The store could not commit: the claims lapse and the batch is tried again.
             wait_ms = self._breakers.store.failure(exc)
-            release = getattr(self._store, "release_claims", None)
-            if release is not None:
-                release([m.id for m in batch])
+            self._store.release_claims([m.id for m in batch])
             await asyncio.sleep(wait_ms / 1000)
             return
         self._breakers.store.success()
@@ -307,11 +305,9 @@ class Dispatcher:
         """The destination itself is away (RabbitMQ down or blocking): the message waits, no
         attempt is counted against it, and it is tried again after the breaker's wait."""
         until = self._clock.now_ms() + max(wait_ms, 1)
-        hold = getattr(self._store, "hold_claims", None)
-        if hold is not None:
-            hold([message.id], until_ms=until)
+        self._store.hold_claims([message.id], until_ms=until)
         heapq.heappush(self._held, until)
-        log.debug("holding %s until %d (%s)", message.id, until, "claim kept" if hold else "")
+        log.debug("holding %s until %d", message.id, until)
         self.stats.held += 1
         self.notify_due(until)  # the loop may be asleep past ``until``: make it plan again
 

@@ -76,6 +76,11 @@ class DelayedStore(Protocol):
         """Drop the claims on ``ids`` (a failed release is retried on the next round)."""
         ...
 
+    def hold_claims(self, ids: Sequence[str], *, until_ms: int) -> None:
+        """Keep claimed ``ids`` back until ``until_ms`` without counting a failure (their
+        destination is away); they fall due again then."""
+        ...
+
     async def store(self, messages: Sequence[Message]) -> list[StoreOutcome]:
         """Durably keep ``messages`` (state ``scheduled``) in one commit. Raises ``Unavailable``."""
         ...

@@ -85,6 +85,8 @@ class PostgresStore:
         self.notify_horizon_ms = notify_horizon_ms
         self._due_pending: int | None = None
         self._due_task: asyncio.Task[None] | None = None
+        #: Claim updates sent after the fact (``hold_claims`` is synchronous in the contract).
+        self._claim_updates: set[asyncio.Task[None]] = set()
 
     async def open(self) -> None:
         await self.db.open()
@@ -93,6 +95,7 @@ class PostgresStore:
     async def close(self) -> None:
         if self._due_task is not None:
             await asyncio.gather(self._due_task, return_exceptions=True)
+        await asyncio.gather(*self._claim_updates, return_exceptions=True)
         await self.listener.stop()
         await self.db.close()
 
@@ -251,6 +254,30 @@ class PostgresStore:
 
     def release_claims(self, ids: Sequence[str]) -> None:
         """Claims live in the database: they end with the release transaction or lapse."""
+
+    def hold_claims(self, ids: Sequence[str], *, until_ms: int) -> None:
+        """Keep claimed messages back until ``until_ms`` without counting a failure (their
+        destination is away): the claim's lease is set to end then, so the message falls due
+        again after the breaker's wait (on any node) rather than after the whole lease. Sent in
+        the background; if PostgreSQL cannot take it, the lease simply runs its course."""
+        task = asyncio.get_running_loop().create_task(self._hold(list(ids), until_ms))
+        self._claim_updates.add(task)
+        task.add_done_callback(self._claim_updates.discard)
+
+    async def _hold(self, ids: list[str], until_ms: int) -> None:
+        try:
+            async with self.db.transaction() as conn:
+                await conn.execute(
+                    "UPDATE messages SET claim_until_ms = %s "
+                    "WHERE id = ANY(%s) AND state = 'scheduled' AND claimed_by = %s",
+                    (until_ms, ids, self.node),
+                )
+        except TarryError as exc:
+            log.warning("could not shorten the claims of held messages (they lapse): %s", exc)
+
+    async def settle(self) -> None:
+        """Wait for claim updates sent in the background (tests, and before closing)."""
+        await asyncio.gather(*self._claim_updates, return_exceptions=True)
 
     async def cancel(self, message_id: str, *, now_ms: int) -> Message:
         def work(conn: PgConnection) -> Message:
