@@ -18,6 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests: the same examples on every run and no time limits, so a busy CI machine can
+# neither fail them by slowness nor by a new random draw; `HYPOTHESIS_PROFILE=explore` draws
+# fresh examples (and more of them) when hunting for new counterexamples.
+_RELAXED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("ci", derandomize=True, **_RELAXED)
+settings.register_profile("explore", max_examples=1000, **_RELAXED)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REQUIRE_SERVICES = os.environ.get("TARRY_REQUIRE_SERVICES") == "1"
 
