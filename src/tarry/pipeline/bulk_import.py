@@ -19,7 +19,7 @@ from tarry.pipeline.catalog import views_to_json
 from tarry.pipeline.dedupe import split_duplicates
 from tarry.pipeline.progress import SparkProgress
 from tarry.pipeline.sink_http import ALREADY_THERE, CREATED, SENT_DDL, SinkSettings, sender
-from tarry.pipeline.sink_log import WRITTEN_DDL, LogSinkSettings, segment_writer
+from tarry.pipeline.sink_log import SEGMENT_COLUMNS, WRITTEN_DDL, LogSinkSettings, segment_writer
 from tarry.pipeline.sources import ROW, load_input
 from tarry.pipeline.summary import ImportSummary
 from tarry.pipeline.validation import CHECKED_DDL, ImportRules, checker
@@ -94,7 +94,7 @@ def _write_segments(imported: DataFrame, settings: LogSinkSettings) -> int:
         imported.withColumn("_number", number)
         .repartition("_number")
         .sortWithinPartitions("_number", "deliver_at_ms")
-        .select("deliver_at_ms", "expires_at_ms", "targets", "record")
+        .select(*SEGMENT_COLUMNS)
         .mapInArrow(segment_writer(settings), WRITTEN_DDL)
         .collect()
     )
