@@ -275,13 +275,12 @@ class _Out:
         self.columns[name] = column
 
     def arrays(self) -> dict[str, pa.Array]:
-        keep = pa.array(self.accepted)
         out: dict[str, pa.Array] = {}
         for name, kind in _OUT_TYPES.items():
             column = self.columns.get(name)
             if column is None:
                 column = pa.nulls(self.n, kind)
-            column = pc.if_else(keep, column.cast(kind), pa.scalar(None, kind))
+            column = _only(column.cast(kind), self.accepted)
             rows = self.rows[name]
             if rows:
                 mask = np.zeros(self.n, bool)
@@ -292,6 +291,16 @@ class _Out:
                 )
             out[name] = column
         return out
+
+
+def _only(column: pa.Array, keep: np.ndarray) -> pa.Array:
+    """``column`` with every value outside ``keep`` made null: a new validity bitmap over the
+    same buffers (no copy of the values)."""
+    if column.offset != 0 or pa.types.is_null(column.type):
+        return pc.if_else(pa.array(keep), column, pa.scalar(None, column.type))
+    valid = keep & _valid(column)
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
+    return pa.Array.from_buffers(column.type, len(column), [bitmap, *column.buffers()[1:]])
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from tarry.model.validate import DestinationView, SendLimits
 from tarry.pipeline.catalog import views_from_json
 from tarry.pipeline.records import decode_row, derived_message_id, record_json
 from tarry.pipeline.sources import ROW
+from tarry.store.log.record_columns import needs_json_escape
 
 __all__ = ["CHECKED_DDL", "CHECKED_SCHEMA", "ImportRules", "check_batch", "checker"]
 
@@ -172,8 +173,8 @@ _NEEDS_ESCAPE = r'[\x00-\x1f"\\]'
 
 def _records(sends: pa.RecordBatch, by_row: np.ndarray) -> tuple[pa.Array, np.ndarray]:
     """``record_json`` of each row, concatenated column-wise: keys sorted, nulls left out. Rows
-    in ``by_row``, or with text that JSON must escape, are left (null) for ``record_json``: the
-    second value marks them."""
+    in ``by_row``, or with text that JSON must escape, are left for ``record_json``: the second
+    value marks them (their first value is meaningless)."""
     n = sends.num_rows
     pieces = []
     for name in sorted(sends.schema.names):
@@ -182,23 +183,21 @@ def _records(sends: pa.RecordBatch, by_row: np.ndarray) -> tuple[pa.Array, np.nd
         if pa.types.is_null(kind):
             continue
         if pa.types.is_integer(kind):
-            text = pc.cast(column, pa.string())
+            piece = pc.binary_join_element_wise(f',"{name}":', pc.cast(column, pa.string()), "")
         elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
             column = column.cast(pa.string())
-            escape = pc.fill_null(pc.match_substring_regex(column, _NEEDS_ESCAPE), False)
-            by_row = by_row | np.asarray(escape.to_numpy(zero_copy_only=False), dtype=bool)
-            text = pc.binary_join_element_wise('"', column, '"', "")
+            by_row = by_row | needs_json_escape(column)
+            piece = pc.binary_join_element_wise(f',"{name}":"', column, '"', "")
         else:
             by_row = by_row | _valid(column)
             continue
-        pieces.append(pc.fill_null(pc.binary_join_element_wise(f',"{name}":', text, ""), ""))
+        pieces.append(piece)
+    # '}' closes every row and its first ',' becomes '{'; a row with no field at all has no
+    # message_id either, so it is in by_row already.
+    joined = pc.binary_join_element_wise(*pieces, "}", "", null_handling="replace")
     if not pieces:
-        joined = pa.array([""] * n, pa.string())
-    else:
-        joined = pc.binary_join_element_wise(*pieces, "")
-    body = pc.utf8_slice_codeunits(joined, 1)
-    records = pc.binary_join_element_wise("{", body, "}", "")
-    return pc.if_else(pa.array(by_row), pa.scalar(None, pa.string()), records), by_row
+        joined = pa.array(["}"] * n, pa.string())
+    return pc.binary_replace_slice(joined, start=0, stop=1, replacement="{"), by_row
 
 
 def checker(rules: ImportRules) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

@@ -22,14 +22,13 @@ import pyarrow.compute as pc
 
 from tarry.store.log.record import MESSAGE, VERSION
 
-__all__ = ["MessageColumns", "dedupe_hashes", "encode_message_columns"]
+__all__ = ["MessageColumns", "dedupe_hashes", "encode_message_columns", "needs_json_escape"]
 
 _HASH, _EXTRA, _DISCARD, _TRANSIENT = 1, 2, 4, 8
 _FIXED = np.dtype(
     [("due", "<i8"), ("sent", "<i8"), ("expires", "<i8"), ("flags", "<u2"), ("dlen", "<u2")]
 )
 _HEAD8 = np.dtype([("version", "u1"), ("kind", "u1"), ("reserved", "<u2"), ("length", "<u4")])
-_NEEDS_ESCAPE = r'[\x00-\x1f"\\]'
 #: The extra JSON's keys, in ``encode_message``'s order.
 _EXTRA_KEYS = ("t", "m", "c", "r", "p", "h")
 
@@ -64,15 +63,43 @@ def dedupe_hashes(topic: pa.Array, destination: pa.Array, message_id: pa.Array) 
         pc.fill_null(topic, ""), destination, message_id.cast(pa.string()), "\x1f"
     )
     blake2b = hashlib.blake2b
+    data, bounds = _values(keys)
+    valid = _valid(keys).tolist()
     digests = b"".join(
         [
-            b"\0" * 8 if key is None else blake2b(key.encode(), digest_size=8).digest()
-            for key in keys.to_pylist()
+            blake2b(data[a:b], digest_size=8).digest() if ok else b"\0" * 8
+            for a, b, ok in zip(bounds[:-1], bounds[1:], valid, strict=True)
         ]
     )
     values = np.frombuffer(digests, "<u8") & np.uint64((1 << 63) - 1)
     values = np.where((values == 0) & _valid(message_id), 1, values)
     return values.astype(np.int64)
+
+
+def _values(column: pa.Array) -> tuple[bytes, list[int]]:
+    """The data bytes of a string/binary array and each value's bounds in them."""
+    _, offsets_buffer, data_buffer = column.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int32)[
+        column.offset : column.offset + len(column) + 1
+    ]
+    data = data_buffer.to_pybytes() if data_buffer is not None else b""
+    return data, offsets.tolist()
+
+
+def needs_json_escape(column: pa.Array) -> np.ndarray:
+    """Which values of a string array hold a character JSON must escape (a control character,
+    ``"`` or ``\\``): one pass of numpy over the array's bytes, not a regex per value."""
+    n = len(column)
+    column = column.cast(pa.string())
+    _, offsets_buffer, data_buffer = column.buffers()
+    out = np.zeros(n, bool)
+    if data_buffer is None or n == 0:
+        return out
+    offsets = np.frombuffer(offsets_buffer, np.int32)[column.offset : column.offset + n + 1]
+    data = np.frombuffer(data_buffer, np.uint8)[offsets[0] : offsets[-1]]
+    hits = np.flatnonzero((data < 0x20) | (data == 0x22) | (data == 0x5C)) + offsets[0]
+    out[np.searchsorted(offsets, hits, side="right") - 1] = True
+    return out
 
 
 def _valid(column: pa.Array) -> np.ndarray:
@@ -84,15 +111,6 @@ def _fixed(values: np.ndarray, width: int) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(width), len(values), [None, pa.py_buffer(data)]).cast(
         pa.binary()
     )
-
-
-def _json_text(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """Each text value as a JSON string, and which values need escaping (left null)."""
-    column = column.cast(pa.string())
-    escape = pc.fill_null(pc.match_substring_regex(column, _NEEDS_ESCAPE), False)
-    quoted = pc.binary_join_element_wise('"', column, '"', "")
-    needs = np.asarray(escape.to_numpy(zero_copy_only=False), dtype=bool)
-    return pc.if_else(escape, pa.scalar(None, pa.string()), quoted), needs
 
 
 def _extra(columns: MessageColumns) -> pa.Array:
@@ -109,19 +127,21 @@ def _extra(columns: MessageColumns) -> pa.Array:
     pieces = []
     slow = np.zeros(n, bool)
     for key, column in values.items():
-        column = pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column)
-        text, needs = _json_text(column)
-        slow |= needs
-        pieces.append(pc.fill_null(pc.binary_join_element_wise(f',"{key}":', text, ""), ""))
+        # Empty text is left out of the extra JSON, and so is every row holding one.
+        column = column.cast(pa.string())
+        length = pc.fill_null(pc.binary_length(column), 1).to_numpy(zero_copy_only=False)
+        slow |= (length == 0) | needs_json_escape(column)
+        pieces.append(pc.binary_join_element_wise(f',"{key}":"', column, '"', ""))
     headers = pc.if_else(
         pc.equal(columns.headers, "{}"), pa.scalar(None, pa.string()), columns.headers
     )
-    pieces.append(pc.fill_null(pc.binary_join_element_wise(',"h":', headers, ""), ""))
-    joined = pc.binary_join_element_wise(*pieces, "")
+    pieces.append(pc.binary_join_element_wise(',"h":', headers, ""))
+    # '}' closes every row; the first ',' becomes '{' (a row without extras: '}' → empty below)
+    joined = pc.binary_join_element_wise(*pieces, "}", "", null_handling="replace")
     extra = pc.if_else(
-        pc.equal(joined, ""),
+        pc.equal(joined, "}"),
         pa.scalar("", pa.string()),
-        pc.binary_join_element_wise("{", pc.utf8_slice_codeunits(joined, 1), "}", ""),
+        pc.binary_replace_slice(joined, start=0, stop=1, replacement="{"),
     )
     if slow.any():
         rows = np.flatnonzero(slow)
@@ -184,11 +204,6 @@ def encode_message_columns(columns: MessageColumns, hashes: np.ndarray) -> pa.Ar
 
 def _crcs(records: pa.Array) -> list[int]:
     """CRC32C of each value of a binary array."""
-    _, offsets_buffer, data_buffer = records.buffers()
-    offsets = np.frombuffer(offsets_buffer, np.int32)[
-        records.offset : records.offset + len(records) + 1
-    ]
-    data = data_buffer.to_pybytes() if data_buffer is not None else b""
+    data, bounds = _values(records)
     value = google_crc32c.value
-    bounds = offsets.tolist()
     return [value(data[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
