@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tarry.model.validate import DestinationView
 from tarry.pipeline.catalog import views_to_json
@@ -82,8 +82,9 @@ def _write_plan(first: DataFrame, path: Path) -> None:
     )
 
 
-def _write_segments(imported: DataFrame, settings: LogSinkSettings) -> int:
-    """Segment files per time partition, sorted by due time, then the import manifest (last)."""
+def _write_segments(imported: DataFrame, settings: LogSinkSettings) -> list[dict[str, Any]]:
+    """Segment files per time partition, sorted by due time, then the import manifest (last);
+    returns the files' reports (``WRITTEN_DDL``)."""
     from pyspark.sql import functions as F
 
     from tarry.store.log.adopt import ImportManifest, write_manifest
@@ -103,7 +104,7 @@ def _write_segments(imported: DataFrame, settings: LogSinkSettings) -> int:
         settings.area,
         ImportManifest(settings.area.name, settings.now_ms, settings.granularity_ms, files),
     )
-    return len(files)
+    return files
 
 
 def run_import(
@@ -166,24 +167,39 @@ def run_import(
             failed = sent.where(~F.col("outcome").isin(CREATED, ALREADY_THERE))
             rejects = rejects.unionByName(_rejects(failed.withColumnRenamed("outcome", "code")))
             imported = first.join(failed.select(ROW), ROW, "left_anti")
-    with show.phase("counting"):
-        totals = imported.agg(
-            F.count(F.lit(1)),
-            F.sum(F.size("targets")),
-            F.count_distinct("partition_ms"),
-        ).first()
-    assert totals is not None
-    summary.accepted = int(totals[0])
-    summary.copies = int(totals[1] or 0)
-    summary.partitions = int(totals[2])
-    summary.duplicates = valid - summary.accepted - refused_by_server
     if options.plan_dir is not None:
         with show.phase("plan"):
             _write_plan(imported, options.plan_dir)
+    files: list[dict[str, Any]] | None = None
     if options.log_sink is not None:
         with show.phase("segments"):
-            summary.files = _write_segments(imported, options.log_sink)
+            files = _write_segments(imported, options.log_sink)
+            summary.files = len(files)
             summary.import_area = str(options.log_sink.area)
+    same_partitions = (
+        options.log_sink is not None and options.partition_ms == options.log_sink.granularity_ms
+    )
+    if files is not None and sent is None and same_partitions:
+        # Offline only: the writers' reports and the repeated keys say it all, without another
+        # pass over every row (the rows with no copy, for topics without subscribers, are in
+        # ``accepted`` but in no file).
+        repeats_n = marked.agg(F.sum(F.col("_n") - 1)).first()
+        summary.duplicates = int((repeats_n[0] if repeats_n else 0) or 0)
+        summary.accepted = valid - summary.duplicates
+        summary.copies = sum(int(f["records"]) for f in files)
+        summary.partitions = len({f["partition"] for f in files})
+    else:
+        with show.phase("counting"):
+            totals = imported.agg(
+                F.count(F.lit(1)),
+                F.sum(F.size("targets")),
+                F.count_distinct("partition_ms"),
+            ).first()
+        assert totals is not None
+        summary.accepted = int(totals[0])
+        summary.copies = int(totals[1] or 0)
+        summary.partitions = int(totals[2])
+        summary.duplicates = valid - summary.accepted - refused_by_server
     with show.phase("rejects"):
         # repartition, not coalesce: the rows are few, but finding them should use every core
         rejects.repartition(1).write.mode("overwrite").parquet(str(options.rejects_dir))
