@@ -123,6 +123,11 @@ def run_import(
     started = time.perf_counter()
     summary = ImportSummary(rejects_dir=str(options.rejects_dir))
     frame, summary.ignored_columns = load_input(spark, options.input, options.fmt, options.mapping)
+    cores = spark.sparkContext.defaultParallelism
+    if frame.rdd.getNumPartitions() < cores:
+        # A small input (one Parquet row group, one CSV file) reads as fewer tasks than cores;
+        # the rules are the costly step, so spread the rows before them.
+        frame = frame.repartition(cores)
 
     with show.phase("catalog"):
         names = [
