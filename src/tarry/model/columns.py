@@ -87,8 +87,8 @@ def _fast_type(name: str, kind: pa.DataType) -> bool:
         return True
     if name in _TEXT:
         return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
-    if name in _INTS:
-        return bool(pa.types.is_integer(kind))
+    if name in _INTS:  # (uint64 may not fit the int64 the rules compute in)
+        return bool(pa.types.is_integer(kind)) and kind != pa.uint64()
     return False
 
 

@@ -91,18 +91,18 @@ def _copies(batch: pa.RecordBatch, ids: IdGenerator, now_ms: int) -> tuple[pa.Ar
     targets = batch.column("targets")
     parents = pc.list_parent_indices(targets)
     queue = pc.list_flatten(targets)
-    destination = batch.column("destination")
-    # A row whose targets are just its destination went to a queue (or route); else a topic.
-    own = pc.and_(
-        pc.equal(pc.list_value_length(targets), 1),
-        pc.equal(pc.list_element(targets, 0), destination),
-    )
-    topic = pc.if_else(own, pa.scalar(None, pa.string()), destination)
 
     def per_copy(name: str) -> pa.Array:
         return pc.take(batch.column(name), parents)
 
-    copy_topic = pc.take(topic, parents)
+    # A row whose targets are just its destination went to a queue (or route); else a topic
+    # (whose copies carry its name).
+    destination = per_copy("destination")
+    own = pc.and_(
+        pc.equal(pc.take(pc.list_value_length(targets), parents), 1),
+        pc.equal(queue, destination),
+    )
+    copy_topic = pc.if_else(own, pa.scalar(None, pa.string()), destination)
     message_id = per_copy("message_id")
     due = per_copy("deliver_at_ms").to_numpy(zero_copy_only=False)
     columns = MessageColumns(
