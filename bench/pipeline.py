@@ -10,8 +10,9 @@ catalog. Measured, each Spark run in a fresh process (the JVM's start-up is repo
 1. import, offline sink (validate → dedupe → fan out → partition → sort → segment files in the
    log store's format, adopted at the next start) on local[1] and local[2]; target local[2]
    >= 150,000 rows/s and >= 1.7 x local[1]; then the server's restart that adopts them;
-2. the same work single-process with pyarrow (the same rules from tarry.model; Parquet out) as
-   the baseline;
+2. the same work single-process with pyarrow as the baseline: the same rules through the same
+   code as the Spark executors (``tarry.pipeline.validation.checker``, i.e. the model's
+   column-wise rules), then dedupe → fan out → partition → sort → Parquet out;
 3. import, online sink on local[2]: ``--online-rows`` rows into the real server over HTTP;
 4. ``tarry pipeline report`` over ``--events`` journal events on local[2] (target <= 60 s at 10M).
 """

@@ -8,15 +8,17 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tarry.errors import InvalidArgument, Unavailable
 from tarry.model.validate import DestinationView, TargetView
 from tarry.pipeline.catalog import views_from_json, views_to_json
-from tarry.pipeline.records import decode_row, derived_message_id
+from tarry.pipeline.records import decode_row, derived_message_id, record_json
 from tarry.pipeline.sink_http import SinkSettings, send_all
 from tarry.pipeline.sources import parse_mapping
 from tarry.pipeline.svg import nice_max
-from tarry.pipeline.validation import ImportRules, checker
+from tarry.pipeline.validation import ImportRules, check_batch, checker
 
 NOW = 1_800_000_000_000
 VIEWS = {
@@ -156,3 +158,45 @@ def test_chart_scale() -> None:
         200,
         5000,
     ]
+
+
+_TEXTS = st.one_of(st.none(), st.text(max_size=6), st.sampled_from(['a"b', "a\\b", "é\n", "\x7f"]))
+
+
+@settings(
+    max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "destination": st.one_of(st.none(), st.sampled_from(["q", "t", "bad name"])),
+                "body": _TEXTS,
+                "delay_ms": st.one_of(st.none(), st.integers(-3, 10**6)),
+                "message_id": _TEXTS,
+                "correlation_id": _TEXTS,
+            }
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_records_built_column_wise_are_the_rows_json(rows: list[dict[str, Any]]) -> None:
+    # Given input rows of the common types (some text needing JSON escapes, some ids missing)
+    schema = pa.schema(
+        [("_row", pa.int64()), ("destination", pa.string()), ("body", pa.string())]
+        + [("delay_ms", pa.int64()), ("message_id", pa.string())]
+        + [("correlation_id", pa.string())]
+    )
+    batch = pa.RecordBatch.from_pylist(
+        [{"_row": i, **r} for i, r in enumerate(rows)], schema=schema
+    )
+    rules = ImportRules(now_ms=NOW, views=tuple(views_to_json(VIEWS)))
+    # When checked
+    out = check_batch(batch, rules, views_from_json(rules.views)).to_pylist()
+    # Then each record is the row's canonical JSON, with a derived message_id where none was given
+    for row, got in zip(rows, out, strict=True):
+        data = decode_row(row)
+        data.setdefault("message_id", derived_message_id(data))
+        assert got["record"] == record_json(data).decode()
+        assert got["message_id"] == data["message_id"]

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from tarry.errors import InvalidArgument
+from tarry.model.rules import first_failure, instant_rules
 
 __all__ = [
     "Clock",
@@ -90,8 +91,9 @@ def parse_instant_ms(value: str | int, *, field: str = "time") -> int:
     if isinstance(value, bool):
         raise InvalidArgument(f"{field} must be epoch milliseconds or an RFC 3339 time")
     if isinstance(value, int):
-        if value < 0:
-            raise InvalidArgument(f"{field} ({value}) must not be before 1970")
+        error = first_failure(instant_rules(field), value=value)
+        if error is not None:
+            raise error
         return value
     if not isinstance(value, str):
         raise InvalidArgument(f"{field} must be epoch milliseconds or an RFC 3339 time")

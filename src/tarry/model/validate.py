@@ -16,6 +16,9 @@ Rules, in the order they are checked (the first that fails is reported):
 
 A topic's targets are its subscribed queues at send time (JMS: only subscriptions that exist at
 send); the publish is refused as a whole when any copy would be.
+
+The rules themselves are tables in ``tarry.model.rules``, shared with the column-wise form
+(``tarry.model.columns``) that checks whole Arrow batches; this module applies them to one send.
 """
 
 from __future__ import annotations
@@ -27,17 +30,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tarry.errors import (
-    DestinationFull,
-    ExpiryError,
-    InvalidArgument,
-    MessageTooLarge,
-    NotAuthorized,
-    OptionsError,
-    PutDisabled,
-    UnknownDestination,
-)
+from tarry.errors import ExpiryError, InvalidArgument
 from tarry.model.message import MAX_DELAY_MS, Report, SendPlan, SendRequest, Undeliverable
+from tarry.model.rules import (
+    BOTH_TIMES,
+    DESTINATION_REQUIRED,
+    MAX_ID_CHARS,
+    TIME_RULES,
+    destination_rules,
+    first_failure,
+    id_rules,
+    ms_rules,
+)
 from tarry.model.time import parse_instant_ms
 
 __all__ = [
@@ -50,7 +54,7 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:@\-]{0,199}$")
-_MAX_ID_CHARS = 256
+_MAX_ID_CHARS = MAX_ID_CHARS
 #: Names already found valid (destinations repeat; the regex is the costly part).
 _GOOD_NAMES: set[str] = set()
 _MAX_HEADERS = 256
@@ -122,23 +126,24 @@ def _opt_str(data: Mapping[str, Any], key: str) -> str | None:
     value = data.get(key)
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > _MAX_ID_CHARS:
-        raise InvalidArgument(f"{key} must be a non-empty string of at most {_MAX_ID_CHARS} chars")
-    if "\x00" in value:
-        # No store keeps NUL in text (PostgreSQL refuses it): say so instead of failing later.
-        raise InvalidArgument(f"{key} must not contain NUL (\\x00) characters; remove them")
-    return value
+    text = isinstance(value, str)
+    error = first_failure(
+        id_rules(key), length=len(value) if text else -1, has_nul=text and "\x00" in value
+    )
+    if error is not None:
+        raise error
+    return value  # type: ignore[no-any-return]
 
 
 def _opt_int(data: Mapping[str, Any], key: str) -> int | None:
     value = data.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{key} must be a whole number of milliseconds, got {value!r}")
-    if value < 0:
-        raise InvalidArgument(f"{key} ({value}) must not be negative")
-    return value
+    not_int = isinstance(value, bool) or not isinstance(value, int)
+    error = first_failure(ms_rules(key), not_int=not_int, value=value)
+    if error is not None:
+        raise error
+    return value  # type: ignore[no-any-return]
 
 
 def _bool(data: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -223,12 +228,12 @@ def parse_send(data: Mapping[str, Any]) -> SendRequest:
     get = data.get
     destination = get("destination")
     if destination is None:
-        raise InvalidArgument("destination is required: name the queue or topic to deliver to")
+        raise DESTINATION_REQUIRED.refuse()
     check_name(destination, field="destination")
     delay_ms = None if get("delay_ms") is None else _opt_int(data, "delay_ms")
     deliver_at_raw = get("deliver_at")
     if delay_ms is not None and deliver_at_raw is not None:
-        raise InvalidArgument("give delay_ms or deliver_at, not both")
+        raise BOTH_TIMES.refuse()
     deliver_at_ms = (
         None if deliver_at_raw is None else parse_instant_ms(deliver_at_raw, field="deliver_at")
     )
@@ -269,28 +274,21 @@ def parse_send(data: Mapping[str, Any]) -> SendRequest:
 def plan_times(request: SendRequest, *, now_ms: int) -> SendPlan:
     """Rules 2–4: when the message falls due and when it expires. No destination needed."""
     if request.delay_ms is not None and request.deliver_at_ms is not None:
-        raise InvalidArgument("give delay_ms or deliver_at, not both")
+        raise BOTH_TIMES.refuse()
     if request.deliver_at_ms is not None:
         delay_ms = max(0, request.deliver_at_ms - now_ms)  # a time in the past means "now"
     else:
         delay_ms = request.delay_ms or 0
-    if delay_ms > 0 and (request.group_id is not None or request.retain):
-        what = "group_id" if request.group_id is not None else "retain"
-        raise OptionsError(
-            f"{what} cannot be combined with a delay; send grouped or retained messages "
-            "without delay_ms/deliver_at"
-        )
-    if delay_ms > MAX_DELAY_MS:
-        raise InvalidArgument(
-            f"the delay ({delay_ms} ms) is longer than the maximum of {MAX_DELAY_MS} ms "
-            "(2^28 - 1 s, about 8.5 years); shorten it"
-        )
     ttl_ms = request.ttl_ms
-    if ttl_ms is not None and ttl_ms > 0 and delay_ms > 0 and ttl_ms < delay_ms:
-        raise ExpiryError(
-            f"ttl_ms ({ttl_ms}) is shorter than the delay ({delay_ms} ms), so the message would "
-            "expire before it is due; raise ttl_ms or drop it"
-        )
+    error = first_failure(
+        TIME_RULES,
+        delay_ms=delay_ms,
+        ttl_ms=-1 if ttl_ms is None else ttl_ms,
+        grouped=request.group_id is not None,
+        retain=request.retain,
+    )
+    if error is not None:
+        raise error
     deliver_at_ms = now_ms + delay_ms
     if ttl_ms is None:
         expires_at_ms = None
@@ -315,42 +313,11 @@ def validate_send(
 ) -> SendPlan:
     """Apply every send-time rule (see the module docstring) and return the plan, or raise."""
     plan = plan_times(request, now_ms=now_ms)
-    if not may_send:
-        raise NotAuthorized(
-            f"this token may not send to {request.destination!r}; ask for a token with send "
-            "permission on it"
-        )
-    if destination.kind is None:
-        raise UnknownDestination(
-            f"destination {request.destination!r} does not exist; declare it first "
-            f"(PUT /v1/queues/{request.destination} or tarry queue declare)"
-        )
     size = len(request.body)
-    if size > limits.max_message_bytes:
-        raise MessageTooLarge(
-            f"the body is {size} bytes, over the server's limit of {limits.max_message_bytes}; "
-            "send a smaller body"
-        )
-    for target in destination.targets:
-        _check_target(target, size)
+    for rule in destination_rules(destination, may_send=may_send, limits=limits):
+        if rule.fails(size=size):
+            raise rule.refuse(size=size)
     return plan
-
-
-def _check_target(target: TargetView, size: int) -> None:
-    if not target.put_enabled:
-        raise PutDisabled(
-            f"queue {target.name!r} is put-disabled; enable it (put_enabled=true) before sending"
-        )
-    if target.max_message_bytes is not None and size > target.max_message_bytes:
-        raise MessageTooLarge(
-            f"the body is {size} bytes, over queue {target.name!r}'s max_message_bytes of "
-            f"{target.max_message_bytes}; send a smaller body"
-        )
-    if target.full:
-        raise DestinationFull(
-            f"queue {target.name!r} is full (max_length reached, overflow reject_publish); "
-            "retry later or consume from it"
-        )
 
 
 def check_batch_size(items: Sequence[Any], *, limit: int = 10_000) -> None:

@@ -12,14 +12,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tarry.model.validate import DestinationView
 from tarry.pipeline.catalog import views_to_json
 from tarry.pipeline.dedupe import split_duplicates
 from tarry.pipeline.progress import SparkProgress
 from tarry.pipeline.sink_http import ALREADY_THERE, CREATED, SENT_DDL, SinkSettings, sender
-from tarry.pipeline.sink_log import WRITTEN_DDL, LogSinkSettings, segment_writer
+from tarry.pipeline.sink_log import SEGMENT_COLUMNS, WRITTEN_DDL, LogSinkSettings, segment_writer
 from tarry.pipeline.sources import ROW, load_input
 from tarry.pipeline.summary import ImportSummary
 from tarry.pipeline.validation import CHECKED_DDL, ImportRules, checker
@@ -82,8 +82,9 @@ def _write_plan(first: DataFrame, path: Path) -> None:
     )
 
 
-def _write_segments(imported: DataFrame, settings: LogSinkSettings) -> int:
-    """Segment files per time partition, sorted by due time, then the import manifest (last)."""
+def _write_segments(imported: DataFrame, settings: LogSinkSettings) -> list[dict[str, Any]]:
+    """Segment files per time partition, sorted by due time, then the import manifest (last);
+    returns the files' reports (``WRITTEN_DDL``)."""
     from pyspark.sql import functions as F
 
     from tarry.store.log.adopt import ImportManifest, write_manifest
@@ -94,7 +95,7 @@ def _write_segments(imported: DataFrame, settings: LogSinkSettings) -> int:
         imported.withColumn("_number", number)
         .repartition("_number")
         .sortWithinPartitions("_number", "deliver_at_ms")
-        .select("deliver_at_ms", "expires_at_ms", "targets", "record")
+        .select(*SEGMENT_COLUMNS)
         .mapInArrow(segment_writer(settings), WRITTEN_DDL)
         .collect()
     )
@@ -103,7 +104,7 @@ def _write_segments(imported: DataFrame, settings: LogSinkSettings) -> int:
         settings.area,
         ImportManifest(settings.area.name, settings.now_ms, settings.granularity_ms, files),
     )
-    return len(files)
+    return files
 
 
 def run_import(
@@ -122,6 +123,11 @@ def run_import(
     started = time.perf_counter()
     summary = ImportSummary(rejects_dir=str(options.rejects_dir))
     frame, summary.ignored_columns = load_input(spark, options.input, options.fmt, options.mapping)
+    cores = spark.sparkContext.defaultParallelism
+    if frame.rdd.getNumPartitions() < cores:
+        # A small input (one Parquet row group, one CSV file) reads as fewer tasks than cores;
+        # the rules are the costly step, so spread the rows before them.
+        frame = frame.repartition(cores)
 
     with show.phase("catalog"):
         names = [
@@ -166,24 +172,39 @@ def run_import(
             failed = sent.where(~F.col("outcome").isin(CREATED, ALREADY_THERE))
             rejects = rejects.unionByName(_rejects(failed.withColumnRenamed("outcome", "code")))
             imported = first.join(failed.select(ROW), ROW, "left_anti")
-    with show.phase("counting"):
-        totals = imported.agg(
-            F.count(F.lit(1)),
-            F.sum(F.size("targets")),
-            F.count_distinct("partition_ms"),
-        ).first()
-    assert totals is not None
-    summary.accepted = int(totals[0])
-    summary.copies = int(totals[1] or 0)
-    summary.partitions = int(totals[2])
-    summary.duplicates = valid - summary.accepted - refused_by_server
     if options.plan_dir is not None:
         with show.phase("plan"):
             _write_plan(imported, options.plan_dir)
+    files: list[dict[str, Any]] | None = None
     if options.log_sink is not None:
         with show.phase("segments"):
-            summary.files = _write_segments(imported, options.log_sink)
+            files = _write_segments(imported, options.log_sink)
+            summary.files = len(files)
             summary.import_area = str(options.log_sink.area)
+    same_partitions = (
+        options.log_sink is not None and options.partition_ms == options.log_sink.granularity_ms
+    )
+    if files is not None and sent is None and same_partitions:
+        # Offline only: the writers' reports and the repeated keys say it all, without another
+        # pass over every row (the rows with no copy, for topics without subscribers, are in
+        # ``accepted`` but in no file).
+        repeats_n = marked.agg(F.sum(F.col("_n") - 1)).first()
+        summary.duplicates = int((repeats_n[0] if repeats_n else 0) or 0)
+        summary.accepted = valid - summary.duplicates
+        summary.copies = sum(int(f["records"]) for f in files)
+        summary.partitions = len({f["partition"] for f in files})
+    else:
+        with show.phase("counting"):
+            totals = imported.agg(
+                F.count(F.lit(1)),
+                F.sum(F.size("targets")),
+                F.count_distinct("partition_ms"),
+            ).first()
+        assert totals is not None
+        summary.accepted = int(totals[0])
+        summary.copies = int(totals[1] or 0)
+        summary.partitions = int(totals[2])
+        summary.duplicates = valid - summary.accepted - refused_by_server
     with show.phase("rejects"):
         # repartition, not coalesce: the rows are few, but finding them should use every core
         rejects.repartition(1).write.mode("overwrite").parquet(str(options.rejects_dir))

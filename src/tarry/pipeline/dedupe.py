@@ -19,7 +19,7 @@ DUPLICATE = "duplicate"
 
 def split_duplicates(accepted: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
     """(first of each key, the repeats as rejects with code ``duplicate``, the persisted frame
-    of repeated keys: ``unpersist`` it when done).
+    of repeated keys with ``_n``, how many rows hold each: ``unpersist`` it when done).
 
     Only the keys travel through a shuffle (an aggregation, not a sort of whole rows); the keys
     that repeat (few) are kept and joined back to mark the later rows."""
@@ -32,11 +32,10 @@ def split_duplicates(accepted: DataFrame) -> tuple[DataFrame, DataFrame, DataFra
         .groupBy(*key)
         .agg(F.min(ROW).alias("_first"), F.count(F.lit(1)).alias("_n"))
         .where("_n > 1")
-        .drop("_n")
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
     repeated.count()  # materialised: small, so the joins below broadcast it
-    marked = accepted.join(repeated, key, "left")
+    marked = accepted.join(repeated.drop("_n"), key, "left")
     later = F.col("_first").isNotNull() & (F.col(ROW) != F.col("_first"))
     first = marked.where(~later).drop("_first")
     repeats = (

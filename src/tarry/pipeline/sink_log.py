@@ -4,9 +4,11 @@ import area, ``<data_dir>/log/imports/<import>/``, that the store adopts at its 
 (``tarry.store.log.adopt``: all or nothing, every file verified against the import manifest,
 whose layout is described there).
 
-Each executor task writes one file per time partition it holds and reports its name, size,
-CRC32C and record count; the driver writes ``IMPORT`` from those reports, so files of a failed
-task attempt are never named (and adoption deletes the whole area afterwards).
+The records are encoded column-wise (``tarry.store.log.record_columns``: the same bytes as
+``encode_message``), one Arrow batch at a time. Each executor task writes one file per time
+partition it holds and reports its name, size, CRC32C and record count; the driver writes
+``IMPORT`` from those reports, so files of a failed task attempt are never named (and adoption
+deletes the whole area afterwards).
 """
 
 from __future__ import annotations
@@ -19,19 +21,31 @@ from pathlib import Path
 from typing import Any
 
 import google_crc32c
-import orjson
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from tarry.model.fanout import fan_out
 from tarry.model.ids import IdGenerator
-from tarry.model.message import Message, SendPlan
-from tarry.model.validate import DestinationView, TargetView, parse_send
-from tarry.store.log.held import dedupe_hash
-from tarry.store.log.record import encode_message
+from tarry.store.log.record_columns import MessageColumns, dedupe_hashes, encode_message_columns
 
-__all__ = ["WRITTEN_DDL", "LogSinkSettings", "import_area", "segment_writer"]
+__all__ = ["SEGMENT_COLUMNS", "WRITTEN_DDL", "LogSinkSettings", "import_area", "segment_writer"]
 
 WRITTEN_DDL = "name string, partition long, bytes long, crc long, records long"
+#: The checked columns the writer reads (``tarry.pipeline.validation.CHECKED_SCHEMA``).
+SEGMENT_COLUMNS = (
+    "deliver_at_ms",
+    "expires_at_ms",
+    "targets",
+    "destination",
+    "message_id",
+    "body",
+    "headers",
+    "correlation_id",
+    "reply_to",
+    "report",
+    "discard",
+    "persistent",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +72,11 @@ class _Open:
         self.bytes = 0
         self.records = 0
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, records: int) -> None:
         self.handle.write(data)
         self.crc = google_crc32c.extend(self.crc, data)
         self.bytes += len(data)
-        self.records += 1
+        self.records += records
 
     def finish(self) -> None:
         self.handle.flush()
@@ -70,21 +84,45 @@ class _Open:
         self.handle.close()
 
 
-def _messages(
-    record: dict[str, Any], row: dict[str, Any], ids: IdGenerator, now_ms: int
-) -> list[Message]:
-    """The copies of one accepted row, built as the engine builds them at send time."""
-    request = parse_send(record)
-    targets = row["targets"]
-    kind = "queue" if targets == [request.destination] else "topic"
-    view = DestinationView(request.destination, kind, tuple(TargetView(q) for q in targets))
-    plan = SendPlan(
-        request=request,
-        sent_at_ms=now_ms,
-        deliver_at_ms=int(row["deliver_at_ms"]),
-        expires_at_ms=row["expires_at_ms"],
+def _copies(batch: pa.RecordBatch, ids: IdGenerator, now_ms: int) -> tuple[pa.Array, np.ndarray]:
+    """The framed MESSAGE records of a batch of accepted rows: one per fan-out copy, in row
+    order (``fan_out``: a queue gets the message, a topic one copy per subscriber, carrying the
+    topic's name), each with the engine's de-duplication hash; and each copy's due time."""
+    targets = batch.column("targets")
+    parents = pc.list_parent_indices(targets)
+    queue = pc.list_flatten(targets)
+
+    def per_copy(name: str) -> pa.Array:
+        return pc.take(batch.column(name), parents)
+
+    # A row whose targets are just its destination went to a queue (or route); else a topic
+    # (whose copies carry its name).
+    destination = per_copy("destination")
+    own = pc.and_(
+        pc.equal(pc.take(pc.list_value_length(targets), parents), 1),
+        pc.equal(queue, destination),
     )
-    return fan_out(plan, view, ids.new_due)
+    copy_topic = pc.if_else(own, pa.scalar(None, pa.string()), destination)
+    message_id = per_copy("message_id")
+    due = per_copy("deliver_at_ms").to_numpy(zero_copy_only=False)
+    columns = MessageColumns(
+        ids=ids.new_due_many(now_ms, due),
+        destination=queue,
+        topic=copy_topic,
+        due_ms=due,
+        sent_ms=now_ms,
+        expires_ms=per_copy("expires_at_ms"),
+        message_id=message_id,
+        correlation_id=per_copy("correlation_id"),
+        reply_to=per_copy("reply_to"),
+        report=per_copy("report"),
+        headers=per_copy("headers"),
+        body=per_copy("body"),
+        discard=np.asarray(per_copy("discard").to_numpy(zero_copy_only=False), bool),
+        persistent=np.asarray(per_copy("persistent").to_numpy(zero_copy_only=False), bool),
+    )
+    hashes = dedupe_hashes(copy_topic, queue, message_id)
+    return encode_message_columns(columns, hashes), due
 
 
 def segment_writer(
@@ -98,16 +136,28 @@ def segment_writer(
         ids = IdGenerator()
         files: dict[int, _Open] = {}
         for batch in batches:
-            for row in batch.to_pylist():
-                number = int(row["deliver_at_ms"]) // settings.granularity_ms
+            if batch.num_rows == 0:
+                continue
+            records, due = _copies(batch, ids, settings.now_ms)
+            if len(records) == 0:  # topics without subscribers
+                continue
+            numbers = due // settings.granularity_ms
+            _, offsets, data = records.buffers()
+            bounds = np.frombuffer(offsets, np.int32)[
+                records.offset : records.offset + len(records) + 1
+            ]
+            # Rows arrive sorted by partition: each partition's copies are one run of bytes.
+            starts = np.flatnonzero(np.r_[True, numbers[1:] != numbers[:-1]])
+            ends = np.r_[starts[1:], len(numbers)]
+            view = memoryview(data)
+            for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+                number = int(numbers[a])
                 out = files.get(number)
                 if out is None:
                     out = files[number] = _Open(
                         settings.area / f"p-{number:010d}" / f"{task}-{len(files)}.log"
                     )
-                record = orjson.loads(row["record"])
-                for message in _messages(record, row, ids, settings.now_ms):
-                    out.write(encode_message(message, dedupe_hash(message)))
+                out.write(bytes(view[bounds[a] : bounds[b]]), b - a)
         written: dict[str, list[Any]] = {n: [] for n in ("name", "partition", "bytes", "crc")}
         written["records"] = []
         for number, out in files.items():

@@ -1,28 +1,33 @@
-"""The send rules inside Spark: one ``mapInArrow`` step that runs ``tarry.model.batch`` on every
-Arrow batch of input rows, in the executors' Python workers.
+"""The send rules inside Spark: one ``mapInArrow`` step that runs the model's column-wise rules
+(``tarry.model.columns``) on every Arrow batch of input rows, in the executors' Python workers.
 
 Each input row comes out as exactly one row of ``CHECKED_SCHEMA``: accepted (``code`` null) with
-its due time, expiry, time partition and fan-out targets, or rejected with the error code and
-message the HTTP API would have given. Nothing is dropped here.
+its due time, expiry, time partition, fan-out targets and the normalised message fields the
+offline sink encodes, or rejected with the error code and message the HTTP API would have given.
+Nothing is dropped here. ``record`` is the send as JSON (what the online sink posts and the
+rejects keep), built column-wise too where the values need no JSON escaping.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tarry.errors import TarryError
-from tarry.model.batch import parse_batch, validate_batch
+from tarry.model.columns import CheckedColumns, check_columns
 from tarry.model.fanout import targets_of
 from tarry.model.validate import DestinationView, SendLimits
 from tarry.pipeline.catalog import views_from_json
 from tarry.pipeline.records import decode_row, derived_message_id, record_json
 from tarry.pipeline.sources import ROW
+from tarry.store.log.record_columns import needs_json_escape
 
-__all__ = ["CHECKED_DDL", "CHECKED_SCHEMA", "ImportRules", "check_rows", "checker"]
+__all__ = ["CHECKED_DDL", "CHECKED_SCHEMA", "ImportRules", "check_batch", "checker"]
 
 
 CHECKED_SCHEMA = pa.schema(
@@ -37,12 +42,30 @@ CHECKED_SCHEMA = pa.schema(
         ("partition_ms", pa.int64()),
         ("targets", pa.list_(pa.string())),
         ("record", pa.string()),
+        ("body", pa.binary()),
+        ("headers", pa.string()),
+        ("correlation_id", pa.string()),
+        ("reply_to", pa.string()),
+        ("report", pa.string()),
+        ("discard", pa.bool_()),
+        ("persistent", pa.bool_()),
     ]
 )
 CHECKED_DDL = (
     f"{ROW} long, destination string, message_id string, code string, message string, "
     "deliver_at_ms long, expires_at_ms long, partition_ms long, targets array<string>, "
-    "record string"
+    "record string, body binary, headers string, correlation_id string, reply_to string, "
+    "report string, discard boolean, persistent boolean"
+)
+#: The normalised message fields, passed through from the model's verdicts.
+MESSAGE_FIELDS = (
+    "body",
+    "headers",
+    "correlation_id",
+    "reply_to",
+    "report",
+    "discard",
+    "persistent",
 )
 
 
@@ -59,56 +82,122 @@ class ImportRules:
     max_message_bytes: int = SendLimits().max_message_bytes
 
 
-def check_rows(
-    rows: Sequence[dict[str, Any]],
-    ordinals: Sequence[int],
-    rules: ImportRules,
-    views: dict[str, DestinationView],
+def check_batch(
+    batch: pa.RecordBatch, rules: ImportRules, views: Mapping[str, DestinationView]
 ) -> pa.RecordBatch:
-    """The rules over one batch of input rows (plain dicts named by send field)."""
-    sends: list[dict[str, Any]] = []
-    decode_errors: dict[int, TarryError] = {}
-    for index, row in enumerate(rows):
-        try:
-            data = decode_row(row)
-        except TarryError as exc:
-            decode_errors[index] = exc
-            data = {k: v for k, v in row.items() if v is not None and k != "headers"}
-        if "message_id" not in data:
-            data["message_id"] = derived_message_id(data)
-        sends.append(data)
-    parsed = parse_batch(sends)
-    for index, error in decode_errors.items():
-        parsed[index] = error
-    planned = validate_batch(
-        parsed,
+    """The rules over one batch of input rows (``_row`` plus send-field columns)."""
+    n = batch.num_rows
+    sends = batch.drop_columns([ROW]) if ROW in batch.schema.names else batch
+    checked = check_columns(
+        sends,
         now_ms=rules.now_ms,
         views=views,
         limits=SendLimits(max_message_bytes=rules.max_message_bytes),
+        decode=decode_row,
     )
-    columns: dict[str, list[Any]] = {name: [] for name in CHECKED_SCHEMA.names}
-    span = rules.partition_ms
-    for ordinal, data, plan in zip(ordinals, sends, planned, strict=True):
-        destination = data.get("destination")
-        columns[ROW].append(ordinal)
-        columns["destination"].append(None if destination is None else str(destination))
-        message_id = data.get("message_id")
-        columns["message_id"].append(None if message_id is None else str(message_id))
-        columns["record"].append(record_json(data).decode())
-        if isinstance(plan, TarryError):
-            columns["code"].append(plan.code)
-            columns["message"].append(plan.message)
-            for name in ("deliver_at_ms", "expires_at_ms", "partition_ms", "targets"):
-                columns[name].append(None)
-            continue
-        columns["code"].append(None)
-        columns["message"].append(None)
-        columns["deliver_at_ms"].append(plan.deliver_at_ms)
-        columns["expires_at_ms"].append(plan.expires_at_ms)
-        columns["partition_ms"].append(plan.deliver_at_ms - plan.deliver_at_ms % span)
-        destination = plan.request.destination
-        columns["targets"].append([q for q, _ in targets_of(destination, views.get(destination))])
+    given_id = _text(sends, "message_id")
+    needs_id = ~_valid(given_id)
+    records, by_row = _records(sends, checked.by_row | needs_id)
+    message_id = given_id
+    if by_row.any():  # ids derived from the content, and JSON that needs escaping
+        rows = np.flatnonzero(by_row)
+        picked = sends.take(pa.array(rows)).to_pylist()
+        ids, texts = [], []
+        for i, row in zip(rows, picked, strict=True):
+            try:
+                data = decode_row(row)
+            except TarryError:
+                data = {k: v for k, v in row.items() if v is not None and k != "headers"}
+            if needs_id[i]:
+                data["message_id"] = derived_message_id(data)
+            ids.append(None if data.get("message_id") is None else str(data["message_id"]))
+            texts.append(record_json(data).decode())
+        mask = pa.array(np.isin(np.arange(n), rows))
+        message_id = pc.replace_with_mask(message_id, mask, pa.array(ids, pa.string()))
+        records = pc.replace_with_mask(records, mask, pa.array(texts, pa.string()))
+    accepted = pc.is_null(checked.code)
+    # The checked message_id (a derived one where none was given) for accepted rows.
+    message_id = pc.if_else(accepted, pc.coalesce(checked.message_id, message_id), message_id)
+    due = checked.deliver_at_ms
+    columns: dict[str, Any] = {
+        ROW: batch.column(ROW),
+        "destination": _text(sends, "destination"),
+        "message_id": message_id,
+        "code": checked.code,
+        "message": checked.message,
+        "deliver_at_ms": due,
+        "expires_at_ms": checked.expires_at_ms,
+        "partition_ms": _partition(due, rules.partition_ms),
+        "targets": _targets(checked, views),
+        "record": records,
+    }
+    columns.update({name: getattr(checked, name) for name in MESSAGE_FIELDS})
     return pa.RecordBatch.from_pydict(columns, schema=CHECKED_SCHEMA)
+
+
+def _partition(due: pa.Array, span: int) -> pa.Array:
+    """The due time rounded down to the partition width."""
+    values = pc.fill_null(due, 0).to_numpy(zero_copy_only=False)
+    return pa.array(values - values % span, pa.int64(), mask=~_valid(due))
+
+
+def _valid(column: pa.Array) -> np.ndarray:
+    return np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _text(batch: pa.RecordBatch, name: str) -> pa.Array:
+    """A column as text: a string column as it is; other types value by value (``str``)."""
+    if name not in batch.schema.names:
+        return pa.nulls(batch.num_rows, pa.string())
+    column = batch.column(name)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return column.cast(pa.string())
+    return pa.array([None if v is None else str(v) for v in column.to_pylist()], pa.string())
+
+
+def _targets(checked: CheckedColumns, views: Mapping[str, DestinationView]) -> pa.Array:
+    """The queues each accepted row lands in (null for refused rows)."""
+    accepted = pc.is_null(checked.code)
+    destination = pc.if_else(accepted, checked.destination, pa.scalar(None, pa.string()))
+    encoded = destination.dictionary_encode()
+    lists = [
+        [queue for queue, _ in targets_of(name, views.get(name))]
+        for name in encoded.dictionary.to_pylist()
+    ]
+    return pc.take(pa.array(lists, pa.list_(pa.string())), encoded.indices)
+
+
+#: Characters JSON must escape: text holding one goes through ``record_json`` instead.
+_NEEDS_ESCAPE = r'[\x00-\x1f"\\]'
+
+
+def _records(sends: pa.RecordBatch, by_row: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+    """``record_json`` of each row, concatenated column-wise: keys sorted, nulls left out. Rows
+    in ``by_row``, or with text that JSON must escape, are left for ``record_json``: the second
+    value marks them (their first value is meaningless)."""
+    n = sends.num_rows
+    pieces = []
+    for name in sorted(sends.schema.names):
+        column = sends.column(name)
+        kind = column.type
+        if pa.types.is_null(kind):
+            continue
+        if pa.types.is_integer(kind):
+            piece = pc.binary_join_element_wise(f',"{name}":', pc.cast(column, pa.string()), "")
+        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            column = column.cast(pa.string())
+            by_row = by_row | needs_json_escape(column)
+            piece = pc.binary_join_element_wise(f',"{name}":"', column, '"', "")
+        else:
+            by_row = by_row | _valid(column)
+            continue
+        pieces.append(piece)
+    # '}' closes every row and its first ',' becomes '{'; a row with no field at all has no
+    # message_id either, so it is in by_row already.
+    joined = pc.binary_join_element_wise(*pieces, "}", "", null_handling="replace")
+    if not pieces:
+        joined = pa.array(["}"] * n, pa.string())
+    return pc.binary_replace_slice(joined, start=0, stop=1, replacement="{"), by_row
 
 
 def checker(rules: ImportRules) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -120,9 +209,6 @@ def checker(rules: ImportRules) -> Callable[[Iterator[pa.RecordBatch]], Iterator
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            names = [n for n in batch.schema.names if n != ROW]
-            columns = [batch.column(n).to_pylist() for n in names]  # faster than row dicts
-            rows = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
-            yield check_rows(rows, batch.column(ROW).to_pylist(), rules, views)
+            yield check_batch(batch, rules, views)
 
     return run
