@@ -24,7 +24,7 @@ from tarry.model.state import MessageState
 from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
 from tarry.store.sql import SqlConnection, row_lock
-from tarry.store.sqlite.rows import COLUMNS, INSERT_SQL, SELECT_SQL, from_row, to_row
+from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL, Insert, from_row, insert_rows, to_insert
 
 __all__ = ["HANDOFF_MS", "ClockSequencer", "QueueTxn", "Sequencer"]
 
@@ -80,7 +80,9 @@ class QueueTxn:
         self.waiting = waiting
         self.error_queue = error_queue
         self.events: list[Event] = []
-        self._rows: list[tuple[object, ...]] = []
+        #: Rows ``enqueue(insert=True)`` gathered for ``flush``: (message, seq, insert); each is
+        #: visible from ``now_ms``.
+        self._rows: list[tuple[Message, int, Insert]] = []
         #: Queues that received ready messages: their waiting consumers are woken after commit.
         self.filled: set[str] = set()
 
@@ -142,7 +144,8 @@ class QueueTxn:
         if insert:
             # Gathered and written by one executemany (``flush``), before any read of the
             # queue or any other write of this transaction.
-            self._rows.append(to_row(message, seq=self.seq.next(), visible_at_ms=now))
+            seq = self.seq.next()
+            self._rows.append((message, seq, to_insert(message, seq=seq, visible_at_ms=now)))
             changed = 1
         else:
             changed = self.conn.execute(
@@ -168,20 +171,20 @@ class QueueTxn:
         return found
 
     def flush(self) -> None:
-        """Write the rows ``enqueue(insert=True)`` gathered."""
+        """Write the rows ``enqueue(insert=True)`` gathered (one ``executemany`` per statement,
+        in a savepoint: a key conflict undoes the batch alone, and it is written row by row)."""
         if not self._rows:
             return
         rows, self._rows = self._rows, []
+        self.conn.execute("SAVEPOINT flush")
         try:
-            self.conn.executemany(INSERT_SQL, rows)
+            insert_rows(self.conn, [insert for _, _, insert in rows])
         except sqlite3.IntegrityError:
-            # Some (destination, message_id) key is held by an older finished message that the
-            # producer reused after retention: write one by one, keeping each without its key.
-            for row in rows:
-                try:
-                    self.conn.execute(INSERT_SQL, row)
-                except sqlite3.IntegrityError:
-                    self.conn.execute(INSERT_SQL, (*row[:10], None, *row[11:]))
+            self.conn.execute("ROLLBACK TO flush")
+            for message, seq, insert in rows:
+                self._write(message, insert, seq=seq, visible_at_ms=self.now_ms)
+        finally:
+            self.conn.execute("RELEASE flush")
 
     def adopt(self, message: Message) -> bool:
         """Separate queue database: take in a scheduled message as a row keyed by its tarry id
@@ -195,19 +198,25 @@ class QueueTxn:
         self, message: Message, *, seq: int | None = None, visible_at_ms: int | None = None
     ) -> None:
         self.flush()
+        insert = to_insert(message, seq=seq, visible_at_ms=visible_at_ms)
+        self._write(message, insert, seq=seq, visible_at_ms=visible_at_ms)
+
+    def _write(
+        self, message: Message, insert: Insert, *, seq: int | None, visible_at_ms: int | None
+    ) -> None:
         try:
-            self.conn.execute(INSERT_SQL, to_row(message, seq=seq, visible_at_ms=visible_at_ms))
+            self.conn.execute(*insert)
         except sqlite3.IntegrityError:
             # Its (destination, message_id) key is held by an older finished message that the
             # producer reused after retention: keep this one too, without the key.
             self.conn.execute(
-                INSERT_SQL, to_row(message, seq=seq, visible_at_ms=visible_at_ms, dedupe=False)
+                *to_insert(message, seq=seq, visible_at_ms=visible_at_ms, dedupe=False)
             )
 
     def insert_and_enqueue(self, message: Message, queue: str) -> None:
         """A message tarry makes itself (dead-letter copy, report) enters ``queue``."""
         self.flush()
-        self.conn.execute(INSERT_SQL, to_row(message, dedupe=False))
+        self.conn.execute(*to_insert(message, dedupe=False))
         self.enqueue(message, queue)
 
     def ready_count(self, queue: str) -> int:
