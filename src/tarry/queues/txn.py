@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from itertools import chain
 
 import orjson
 
@@ -397,7 +398,7 @@ class QueueTxn:
             (queue, now, now, max_messages),
         ).fetchall()
         taken = []
-        updates = []
+        updates: list[tuple[str, str]] = []
         for row in rows:
             message = from_row(row)
             receipt = self.ids.new(now)
@@ -405,23 +406,21 @@ class QueueTxn:
             message.delivery_count += 1
             message.state = MessageState.DELIVERED
             message.updated_at_ms = now
-            updates.append(
-                (
-                    receipt,
-                    now + visibility_ms,
-                    message.delivery_count,
-                    int(message.redelivered),
-                    now,
-                    message.id,
-                )
-            )
+            updates.append((message.id, receipt))
             self.emit("received", message, queue)
             taken.append((message, receipt))
-        if updates:  # one batch: a single round trip where the database is a server
-            self.conn.executemany(
-                "UPDATE messages SET state = 'delivered', receipt = ?, visible_at_ms = ?, "
-                "delivery_count = ?, redelivered = ?, updated_at_ms = ? WHERE id = ?",
-                updates,
+        for start in range(0, len(updates), 256):
+            # One statement a chunk (one round trip where the database is a server; one step,
+            # not one per row, for SQLite: see ``store.sqlite.rows.insert_rows``). The
+            # counts are worked out from each row's own columns, as for ``message`` above.
+            chunk = updates[start : start + 256]
+            self.conn.execute(
+                "UPDATE messages SET state = 'delivered', receipt = v.column2, "
+                "visible_at_ms = ?, delivery_count = delivery_count + 1, "
+                "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END, "
+                f"updated_at_ms = ? FROM (VALUES {', '.join(['(?, ?)'] * len(chunk))}) AS v "
+                "WHERE messages.id = v.column1",
+                [now + visibility_ms, now, *chain.from_iterable(chunk)],
             )
         return taken
 
@@ -433,7 +432,7 @@ class QueueTxn:
         done, unknown = 0, []
         held = self._held_by_receipt(receipts)
         settled: set[str] = set()
-        acked: list[tuple[int, str]] = []
+        acked: list[str] = []
         for receipt in receipts:
             message = held.get(receipt)
             if (
@@ -446,7 +445,7 @@ class QueueTxn:
                 continue
             settled.add(message.id)
             if ack:
-                acked.append((self.now_ms, message.id))
+                acked.append(message.id)
                 message.state = MessageState.ACKED
                 self.emit("acked", message, queue)
             elif requeue:
@@ -462,11 +461,12 @@ class QueueTxn:
             else:
                 self.dead_letter(message, from_queue=queue, reason=DeathReason.REJECTED)
             done += 1
-        if acked:
-            self.conn.executemany(
+        for start in range(0, len(acked), 500):  # one statement a chunk, as in ``receive``
+            chunk = acked[start : start + 500]
+            self.conn.execute(
                 "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
-                "updated_at_ms = ? WHERE id = ?",
-                acked,
+                f"updated_at_ms = ? WHERE id IN ({', '.join('?' * len(chunk))})",
+                [self.now_ms, *chunk],
             )
         return done, unknown
 
