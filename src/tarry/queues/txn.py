@@ -143,8 +143,8 @@ class QueueTxn:
         message.queue_expires_at_ms = expires
         message.updated_at_ms = now
         if insert:
-            # Gathered and written by one executemany (``flush``), before any read of the
-            # queue or any other write of this transaction.
+            # Gathered and written together (``flush``), before any read of the queue or any
+            # other write of this transaction.
             seq = self.seq.next()
             self._rows.append((message, seq, to_insert(message, seq=seq, visible_at_ms=now)))
             changed = 1
@@ -172,8 +172,8 @@ class QueueTxn:
         return found
 
     def flush(self) -> None:
-        """Write the rows ``enqueue(insert=True)`` gathered (one ``executemany`` per statement,
-        in a savepoint: a key conflict undoes the batch alone, and it is written row by row)."""
+        """Write the rows ``enqueue(insert=True)`` gathered (multi-row INSERTs, ``insert_rows``)
+        in a savepoint: a key conflict undoes the batch alone, and it is written row by row."""
         if not self._rows:
             return
         rows, self._rows = self._rows, []
