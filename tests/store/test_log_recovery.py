@@ -102,6 +102,24 @@ async def test_messages_fall_into_time_partitions_and_roll_over(tmp_path: Path) 
     await store.close()
 
 
+async def test_a_partition_born_near_its_due_time_is_indexed_at_once(tmp_path: Path) -> None:
+    # Given a store that has never seen the partitions of these messages
+    store = await opened(tmp_path)
+    near, far = message(NOW + 5), message(NOW + 100 * G)
+    # When messages arrive for a partition within the prefetch horizon and one far beyond it
+    await store.store([near, far])
+    # Then the near partition is indexed from birth (nothing to read back when it falls due)
+    # and holds its message, while the far one costs no index until it comes near
+    near_index = store.partitions[near.deliver_at_ms // G].index
+    assert near_index is not None and len(near_index) == 1
+    assert store.partitions[far.deliver_at_ms // G].index is None
+    assert [m.id for m in await store.fetch_due(NOW + 5, limit=10, lease_ms=G)] == [near.id]
+    await store.remove([near.id], state=MessageState.DELIVERED, now_ms=NOW + 5)
+    assert [m.id for m in await store.fetch_due(NOW + 100 * G, limit=10, lease_ms=G)] == [far.id]
+    assert await store.check() == []
+    await store.close()
+
+
 async def test_overdue_partitions_after_downtime_are_released_in_due_order(tmp_path: Path) -> None:
     # Given messages over ten partitions and a store that was down for all of them
     store = await opened(tmp_path)

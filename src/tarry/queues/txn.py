@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from itertools import chain
 
 import orjson
 
@@ -24,7 +25,7 @@ from tarry.model.state import MessageState
 from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
 from tarry.store.sql import SqlConnection, row_lock
-from tarry.store.sqlite.rows import COLUMNS, INSERT_SQL, SELECT_SQL, from_row, to_row
+from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL, Insert, from_row, insert_rows, to_insert
 
 __all__ = ["HANDOFF_MS", "ClockSequencer", "QueueTxn", "Sequencer"]
 
@@ -80,7 +81,9 @@ class QueueTxn:
         self.waiting = waiting
         self.error_queue = error_queue
         self.events: list[Event] = []
-        self._rows: list[tuple[object, ...]] = []
+        #: Rows ``enqueue(insert=True)`` gathered for ``flush``: (message, seq, insert); each is
+        #: visible from ``now_ms``.
+        self._rows: list[tuple[Message, int, Insert]] = []
         #: Queues that received ready messages: their waiting consumers are woken after commit.
         self.filled: set[str] = set()
 
@@ -140,9 +143,10 @@ class QueueTxn:
         message.queue_expires_at_ms = expires
         message.updated_at_ms = now
         if insert:
-            # Gathered and written by one executemany (``flush``), before any read of the
-            # queue or any other write of this transaction.
-            self._rows.append(to_row(message, seq=self.seq.next(), visible_at_ms=now))
+            # Gathered and written together (``flush``), before any read of the queue or any
+            # other write of this transaction.
+            seq = self.seq.next()
+            self._rows.append((message, seq, to_insert(message, seq=seq, visible_at_ms=now)))
             changed = 1
         else:
             changed = self.conn.execute(
@@ -168,20 +172,20 @@ class QueueTxn:
         return found
 
     def flush(self) -> None:
-        """Write the rows ``enqueue(insert=True)`` gathered."""
+        """Write the rows ``enqueue(insert=True)`` gathered (multi-row INSERTs, ``insert_rows``)
+        in a savepoint: a key conflict undoes the batch alone, and it is written row by row."""
         if not self._rows:
             return
         rows, self._rows = self._rows, []
+        self.conn.execute("SAVEPOINT flush")
         try:
-            self.conn.executemany(INSERT_SQL, rows)
+            insert_rows(self.conn, [insert for _, _, insert in rows])
         except sqlite3.IntegrityError:
-            # Some (destination, message_id) key is held by an older finished message that the
-            # producer reused after retention: write one by one, keeping each without its key.
-            for row in rows:
-                try:
-                    self.conn.execute(INSERT_SQL, row)
-                except sqlite3.IntegrityError:
-                    self.conn.execute(INSERT_SQL, (*row[:10], None, *row[11:]))
+            self.conn.execute("ROLLBACK TO flush")
+            for message, seq, insert in rows:
+                self._write(message, insert, seq=seq, visible_at_ms=self.now_ms)
+        finally:
+            self.conn.execute("RELEASE flush")
 
     def adopt(self, message: Message) -> bool:
         """Separate queue database: take in a scheduled message as a row keyed by its tarry id
@@ -195,19 +199,25 @@ class QueueTxn:
         self, message: Message, *, seq: int | None = None, visible_at_ms: int | None = None
     ) -> None:
         self.flush()
+        insert = to_insert(message, seq=seq, visible_at_ms=visible_at_ms)
+        self._write(message, insert, seq=seq, visible_at_ms=visible_at_ms)
+
+    def _write(
+        self, message: Message, insert: Insert, *, seq: int | None, visible_at_ms: int | None
+    ) -> None:
         try:
-            self.conn.execute(INSERT_SQL, to_row(message, seq=seq, visible_at_ms=visible_at_ms))
+            self.conn.execute(*insert)
         except sqlite3.IntegrityError:
             # Its (destination, message_id) key is held by an older finished message that the
             # producer reused after retention: keep this one too, without the key.
             self.conn.execute(
-                INSERT_SQL, to_row(message, seq=seq, visible_at_ms=visible_at_ms, dedupe=False)
+                *to_insert(message, seq=seq, visible_at_ms=visible_at_ms, dedupe=False)
             )
 
     def insert_and_enqueue(self, message: Message, queue: str) -> None:
         """A message tarry makes itself (dead-letter copy, report) enters ``queue``."""
         self.flush()
-        self.conn.execute(INSERT_SQL, to_row(message, dedupe=False))
+        self.conn.execute(*to_insert(message, dedupe=False))
         self.enqueue(message, queue)
 
     def ready_count(self, queue: str) -> int:
@@ -388,7 +398,7 @@ class QueueTxn:
             (queue, now, now, max_messages),
         ).fetchall()
         taken = []
-        updates = []
+        updates: list[tuple[str, str]] = []
         for row in rows:
             message = from_row(row)
             receipt = self.ids.new(now)
@@ -396,23 +406,21 @@ class QueueTxn:
             message.delivery_count += 1
             message.state = MessageState.DELIVERED
             message.updated_at_ms = now
-            updates.append(
-                (
-                    receipt,
-                    now + visibility_ms,
-                    message.delivery_count,
-                    int(message.redelivered),
-                    now,
-                    message.id,
-                )
-            )
+            updates.append((message.id, receipt))
             self.emit("received", message, queue)
             taken.append((message, receipt))
-        if updates:  # one batch: a single round trip where the database is a server
-            self.conn.executemany(
-                "UPDATE messages SET state = 'delivered', receipt = ?, visible_at_ms = ?, "
-                "delivery_count = ?, redelivered = ?, updated_at_ms = ? WHERE id = ?",
-                updates,
+        for start in range(0, len(updates), 256):
+            # One statement a chunk (one round trip where the database is a server; one step,
+            # not one per row, for SQLite: see ``store.sqlite.rows.insert_rows``). The
+            # counts are worked out from each row's own columns, as for ``message`` above.
+            chunk = updates[start : start + 256]
+            self.conn.execute(
+                "UPDATE messages SET state = 'delivered', receipt = v.column2, "
+                "visible_at_ms = ?, delivery_count = delivery_count + 1, "
+                "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END, "
+                f"updated_at_ms = ? FROM (VALUES {', '.join(['(?, ?)'] * len(chunk))}) AS v "
+                "WHERE messages.id = v.column1",
+                [now + visibility_ms, now, *chain.from_iterable(chunk)],
             )
         return taken
 
@@ -424,7 +432,7 @@ class QueueTxn:
         done, unknown = 0, []
         held = self._held_by_receipt(receipts)
         settled: set[str] = set()
-        acked: list[tuple[int, str]] = []
+        acked: list[str] = []
         for receipt in receipts:
             message = held.get(receipt)
             if (
@@ -437,7 +445,7 @@ class QueueTxn:
                 continue
             settled.add(message.id)
             if ack:
-                acked.append((self.now_ms, message.id))
+                acked.append(message.id)
                 message.state = MessageState.ACKED
                 self.emit("acked", message, queue)
             elif requeue:
@@ -453,11 +461,12 @@ class QueueTxn:
             else:
                 self.dead_letter(message, from_queue=queue, reason=DeathReason.REJECTED)
             done += 1
-        if acked:
-            self.conn.executemany(
+        for start in range(0, len(acked), 500):  # one statement a chunk, as in ``receive``
+            chunk = acked[start : start + 500]
+            self.conn.execute(
                 "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
-                "updated_at_ms = ? WHERE id = ?",
-                acked,
+                f"updated_at_ms = ? WHERE id IN ({', '.join('?' * len(chunk))})",
+                [self.now_ms, *chunk],
             )
         return done, unknown
 

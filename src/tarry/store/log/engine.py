@@ -40,6 +40,7 @@ from tarry.store.base import StoreOutcome
 from tarry.store.log import cleanup
 from tarry.store.log.adopt import adopt_imports
 from tarry.store.log.held import STATE_CODES, Group, Held, dedupe_hash
+from tarry.store.log.index import DueIndex
 from tarry.store.log.locate import Located, list_page, locate
 from tarry.store.log.partition import Partition, split
 from tarry.store.log.record import (
@@ -175,10 +176,15 @@ class LogStore:
         self.files.close()
         self._executor.shutdown(wait=True)
 
-    def _partition(self, number: int) -> Partition:
+    def _partition(self, number: int, *, now_ms: int | None = None) -> Partition:
+        """The partition ``number``, made when it is new. A partition made for a new message
+        (``now_ms`` given: it has no files yet) within ``prefetch_ms`` of falling due is indexed
+        from birth, as ``_ensure_loaded`` would index it (empty: nothing to read back)."""
         partition = self.partitions.get(number)
         if partition is None:
             partition = Partition(self.root, number, self.granularity_ms)
+            if now_ms is not None and partition.start_ms <= now_ms + self.prefetch_ms:
+                partition.index = DueIndex()
             self.partitions[number] = partition
             bisect.insort(self._numbers, number)
         return partition
@@ -222,7 +228,8 @@ class LogStore:
             group = groups.get(number)
             if group is None or (group.size + len(record) > segment_bytes and group.records):
                 # A group never spans segments: a full one is closed, a new one started.
-                group = groups[number] = Group(self._partition(number))
+                now = max(self._now_ms, message.sent_at_ms)
+                group = groups[number] = Group(self._partition(number, now_ms=now))
                 order.append(group)
             group.records.append(record)
             group.messages.append(message)
@@ -546,7 +553,7 @@ class LogStore:
             )
         held = self._take_located(found)
         moved = replace(message, deliver_at_ms=deliver_at_ms, updated_at_ms=now_ms)
-        target = self._partition(deliver_at_ms // self.granularity_ms)
+        target = self._partition(deliver_at_ms // self.granularity_ms, now_ms=now_ms)
         marker = encode_marker(
             MOVED, message_id, found.pos, deliver_at_ms, destination=message.destination
         )

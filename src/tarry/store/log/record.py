@@ -221,6 +221,9 @@ def _fields(payload: bytes) -> tuple[int, int, int, int, str, int, dict[str, Any
     return due, sent, expires, flags, destination, dedupe_hash, extra, at
 
 
+_NO_REPORT: frozenset[Report] = frozenset()
+
+
 def decode_message(payload: bytes) -> tuple[Message, int]:
     """The message of a MESSAGE payload and its de-duplication hash (0: none)."""
     due, sent, expires, flags, destination, dedupe_hash, extra, at = _fields(payload)
@@ -236,7 +239,7 @@ def decode_message(payload: bytes) -> tuple[Message, int]:
         message_id=extra.get("m"),
         correlation_id=extra.get("c"),
         reply_to=extra.get("r"),
-        report=frozenset(Report(r) for r in report.split(",") if r),
+        report=frozenset(Report(r) for r in report.split(",")) if report else _NO_REPORT,
         on_undeliverable=Undeliverable.DISCARD if flags & _DISCARD else Undeliverable.DEAD_LETTER,
         persistent=not flags & _TRANSIENT,
         topic=extra.get("t"),

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import chain
 from typing import Any
 
 import orjson
 
 from tarry.model.message import Death, Message, Report, Undeliverable
 from tarry.model.state import MessageState
+from tarry.store.sql import SqlConnection
 
-__all__ = ["COLUMNS", "INSERT_SQL", "SELECT_SQL", "from_row", "to_row"]
+__all__ = [
+    "COLUMNS",
+    "SELECT_SQL",
+    "Insert",
+    "from_row",
+    "insert_rows",
+    "to_insert",
+]
 
 COLUMNS = (
     "id",
@@ -43,9 +52,139 @@ COLUMNS = (
     "updated_at_ms",
 )
 SELECT_SQL = f"SELECT {', '.join(COLUMNS)} FROM messages"
-INSERT_SQL = (
-    f"INSERT INTO messages ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})"
+
+
+#: One row to insert: its INSERT statement (naming only the columns it sets) and the values.
+Insert = tuple[str, tuple[Any, ...]]
+
+# ``to_insert`` leaves the columns a row does not set out of its INSERT (they take NULL, or their
+# default) rather than binding None: Python's sqlite3 binds None and ``bytes`` through its
+# adaptation protocol, which costs more than writing the column (measured on CPython 3.11:
+# about 0.5 µs a None, 1.1 µs a ``bytes``, 0.08 µs an int, 0.18 µs a ``bytearray``). A released
+# message leaves about ten columns unset, so this halves the cost of binding its row.
+_ALWAYS = (
+    "id",
+    "destination",
+    "state",
+    "body",
+    "headers",
+    "sent_at_ms",
+    "deliver_at_ms",
+    "report",
+    "on_undeliverable",
+    "persistent",
+    "failures",
+    "redelivered",
+    "delivery_count",
+    "updated_at_ms",
 )
+_OPTIONAL = (
+    "topic",
+    "expires_at_ms",
+    "message_id",
+    "dedupe_key",
+    "correlation_id",
+    "reply_to",
+    "last_error",
+    "deaths",
+    "queue",
+    "seq",
+    "enqueued_at_ms",
+    "queue_expires_at_ms",
+    "visible_at_ms",
+    "receipt",
+)
+_INSERTS: dict[tuple[bool, ...], str] = {}
+
+
+def _insert_sql(present: tuple[bool, ...]) -> str:
+    sql = _INSERTS.get(present)
+    if sql is None:
+        names = [*_ALWAYS, *(n for n, p in zip(_OPTIONAL, present, strict=True) if p)]
+        sql = f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+        _INSERTS[present] = sql
+    return sql
+
+
+def to_insert(
+    message: Message,
+    *,
+    seq: int | None = None,
+    receipt: str | None = None,
+    visible_at_ms: int | None = None,
+    dedupe: bool = True,
+) -> Insert:
+    """The row of ``message`` as an INSERT of the columns it sets (the others stay NULL or
+    take their default)."""
+    optional = (
+        message.topic,
+        message.expires_at_ms,
+        message.message_id,
+        dedupe_key(message) if dedupe else None,
+        message.correlation_id,
+        message.reply_to,
+        message.last_error,
+        orjson.dumps([d.to_dict() for d in message.deaths]).decode() if message.deaths else None,
+        message.queue,
+        seq,
+        message.enqueued_at_ms,
+        message.queue_expires_at_ms,
+        visible_at_ms,
+        receipt,
+    )
+    present = tuple([value is not None for value in optional])
+    return _insert_sql(present), (
+        message.id,
+        message.destination,
+        message.state.value,
+        bytearray(message.body),  # bound as a blob without the adaptation protocol
+        orjson.dumps(message.headers).decode() if message.headers else "{}",
+        message.sent_at_ms,
+        message.deliver_at_ms,
+        ",".join(sorted(r.value for r in message.report)) if message.report else "",
+        message.on_undeliverable.value,
+        int(message.persistent),
+        message.failures,
+        int(message.redelivered),
+        message.delivery_count,
+        message.updated_at_ms,
+        *[value for value in optional if value is not None],
+    )
+
+
+#: Most rows one multi-row INSERT writes (its parameters stay far below SQLite's 32,766).
+MAX_ROWS_PER_INSERT = 256
+_MULTI: dict[tuple[str, int], str] = {}
+
+
+def _multi_sql(sql: str, count: int) -> str:
+    """``sql`` (one row's INSERT) writing ``count`` rows in one statement."""
+    multi = _MULTI.get((sql, count))
+    if multi is None:
+        row = sql[sql.index(" VALUES ") + 8 :]
+        multi = _MULTI[(sql, count)] = sql + ("," + row) * (count - 1)
+    return multi
+
+
+def insert_rows(conn: SqlConnection, inserts: Iterable[Insert]) -> None:
+    """Write ``inserts`` with multi-row INSERTs (rows setting the same columns together, in
+    chunks of powers of two up to ``MAX_ROWS_PER_INSERT``, so few statements get prepared).
+
+    Not ``executemany``: Python's sqlite3 lets go of the GIL around every row's step and must
+    take it back after each one; while another thread runs Python (the server's event loop
+    under load) each take waits for that thread's switch interval (5 ms), and a batch of 500
+    rows took 20 times longer (measured). One statement per chunk steps once."""
+    groups: dict[str, list[tuple[Any, ...]]] = {}
+    for sql, values in inserts:
+        groups.setdefault(sql, []).append(values)
+    for sql, rows in groups.items():
+        start = 0
+        while start < len(rows):
+            count = min(len(rows) - start, MAX_ROWS_PER_INSERT)
+            count = 1 << (count.bit_length() - 1)  # the largest power of two that fits
+            chunk = rows[start : start + count]
+            conn.execute(_multi_sql(sql, count), list(chain.from_iterable(chunk)))
+            start += count
 
 
 def dedupe_key(message: Message) -> str | None:
@@ -56,46 +195,6 @@ def dedupe_key(message: Message) -> str | None:
     if message.message_id is None or message.deaths:
         return None
     return f"{message.topic or ''}\x1f{message.destination}\x1f{message.message_id}"
-
-
-def to_row(
-    message: Message,
-    *,
-    seq: int | None = None,
-    receipt: str | None = None,
-    visible_at_ms: int | None = None,
-    dedupe: bool = True,
-) -> tuple[Any, ...]:
-    return (
-        message.id,
-        message.destination,
-        message.topic,
-        message.state.value,
-        message.body,
-        orjson.dumps(message.headers).decode(),
-        message.sent_at_ms,
-        message.deliver_at_ms,
-        message.expires_at_ms,
-        message.message_id,
-        dedupe_key(message) if dedupe else None,
-        message.correlation_id,
-        message.reply_to,
-        ",".join(sorted(r.value for r in message.report)),
-        message.on_undeliverable.value,
-        int(message.persistent),
-        message.failures,
-        message.last_error,
-        orjson.dumps([d.to_dict() for d in message.deaths]).decode() if message.deaths else None,
-        message.queue,
-        seq,
-        message.enqueued_at_ms,
-        message.queue_expires_at_ms,
-        visible_at_ms,
-        receipt,
-        int(message.redelivered),
-        message.delivery_count,
-        message.updated_at_ms,
-    )
 
 
 def from_row(row: Sequence[Any]) -> Message:

@@ -21,7 +21,7 @@ from tarry.model.state import TERMINAL, MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.sql import SqlConnection, row_lock
 from tarry.store.sqlite.database import Database
-from tarry.store.sqlite.rows import INSERT_SQL, SELECT_SQL, dedupe_key, from_row, to_row
+from tarry.store.sqlite.rows import SELECT_SQL, dedupe_key, from_row, insert_rows, to_insert
 
 __all__ = ["SQLiteStore", "decode_cursor", "encode_cursor", "insert_messages", "list_rows", "page"]
 
@@ -210,7 +210,7 @@ def insert_messages(conn: SqlConnection, messages: Sequence[Message]) -> list[St
     """Insert ``messages``; one whose (destination, message_id) is already kept is not stored
     again and the kept one is returned instead."""
     if not any(m.message_id for m in messages):
-        conn.executemany(INSERT_SQL, [to_row(m) for m in messages])
+        insert_rows(conn, [to_insert(m) for m in messages])
         return [StoreOutcome(m, True) for m in messages]
     outcomes = []
     for message in messages:
@@ -220,7 +220,7 @@ def insert_messages(conn: SqlConnection, messages: Sequence[Message]) -> list[St
             if row is not None:
                 outcomes.append(StoreOutcome(from_row(row), False))
                 continue
-        conn.execute(INSERT_SQL, to_row(message))
+        conn.execute(*to_insert(message))
         outcomes.append(StoreOutcome(message, True))
     return outcomes
 

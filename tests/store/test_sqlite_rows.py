@@ -1,0 +1,141 @@
+"""The ``messages`` row codec (``store/sqlite/rows.py``) and the batched release insert of
+``QueueTxn.flush`` on a real SQLite file."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tarry.model.ids import IdGenerator
+from tarry.model.message import Death, DeathReason, Message, Report, Undeliverable
+from tarry.model.queue_args import QueueArgs
+from tarry.model.state import MessageState
+from tarry.queues.catalog import Catalog, QueueEntry
+from tarry.queues.txn import QueueTxn, Sequencer
+from tarry.store.sqlite.rows import SELECT_SQL, from_row, to_insert
+from tarry.store.sqlite.schema import migrate
+
+NOW = 1_700_000_000_000
+
+
+@pytest.fixture
+def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    conn = sqlite3.connect(tmp_path / "queues.db", isolation_level=None)
+    migrate(conn)
+    yield conn
+    conn.close()
+
+
+IDS = IdGenerator()
+
+
+def _message(message_id: str | None = None, **fields: object) -> Message:
+    message = Message(
+        id=IDS.new(NOW),
+        destination="orders",
+        body=b"payload",
+        headers={},
+        sent_at_ms=NOW,
+        deliver_at_ms=NOW,
+        expires_at_ms=None,
+        message_id=message_id,
+        updated_at_ms=NOW,
+    )
+    return replace(message, **fields)  # type: ignore[arg-type]
+
+
+def _read(conn: sqlite3.Connection, message_id: str) -> Message:
+    return from_row(conn.execute(f"{SELECT_SQL} WHERE id = ?", (message_id,)).fetchone())
+
+
+def test_a_row_with_every_column_set_round_trips(conn: sqlite3.Connection) -> None:
+    message = _message(
+        "m-1",
+        topic="events",
+        headers={"k": "v"},
+        correlation_id="c-1",
+        reply_to="replies",
+        report=frozenset({Report.EXPIRATION, Report.EXCEPTION}),
+        on_undeliverable=Undeliverable.DISCARD,
+        persistent=False,
+        failures=2,
+        last_error="timeout: no answer",
+        state=MessageState.DELIVERED,
+        queue="orders",
+        enqueued_at_ms=NOW + 1,
+        queue_expires_at_ms=NOW + 2,
+        redelivered=True,
+        delivery_count=3,
+    )
+    message.expires_at_ms = NOW + 5
+    conn.execute(*to_insert(message, seq=7, receipt="r-1", visible_at_ms=NOW + 9))
+    assert _read(conn, message.id) == message
+    assert conn.execute(
+        "SELECT seq, receipt, visible_at_ms, dedupe_key FROM messages WHERE id = ?",
+        (message.id,),
+    ).fetchone() == (7, "r-1", NOW + 9, "events\x1forders\x1fm-1")
+    # A copy tarry made itself (it has deaths) carries no de-duplication key.
+    copy = replace(message, id=IDS.new(NOW), deaths=[Death(DeathReason.EXPIRED, "a", NOW, 1, "a")])
+    conn.execute(*to_insert(copy))
+    assert _read(conn, copy.id) == copy
+
+
+def test_a_row_leaving_its_optional_columns_out_reads_back_as_null_or_default(
+    conn: sqlite3.Connection,
+) -> None:
+    message = _message(body=b"")
+    conn.execute(*to_insert(message))
+    assert _read(conn, message.id) == message
+    row = conn.execute(
+        "SELECT typeof(body), report, failures, seq, receipt, dedupe_key, deaths "
+        "FROM messages WHERE id = ?",
+        (message.id,),
+    ).fetchone()
+    assert row == ("blob", "", 0, None, None, None, None)
+
+
+def _txn(conn: sqlite3.Connection) -> QueueTxn:
+    catalog = Catalog()
+    catalog.queues["orders"] = QueueEntry("orders", QueueArgs(), NOW, NOW)
+    catalog.recompute()
+    return QueueTxn(
+        conn,
+        now_ms=NOW,
+        catalog=catalog,
+        ids=IdGenerator(),
+        seq=Sequencer(),
+        waiting={},
+        error_queue="tarry.errors",
+    )
+
+
+def test_a_key_held_by_an_older_message_mid_batch_keeps_every_released_message(
+    conn: sqlite3.Connection,
+) -> None:
+    """A producer reused a message_id whose older message is still kept (finished): the batch
+    is written row by row, the newcomer without the key, nothing lost or doubled."""
+    older = _message("dup", state=MessageState.ACKED)
+    conn.execute(*to_insert(older))
+    batch = [_message("a"), _message("dup"), _message(None)]
+    conn.execute("BEGIN")
+    txn = _txn(conn)
+    for message in batch:
+        txn.enqueue(message, "orders", insert=True)
+    txn.flush()
+    conn.execute("COMMIT")
+    rows = conn.execute(
+        "SELECT id, state, seq, dedupe_key FROM messages WHERE queue = 'orders' ORDER BY seq"
+    ).fetchall()
+    assert rows == [
+        (batch[0].id, "ready", 1, "\x1forders\x1fa"),
+        (batch[1].id, "ready", 2, None),
+        (batch[2].id, "ready", 3, None),
+    ]
+    assert conn.execute("SELECT dedupe_key FROM messages WHERE id = ?", (older.id,)).fetchone() == (
+        "\x1forders\x1fdup",
+    )
+    assert [e[0] for e in txn.events] == ["released"] * 3
