@@ -15,6 +15,7 @@ from typing import Any
 
 from tarry.errors import TarryError
 from tarry.model.message import SendPlan, SendRequest
+from tarry.model.rules import Rule, destination_rules
 from tarry.model.validate import DestinationView, SendLimits, parse_send, validate_send
 
 __all__ = ["destinations_of", "parse_batch", "validate_batch"]
@@ -60,20 +61,29 @@ def validate_batch(
     (None: every destination is allowed). Errors from parsing pass through unchanged."""
     planned: list[Planned] = []
     append = planned.append
-    allowed: dict[str, bool] = {}
+    # Per destination, once: its view, the token's answer, and its rules.
+    known: dict[str, tuple[DestinationView, bool, tuple[Rule, ...]]] = {}
     for item in parsed:
         if isinstance(item, TarryError):
             append(item)
             continue
         name = item.destination
-        view = views.get(name)
-        if view is None:
-            view = DestinationView(name, None)
-        ok = allowed.get(name)
-        if ok is None:
-            ok = allowed[name] = may_send(name) if may_send is not None else True
+        entry = known.get(name)
+        if entry is None:
+            view = views.get(name) or DestinationView(name, None)
+            ok = may_send(name) if may_send is not None else True
+            entry = known[name] = (
+                view,
+                ok,
+                tuple(destination_rules(view, may_send=ok, limits=limits)),
+            )
+        view, ok, rules = entry
         try:
-            append(validate_send(item, now_ms=now_ms, destination=view, may_send=ok, limits=limits))
+            append(
+                validate_send(
+                    item, now_ms=now_ms, destination=view, may_send=ok, limits=limits, rules=rules
+                )
+            )
         except TarryError as exc:
             append(exc)
     return planned

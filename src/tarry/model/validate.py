@@ -37,6 +37,7 @@ from tarry.model.rules import (
     DESTINATION_REQUIRED,
     MAX_ID_CHARS,
     TIME_RULES,
+    Rule,
     destination_rules,
     first_failure,
     id_rules,
@@ -310,11 +311,17 @@ def validate_send(
     destination: DestinationView,
     may_send: bool = True,
     limits: SendLimits = SendLimits(),
+    rules: Sequence[Rule] | None = None,
 ) -> SendPlan:
-    """Apply every send-time rule (see the module docstring) and return the plan, or raise."""
+    """Apply every send-time rule (see the module docstring) and return the plan, or raise.
+
+    ``rules``: the destination's rules as ``destination_rules`` built them for this
+    ``destination``, ``may_send`` and ``limits``; a batch builds them once per destination."""
     plan = plan_times(request, now_ms=now_ms)
     size = len(request.body)
-    for rule in destination_rules(destination, may_send=may_send, limits=limits):
+    if rules is None:
+        rules = tuple(destination_rules(destination, may_send=may_send, limits=limits))
+    for rule in rules:
         if rule.fails(size=size):
             raise rule.refuse(size=size)
     return plan
