@@ -41,7 +41,9 @@ QUEUES = [f"bench.q{i:02d}" for i in range(20)]
 TOPIC, SUBS = "bench.topic", ["bench.s1", "bench.s2"]
 #: The import's now (whole minute); the online sink's server checks against its own clock.
 NOW_MS = int(time.time()) // 60 * 60_000
-CHUNK = 1_000_000
+#: Rows per Parquet row group (~25 MB): a lake's input comes in many row groups, and Spark
+#: splits a file only between them (one 1M-row group read as one task, leaving a core idle).
+CHUNK = 250_000
 HERE = Path(__file__).resolve().parent
 
 
