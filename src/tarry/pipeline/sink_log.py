@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tarry.model.ids import IdGenerator
+from tarry.pipeline.validation import MESSAGE_FIELDS
 from tarry.store.log.record_columns import MessageColumns, dedupe_hashes, encode_message_columns
 
 __all__ = ["SEGMENT_COLUMNS", "WRITTEN_DDL", "LogSinkSettings", "import_area", "segment_writer"]
@@ -38,13 +39,7 @@ SEGMENT_COLUMNS = (
     "targets",
     "destination",
     "message_id",
-    "body",
-    "headers",
-    "correlation_id",
-    "reply_to",
-    "report",
-    "discard",
-    "persistent",
+    *MESSAGE_FIELDS,
 )
 
 
