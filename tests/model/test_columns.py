@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarry.errors import TarryError
@@ -196,9 +196,7 @@ _ROWS = st.fixed_dictionaries(
 )
 
 
-@settings(
-    max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
-)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(_ROWS, min_size=1, max_size=20))
 def test_columns_agree_with_one_send_at_a_time(rows: list[dict[str, Any]]) -> None:
     assert _columns(rows) == [_one_at_a_time(r) for r in rows]
@@ -216,9 +214,7 @@ _ODD = pa.schema(
 )
 
 
-@settings(
-    max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
-)
+@settings(max_examples=150, deadline=None)
 @given(
     st.lists(
         st.fixed_dictionaries(

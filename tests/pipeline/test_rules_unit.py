@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarry.errors import InvalidArgument, Unavailable
@@ -163,9 +163,7 @@ def test_chart_scale() -> None:
 _TEXTS = st.one_of(st.none(), st.text(max_size=6), st.sampled_from(['a"b', "a\\b", "é\n", "\x7f"]))
 
 
-@settings(
-    max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
-)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(
         st.fixed_dictionaries(

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import orjson
 import pyarrow as pa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarry.model.ids import IdGenerator, id_due_ms
@@ -79,9 +79,7 @@ def _columns(messages: list[Message]) -> MessageColumns:
     )
 
 
-@settings(
-    max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
-)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(_MESSAGES, min_size=1, max_size=8))
 def test_column_wise_records_are_encode_message_byte_for_byte(messages: list[Message]) -> None:
     # Given messages as the offline import holds them, in columns
@@ -103,7 +101,7 @@ def test_column_wise_records_are_encode_message_byte_for_byte(messages: list[Mes
         )
 
 
-@settings(max_examples=100, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100)
 @given(st.lists(st.integers(0, 2**42 - 1), min_size=1, max_size=50), st.integers(0, 2**40))
 def test_ids_made_column_wise_are_new_dues_ids(due: list[int], now: int) -> None:
     # Given two generators in the same state

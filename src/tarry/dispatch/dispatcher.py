@@ -74,13 +74,6 @@ class DispatchStats:
     held: int = 0
 
 
-def _cancel_requested() -> bool:
-    """True when someone cancelled the running task (``Task.cancel``), as opposed to a
-    ``CancelledError`` raised from inside a library call."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -131,14 +124,6 @@ class Dispatcher:
                 # Planning the sleep reads the store too: inside the try, so a store that goes
                 # away between the round and the plan is a fault to wait out, not the loop's end.
                 wake_ms = None if await self.run_once() else await self._next_wake_ms()
-            except asyncio.CancelledError as exc:
-                if _cancel_requested():
-                    raise
-                # A stray cancellation raised by a library while the database went away: a
-                # fault like any other, never a reason for the loop to end.
-                log.error("dispatch round got a stray cancellation", exc_info=True)
-                await self._sleep_until(self._clock.now_ms() + self._breakers.fetch.failure(exc))
-                continue
             except Exception as exc:  # a fetch/store fault: wait as the breaker says, then retry
                 log.warning("dispatch round failed: %s", exc)
                 await self._sleep_until(self._clock.now_ms() + self._breakers.fetch.failure(exc))

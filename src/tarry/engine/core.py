@@ -132,7 +132,6 @@ class Engine:
             notify=self._emit,
         )
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopping = False
         self._lock_file: IO[str] | None = None
         self.journal: Any = None
         self.ingress: Any = None
@@ -205,7 +204,6 @@ class Engine:
     async def stop(self) -> None:
         if self.ingress is not None:
             await self.ingress.stop()
-        self._stopping = True
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -250,7 +248,7 @@ class Engine:
                     log.error("background loop %s returned; starting it again", loop_fn.__name__)
                 except asyncio.CancelledError:
                     task = asyncio.current_task()
-                    if self._stopping or task is None or task.cancelling():
+                    if task is None or task.cancelling():  # stop() cancelled it
                         raise
                     # Nobody cancelled this task: a library raised CancelledError at us.
                     log.error(

@@ -95,7 +95,7 @@ class PostgresStore:
     async def close(self) -> None:
         if self._due_task is not None:
             await asyncio.gather(self._due_task, return_exceptions=True)
-        await asyncio.gather(*self._claim_updates, return_exceptions=True)
+        await self.settle()
         await self.listener.stop()
         await self.db.close()
 

@@ -78,22 +78,8 @@ _ALWAYS = (
     "delivery_count",
     "updated_at_ms",
 )
-_OPTIONAL = (
-    "topic",
-    "expires_at_ms",
-    "message_id",
-    "dedupe_key",
-    "correlation_id",
-    "reply_to",
-    "last_error",
-    "deaths",
-    "queue",
-    "seq",
-    "enqueued_at_ms",
-    "queue_expires_at_ms",
-    "visible_at_ms",
-    "receipt",
-)
+#: Every other column, in ``COLUMNS`` order (``to_insert`` lists their values in this order).
+_OPTIONAL = tuple(c for c in COLUMNS if c not in _ALWAYS)
 _INSERTS: dict[tuple[bool, ...], str] = {}
 
 
