@@ -38,7 +38,7 @@ from tarry.errors import (
     TarryError,
     Unavailable,
 )
-from tarry.model.batch import destinations_of, parse_batch, validate_batch
+from tarry.model.batch import BatchCheck
 from tarry.model.fanout import fan_out
 from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message, SendPlan
@@ -322,11 +322,11 @@ class Engine:
         self, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
     ) -> list[SendResult | TarryError]:
         now = self.clock.now_ms()
-        parsed = parse_batch(items)
+        checking = BatchCheck(items)
         views: dict[str, DestinationView] = {}
         allowed: dict[str, bool] = {}
         failed: dict[str, TarryError] = {}  # an auto-declare that failed refuses its sends
-        for name in destinations_of(parsed):
+        for name in checking.destinations():
             allowed[name] = may_send(name) if may_send else True
             try:
                 if (
@@ -339,12 +339,13 @@ class Engine:
                 views[name] = await self._view(name)
             except TarryError as exc:
                 failed[name] = exc
-        planned = validate_batch(
-            parsed, now_ms=now, views=views, may_send=allowed.__getitem__, limits=self.limits
+        planned = checking.validate(
+            now_ms=now, views=views, may_send=allowed.__getitem__, limits=self.limits
         )
-        for index, item in enumerate(parsed):
-            if not isinstance(item, TarryError) and item.destination in failed:
-                planned[index] = failed[item.destination]
+        if failed:
+            for index, named in enumerate(checking.row_destinations()):
+                if named is not None and named in failed:
+                    planned[index] = failed[named]
         results: list[SendResult | TarryError | None] = [
             p if isinstance(p, TarryError) else None for p in planned
         ]
