@@ -39,7 +39,7 @@ from tarry.errors import (
     Unavailable,
 )
 from tarry.model.batch import BatchCheck
-from tarry.model.fanout import fan_out
+from tarry.model.fanout import fan_out_many
 from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message, SendPlan
 from tarry.model.queue_args import Overflow, Policy, parse_policy, parse_queue_args
@@ -349,10 +349,10 @@ class Engine:
         results: list[SendResult | TarryError | None] = [
             p if isinstance(p, TarryError) else None for p in planned
         ]
+        plans = [(index, plan) for index, plan in enumerate(planned) if isinstance(plan, SendPlan)]
+        copies = fan_out_many([(p, views[p.request.destination]) for _, p in plans], self.ids)
         accepted: list[tuple[int, SendPlan, list[Message]]] = [
-            (index, plan, self._messages_for(plan, views[plan.request.destination]))
-            for index, plan in enumerate(planned)
-            if isinstance(plan, SendPlan)
+            (index, plan, messages) for (index, plan), messages in zip(plans, copies, strict=True)
         ]
         if accepted:
             if self.breakers.store.is_open and not await self._store_probe():
@@ -449,16 +449,16 @@ class Engine:
         """One (result, created) per accepted plan from the outcomes of all its messages."""
         outcomes: list[tuple[SendResult, bool]] = []
         start = 0
+        topics: dict[str, bool] = {}  # per destination, not per send
         for _, plan, messages in accepted:
             stored = everything[start : start + len(messages)]
             start += len(messages)
             created = all(o.created for o in stored) if stored else True
             first = stored[0].message if stored else None
-            topic = (
-                plan.request.destination
-                if self.catalog.kind(plan.request.destination) == "topic"
-                else None
-            )
+            destination = plan.request.destination
+            topic = topics.get(destination)
+            if topic is None:
+                topic = topics[destination] = self.catalog.kind(destination) == "topic"
             if first is None:
                 result = SendResult(
                     id=self.ids.new(now),
@@ -481,10 +481,6 @@ class Engine:
                 )
             outcomes.append((result, created))
         return outcomes
-
-    def _messages_for(self, plan: SendPlan, view: DestinationView) -> list[Message]:
-        """One message, or one staged copy per subscriber of a topic (fan-out at send time)."""
-        return fan_out(plan, view, self.ids.new_due)
 
     async def _view(self, name: str) -> DestinationView:
         if name in self.transports:

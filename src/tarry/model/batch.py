@@ -13,17 +13,16 @@ need them run.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from tarry.errors import TarryError
+from tarry.model.columns import ParsedColumns, parse_columns, validate_columns
 from tarry.model.message import SendPlan, SendRequest
 from tarry.model.rules import Rule, destination_rules
 from tarry.model.validate import DestinationView, SendLimits, parse_send, validate_send
-
-if TYPE_CHECKING:
-    from tarry.model.columns import ParsedColumns
 
 __all__ = ["COLUMN_MIN", "BatchCheck", "destinations_of", "parse_batch", "validate_batch"]
 
@@ -164,8 +163,6 @@ class BatchCheck:
             return validate_batch(
                 self._parsed, now_ms=now_ms, views=views, may_send=may_send, limits=limits
             )
-        from tarry.model.columns import validate_columns
-
         when = validate_columns(
             self._columns, now_ms=now_ms, views=views, may_send=may_send, limits=limits
         )
@@ -220,10 +217,6 @@ def _parse_columns(items: Sequence[Any]) -> ParsedColumns | None:
     """Rule 1 over ``items`` column-wise; a send with a field the columns do not decide, or a
     value Arrow cannot hold in one column with the others (mixed types, huge ints, bad text),
     is flagged to go one at a time. None when no column could be made."""
-    import pyarrow as pa
-
-    from tarry.model.columns import parse_columns
-
     n = len(items)
     rows: list[Mapping[str, Any]] = []
     by_row = np.zeros(n, bool)
