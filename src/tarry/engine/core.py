@@ -464,7 +464,10 @@ class Engine:
         for _, plan, messages in accepted:
             stored = everything[start : start + len(messages)]
             start += len(messages)
-            created = all(o.created for o in stored) if stored else True
+            if len(stored) == 1:  # a queue's one message (no generator for the common case)
+                created = stored[0].created
+            else:
+                created = all(o.created for o in stored) if stored else True
             first = stored[0].message if stored else None
             destination = plan.request.destination
             topic = topics.get(destination)
