@@ -94,7 +94,6 @@ def serve(config: TarryConfig) -> None:
     sock = _bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    # loop/http stay "auto": uvloop and httptools (dependencies) when the platform has them.
     server = uvicorn.Server(
         uvicorn.Config(app, log_level=config.server.log_level, access_log=False, lifespan="on")
     )
