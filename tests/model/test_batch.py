@@ -130,7 +130,7 @@ def _answers(planned: list[SendPlan | TarryError]) -> list[object]:
     return [(p.code, str(p)) if isinstance(p, TarryError) else p for p in planned]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.lists(_ITEM, min_size=COLUMN_MIN, max_size=COLUMN_MIN + 40))
 def test_batch_check_agrees_with_one_send_at_a_time(items: list[Any]) -> None:
     # Given a big batch of sends, valid, invalid and of odd types
