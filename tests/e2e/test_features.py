@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
 import orjson
 import pytest
 
@@ -129,6 +130,44 @@ def test_a_repeated_message_id_stores_nothing_new(client: Client) -> None:
     assert client.get_queue("idem").scheduled == 1
 
 
+def test_a_big_batch_answers_each_item_as_a_single_send_would(server) -> None:
+    # Given a batch big enough to be checked column-wise, good and bad items mixed
+    httpx.put(f"{server.url}/v1/queues/big", json={}).raise_for_status()
+    httpx.put(f"{server.url}/v1/queues/big.off", json={"put_enabled": False}).raise_for_status()
+    bad = [
+        {"destination": "big", "delay_ms": -1},
+        {"destination": "big", "delay_ms": 5, "deliver_at": 5},
+        {"destination": "big", "delay_ms": 10_000, "ttl_ms": 10},
+        {"destination": "big", "delay_ms": "soon"},
+        {"destination": "big", "message_id": ""},
+        {"destination": "nowhere"},
+        {"destination": "big.off"},
+        {"destination": "bad name"},
+        {"destination": "big", "delay_ms": 10, "group_id": "g"},
+        {"destination": "big", "bogus": 1},
+        "not an object",
+    ]
+    items = [{"destination": "big", "body": f"m{i}", "delay_ms": 60_000} for i in range(300)]
+    for k, item in enumerate(bad):
+        items.insert(k * 29, item)
+    # When it is sent in one request
+    response = httpx.post(f"{server.url}/v1/messages/batch", json={"messages": items})
+    results = response.json()["results"]
+    # Then every bad item gets the error it gets alone, and the good ones are scheduled
+    assert response.status_code == 200 and len(results) == len(items)
+    for item, result in zip(items, results, strict=True):
+        if not isinstance(item, dict):  # alone it would be a malformed body, not an item
+            assert result == {
+                "error": {"code": "invalid_argument", "message": "a message must be a JSON object"}
+            }
+            continue
+        if item in bad:
+            alone = httpx.post(f"{server.url}/v1/messages", json=item)
+            assert alone.status_code >= 400 and result == {"error": alone.json()["error"]}, item
+        else:
+            assert result["state"] == "scheduled" and result["deliver_at"] > 0, item
+
+
 def test_listing_filters_and_pages(client: Client) -> None:
     client.declare_queue("many")
     ids = [client.send("many", str(i), delay=f"{10 + i}s", correlation_id="c").id for i in range(7)]
@@ -160,8 +199,6 @@ def test_binary_bodies_round_trip(client: Client) -> None:
 
 
 def test_health_metrics_and_openapi(server, client: Client) -> None:
-    import httpx
-
     assert client.health()["status"] == "ok"
     paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
     for path in (

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tarry.errors import InvalidArgument, TarryError, UnknownDestination
-from tarry.model.batch import destinations_of, parse_batch, validate_batch
-from tarry.model.message import SendPlan
+from tarry.model.batch import COLUMN_MIN, BatchCheck, destinations_of, parse_batch, validate_batch
+from tarry.model.message import SendPlan, SendRequest
 from tarry.model.validate import DestinationView, TargetView, parse_send, validate_send
 
 NOW = 1_700_000_000_000
@@ -74,3 +78,84 @@ def test_parse_errors_pass_through() -> None:
     assert isinstance(parsed[0], InvalidArgument)
     with pytest.raises(InvalidArgument):
         raise validate_batch(parsed, now_ms=NOW, views={})[0]  # type: ignore[misc]
+
+
+# --- BatchCheck: big batches go column-wise, with the same answers -----------------------------
+_VALUE = st.one_of(
+    st.none(),
+    st.integers(-5, 5),
+    st.integers(NOW - 10**6, NOW + 10**6),
+    st.integers(2**63, 2**64),  # does not fit an Arrow int64
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.sampled_from(["q", "t", "nowhere", "bad name", "", "a\x00", "x" * 257, "\ud800"]),
+    st.sampled_from(["2020-01-01T00:00:00Z", "soon", "60000"]),
+    st.just({"k": "v"}),
+    st.just(["expiration"]),
+)
+_FIELD = st.sampled_from(
+    [
+        "destination",
+        "body",
+        "delay_ms",
+        "deliver_at",
+        "ttl_ms",
+        "message_id",
+        "correlation_id",
+        "group_id",
+        "headers",
+        "reply_to",
+        "bogus",
+    ]
+)
+_PLAIN = st.fixed_dictionaries(
+    {"destination": st.sampled_from(["q", "t", "nowhere"])},
+    optional={
+        "body": st.text(max_size=5),
+        "delay_ms": st.integers(-1, 10**6),
+        "ttl_ms": st.integers(-1, 10**6),
+        "message_id": st.text(max_size=3),
+        "group_id": st.just("g"),
+    },
+)
+_ITEM = st.one_of(
+    _PLAIN,
+    _PLAIN,
+    st.dictionaries(_FIELD, _VALUE, max_size=5),
+    st.just("not an object"),
+)
+
+
+def _answers(planned: list[SendPlan | TarryError]) -> list[object]:
+    return [(p.code, str(p)) if isinstance(p, TarryError) else p for p in planned]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_ITEM, min_size=COLUMN_MIN, max_size=COLUMN_MIN + 40))
+def test_batch_check_agrees_with_one_send_at_a_time(items: list[Any]) -> None:
+    # Given a big batch of sends, valid, invalid and of odd types
+    def may_send(name: str) -> bool:
+        return name != "t"
+
+    # When checked in two steps (column-wise where the fields allow)
+    check = BatchCheck(items)
+    names = check.destinations()
+    planned = check.validate(now_ms=NOW, views=VIEWS, may_send=may_send)
+    # Then every answer, and the destinations asked about, are those of one send at a time
+    parsed = parse_batch(items)
+    assert names == destinations_of(parsed)
+    assert check.row_destinations() == [
+        p.destination if isinstance(p, SendRequest) else None for p in parsed
+    ]
+    want = validate_batch(parsed, now_ms=NOW, views=VIEWS, may_send=may_send)
+    assert _answers(planned) == _answers(want)
+
+
+def test_batch_check_of_plain_sends_goes_column_wise() -> None:
+    items = [{"destination": "q", "body": f"m{i}", "delay_ms": 10} for i in range(COLUMN_MIN)]
+    check = BatchCheck(items)
+    assert check._columns is not None and not check._columns.by_row.any()
+    planned = check.validate(now_ms=NOW, views=VIEWS)
+    assert _answers(planned) == _answers(
+        validate_batch(parse_batch(items), now_ms=NOW, views=VIEWS)
+    )

@@ -38,8 +38,8 @@ from tarry.errors import (
     TarryError,
     Unavailable,
 )
-from tarry.model.batch import destinations_of, parse_batch, validate_batch
-from tarry.model.fanout import fan_out
+from tarry.model.batch import BatchCheck
+from tarry.model.fanout import fan_out_many
 from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message, SendPlan
 from tarry.model.queue_args import Overflow, Policy, parse_policy, parse_queue_args
@@ -287,6 +287,16 @@ class Engine:
             except Exception:  # a listener must never break a state change already committed
                 log.exception("event listener failed")
 
+    def _emit_each(self, event: str, messages: Sequence[Message], time_ms: int) -> None:
+        """``_emit`` of every message, each listener taking them all in order (a batch's
+        thousands of events, without a call per message and listener pair in between)."""
+        for listener in self._listeners:
+            for message in messages:
+                try:
+                    listener(event, message, time_ms, None, None)
+                except Exception:
+                    log.exception("event listener failed")
+
     def _txn(self, conn: sqlite3.Connection, now_ms: int) -> QueueTxn:
         return QueueTxn(
             conn,
@@ -322,11 +332,11 @@ class Engine:
         self, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
     ) -> list[SendResult | TarryError]:
         now = self.clock.now_ms()
-        parsed = parse_batch(items)
+        checking = BatchCheck(items)
         views: dict[str, DestinationView] = {}
         allowed: dict[str, bool] = {}
         failed: dict[str, TarryError] = {}  # an auto-declare that failed refuses its sends
-        for name in destinations_of(parsed):
+        for name in checking.destinations():
             allowed[name] = may_send(name) if may_send else True
             try:
                 if (
@@ -339,19 +349,20 @@ class Engine:
                 views[name] = await self._view(name)
             except TarryError as exc:
                 failed[name] = exc
-        planned = validate_batch(
-            parsed, now_ms=now, views=views, may_send=allowed.__getitem__, limits=self.limits
+        planned = checking.validate(
+            now_ms=now, views=views, may_send=allowed.__getitem__, limits=self.limits
         )
-        for index, item in enumerate(parsed):
-            if not isinstance(item, TarryError) and item.destination in failed:
-                planned[index] = failed[item.destination]
+        if failed:
+            for index, named in enumerate(checking.row_destinations()):
+                if named is not None and named in failed:
+                    planned[index] = failed[named]
         results: list[SendResult | TarryError | None] = [
             p if isinstance(p, TarryError) else None for p in planned
         ]
+        plans = [(index, plan) for index, plan in enumerate(planned) if isinstance(plan, SendPlan)]
+        copies = fan_out_many([(p, views[p.request.destination]) for _, p in plans], self.ids)
         accepted: list[tuple[int, SendPlan, list[Message]]] = [
-            (index, plan, self._messages_for(plan, views[plan.request.destination]))
-            for index, plan in enumerate(planned)
-            if isinstance(plan, SendPlan)
+            (index, plan, messages) for (index, plan), messages in zip(plans, copies, strict=True)
         ]
         if accepted:
             if self.breakers.store.is_open and not await self._store_probe():
@@ -386,11 +397,11 @@ class Engine:
             self.breakers.store.success()
             txn, outcomes = stored
             earliest = None
+            scheduled: list[Message] = []
             for (index, plan, messages), (result, created) in zip(accepted, outcomes, strict=True):
                 results[index] = result
                 if created:
-                    for message in messages:
-                        self._emit("scheduled", message, now, None, None)
+                    scheduled += messages
                     if plan.deliver_at_ms > now or any(
                         m.destination in self.transports for m in messages
                     ):
@@ -399,6 +410,7 @@ class Engine:
                             if earliest is None
                             else min(earliest, plan.deliver_at_ms)
                         )
+            self._emit_each("scheduled", scheduled, now)
             if txn is not None:
                 self._after(txn)
             if earliest is not None:
@@ -448,16 +460,19 @@ class Engine:
         """One (result, created) per accepted plan from the outcomes of all its messages."""
         outcomes: list[tuple[SendResult, bool]] = []
         start = 0
+        topics: dict[str, bool] = {}  # per destination, not per send
         for _, plan, messages in accepted:
             stored = everything[start : start + len(messages)]
             start += len(messages)
-            created = all(o.created for o in stored) if stored else True
+            if len(stored) == 1:  # a queue's one message (no generator for the common case)
+                created = stored[0].created
+            else:
+                created = all(o.created for o in stored) if stored else True
             first = stored[0].message if stored else None
-            topic = (
-                plan.request.destination
-                if self.catalog.kind(plan.request.destination) == "topic"
-                else None
-            )
+            destination = plan.request.destination
+            topic = topics.get(destination)
+            if topic is None:
+                topic = topics[destination] = self.catalog.kind(destination) == "topic"
             if first is None:
                 result = SendResult(
                     id=self.ids.new(now),
@@ -480,10 +495,6 @@ class Engine:
                 )
             outcomes.append((result, created))
         return outcomes
-
-    def _messages_for(self, plan: SendPlan, view: DestinationView) -> list[Message]:
-        """One message, or one staged copy per subscriber of a topic (fan-out at send time)."""
-        return fan_out(plan, view, self.ids.new_due)
 
     async def _view(self, name: str) -> DestinationView:
         if name in self.transports:

@@ -54,7 +54,9 @@ async def hand_over(
     An item that fails gets its error in ``results`` and is dropped from the rest. ``find`` is
     the engine's listing (wherever the store keeps its records: the delayed store, or the queue
     database beside it)."""
-    if not any(holds_waiting(transports.get(m.destination)) for _, _, ms in accepted for m in ms):
+    if not any(holds_waiting(t) for t in transports.values()) or not any(
+        holds_waiting(transports.get(m.destination)) for _, _, ms in accepted for m in ms
+    ):
         return list(accepted)
 
     async def one(item: Accepted) -> TarryError | None:

@@ -57,7 +57,9 @@ async def store_sends(engine: Engine, accepted: Accepted, now_ms: int) -> list[S
     (queue database) and pending ones (the store). Returns one outcome per message, in order;
     ``release_now`` then releases the ones due at once."""
     messages = [m for _, _, batch in accepted for m in batch]
-    keys = {k for k in (dedupe_key(m) for m in messages) if k is not None}
+    keys = {k for k in map(dedupe_key, messages) if k is not None}
+    if not keys and not any(m.state is MessageState.DELIVERED for m in messages):
+        return await engine.store.store(messages)  # nothing to de-duplicate or to record aside
     released: dict[str, Message] = {}
     if keys:
 

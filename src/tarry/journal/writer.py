@@ -86,9 +86,9 @@ class Journal:
                         "lateness_ms": time_ms - message.deliver_at_ms
                         if event in _LATE_EVENTS
                         else None,
-                    }
+                    },
+                    option=orjson.OPT_APPEND_NEWLINE,
                 )
-                + b"\n"
             )
         except Exception:
             self.dropped += 1

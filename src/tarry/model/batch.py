@@ -2,10 +2,12 @@
 
 This is the form every bulk entry point uses: the server's ``POST /v1/messages/batch`` and the
 Spark import (inside ``mapInArrow``, one Arrow batch at a time). It adds no rule of its own: each
-record goes through ``parse_send`` and then ``validate_send`` from ``tarry.model.validate``. What
-the batch form adds is the split between the two steps, so a caller can look up every
-destination the batch names once (the server reads its catalog, the import a snapshot of it)
-before the rules that need them run.
+record goes through ``parse_send`` and then ``validate_send`` from ``tarry.model.validate``, or,
+in ``BatchCheck`` for batches of ``COLUMN_MIN`` (256) sends or more, through the same rules
+column by column (``tarry.model.columns``, held to the same answers by property tests). What the
+batch form adds is the split between the two steps, so a caller can look up every destination
+the batch names once (the server reads its catalog, the import a snapshot of it) before the
+rules that need them run.
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
 from tarry.errors import TarryError
+from tarry.model.columns import ParsedColumns, parse_columns, validate_columns
 from tarry.model.message import SendPlan, SendRequest
 from tarry.model.rules import Rule, destination_rules
 from tarry.model.validate import DestinationView, SendLimits, parse_send, validate_send
 
-__all__ = ["destinations_of", "parse_batch", "validate_batch"]
+__all__ = ["COLUMN_MIN", "BatchCheck", "destinations_of", "parse_batch", "validate_batch"]
 
 Parsed = SendRequest | TarryError
 Planned = SendPlan | TarryError
@@ -87,3 +93,153 @@ def validate_batch(
         except TarryError as exc:
             append(exc)
     return planned
+
+
+#: From this many sends on, ``BatchCheck`` goes column-wise: below it the columns' fixed cost
+#: (a few dozen Arrow calls, about 0.5 ms) is more than the per-send work it saves (measured:
+#: even at about 200, 4.3 against 6.7 us per send at 1,000).
+COLUMN_MIN = 256
+#: The fields the columns decide; a send with any other field is checked one at a time.
+_COLUMN_FIELDS = (
+    "destination",
+    "body",
+    "delay_ms",
+    "deliver_at",
+    "ttl_ms",
+    "message_id",
+    "correlation_id",
+    "group_id",
+)
+_COLUMN_SET = frozenset(_COLUMN_FIELDS)
+_NO_FIELDS: dict[str, Any] = {}
+
+
+class BatchCheck:
+    """The send rules over JSON-shaped sends in two steps: constructing it checks the syntax
+    (rule 1) and ``destinations`` names what the rest needs; ``validate`` applies rules 2-9 once
+    the caller has looked those up. The answers are ``parse_batch`` + ``validate_batch``'s, in
+    order; big batches get them column-wise (``tarry.model.columns``) for the sends whose fields
+    the columns decide, the others one at a time."""
+
+    def __init__(self, items: Sequence[Any]) -> None:
+        self.items = items
+        self._columns: ParsedColumns | None = None
+        self._one: dict[int, Parsed] = {}
+        self._names: list[str | None] | None = None
+        if len(items) >= COLUMN_MIN:
+            self._columns = _parse_columns(items)
+        if self._columns is None:
+            self._parsed = parse_batch(items)
+        else:
+            rows = np.flatnonzero(self._columns.by_row).tolist()
+            self._one = dict(zip(rows, parse_batch([items[i] for i in rows]), strict=True))
+
+    def row_destinations(self) -> list[str | None]:
+        """Each send's destination where its syntax passed, else None."""
+        if self._names is None:
+            if self._columns is None:
+                self._names = [
+                    p.destination if isinstance(p, SendRequest) else None for p in self._parsed
+                ]
+            else:
+                self._names = self._columns.row_destinations()
+                for i, p in self._one.items():
+                    self._names[i] = p.destination if isinstance(p, SendRequest) else None
+        return self._names
+
+    def destinations(self) -> list[str]:
+        """The distinct destinations of the sends whose syntax passed, in first-seen order."""
+        return [n for n in dict.fromkeys(self.row_destinations()) if n is not None]
+
+    def validate(
+        self,
+        *,
+        now_ms: int,
+        views: Mapping[str, DestinationView],
+        may_send: Callable[[str], bool] | None = None,
+        limits: SendLimits = _DEFAULT_LIMITS,
+    ) -> list[Planned]:
+        """As ``validate_batch``: one plan or error per send, in order."""
+        if self._columns is None:
+            return validate_batch(
+                self._parsed, now_ms=now_ms, views=views, may_send=may_send, limits=limits
+            )
+        when = validate_columns(
+            self._columns, now_ms=now_ms, views=views, may_send=may_send, limits=limits
+        )
+        one = dict(
+            zip(
+                self._one,
+                validate_batch(
+                    list(self._one.values()),
+                    now_ms=now_ms,
+                    views=views,
+                    may_send=may_send,
+                    limits=limits,
+                ),
+                strict=True,
+            )
+        )
+        errors = self._columns.errors.tolist()
+        due = when.deliver_at_ms.tolist()
+        expires = when.expires_at_ms.tolist()
+        planned: list[Planned] = []
+        append = planned.append
+        for i, data in enumerate(self.items):
+            error = errors[i]
+            if error is not None:
+                append(error)
+            elif i in one:
+                append(one[i])
+            else:  # every field is known good: what parse_send would have made of it
+                get = data.get
+                body = get("body")
+                append(
+                    SendPlan(
+                        request=SendRequest(
+                            destination=data["destination"],
+                            body=b"" if body is None else body.encode("utf-8"),
+                            delay_ms=get("delay_ms"),
+                            deliver_at_ms=get("deliver_at"),
+                            ttl_ms=get("ttl_ms"),
+                            message_id=get("message_id"),
+                            correlation_id=get("correlation_id"),
+                            group_id=get("group_id"),
+                        ),
+                        sent_at_ms=now_ms,
+                        deliver_at_ms=due[i],
+                        expires_at_ms=None if expires[i] < 0 else expires[i],
+                    )
+                )
+        return planned
+
+
+def _parse_columns(items: Sequence[Any]) -> ParsedColumns | None:
+    """Rule 1 over ``items`` column-wise; a send with a field the columns do not decide, or a
+    value Arrow cannot hold in one column with the others (mixed types, huge ints, bad text),
+    is flagged to go one at a time. None when no column could be made."""
+    n = len(items)
+    rows: list[Mapping[str, Any]] = []
+    by_row = np.zeros(n, bool)
+    for i, data in enumerate(items):
+        if type(data) is dict and _COLUMN_SET.issuperset(data):
+            rows.append(data)
+        else:
+            rows.append(_NO_FIELDS)
+            by_row[i] = True
+    present = set().union(*rows)
+    arrays: list[pa.Array] = []
+    names: list[str] = []
+    for name in _COLUMN_FIELDS:
+        if name not in present:
+            continue
+        values = [data.get(name) for data in rows]
+        try:
+            arrays.append(pa.array(values))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            by_row |= np.fromiter((v is not None for v in values), bool, n)
+            continue
+        names.append(name)
+    if not arrays:
+        return None
+    return parse_columns(pa.RecordBatch.from_arrays(arrays, names=names), by_row=by_row)

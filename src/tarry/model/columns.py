@@ -11,7 +11,7 @@ column whose Arrow type is not the plain one (text for a number, binary for a bo
 Either way each row gets the same verdict, code and message as ``validate_send`` would give it
 (a property test holds the two forms to that).
 
-Needs pyarrow (the ``spark`` extra); nothing in the server imports it.
+The server's batch endpoint runs it too, through ``tarry.model.batch.BatchCheck``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,14 @@ from tarry.model.validate import (
     validate_send,
 )
 
-__all__ = ["CheckedColumns", "check_columns"]
+__all__ = [
+    "CheckedColumns",
+    "ParsedColumns",
+    "PlannedColumns",
+    "check_columns",
+    "parse_columns",
+    "validate_columns",
+]
 
 #: Fields the columns decide, and which Arrow types they do it for.
 _TEXT = ("destination", "message_id", "correlation_id", "group_id", "body")
@@ -110,8 +117,7 @@ class _Marks:
     def __init__(self, n: int, decided: np.ndarray) -> None:
         self.n = n
         self.decided = decided.copy()
-        self.code = np.full(n, None, dtype=object)
-        self.message = np.full(n, None, dtype=object)
+        self.error = np.full(n, None, dtype=object)
 
     def apply(self, rule: Rule, where: np.ndarray | bool, **facts: Any) -> None:
         """Refuse the undecided rows of ``where`` that ``rule`` fails on ``facts``."""
@@ -121,38 +127,77 @@ class _Marks:
             return
         for i in np.flatnonzero(hit):
             one = {k: v[i].item() if isinstance(v, np.ndarray) else v for k, v in facts.items()}
-            error = rule.refuse(**one)
-            self.code[i], self.message[i] = error.code, error.message
+            self.error[i] = rule.refuse(**one)
         self.decided |= hit
 
     def refuse(self, where: np.ndarray, error: TarryError) -> None:
         hit = where & ~self.decided
-        self.code[hit], self.message[hit] = error.code, error.message
+        self.error[hit] = error
         self.decided |= hit
 
+    def codes(self) -> tuple[pa.Array, pa.Array]:
+        """(code, message) of every row, null where accepted."""
+        codes = [None if e is None else e.code for e in self.error]
+        messages = [None if e is None else e.message for e in self.error]
+        return pa.array(codes, pa.string()), pa.array(messages, pa.string())
 
-def check_columns(
-    batch: pa.RecordBatch,
-    *,
-    now_ms: int,
-    views: Mapping[str, DestinationView],
-    may_send: Callable[[str], bool] | None = None,
-    limits: SendLimits = _DEFAULT_LIMITS,
-    decode: Decode | None = None,
-) -> CheckedColumns:
-    """Every send-time rule for every row of ``batch`` (columns named by send field), all at
-    ``now_ms``. ``views``/``may_send``: as ``validate_batch``. ``decode`` turns a row checked one
-    send at a time into the JSON shapes ``parse_send`` reads (the import's input decoding);
-    a ``TarryError`` it raises refuses the row."""
+
+@dataclass(slots=True)
+class ParsedColumns:
+    """A batch after rule 1 (syntax), column by column; ``validate_columns`` applies rules 2-9
+    once the destinations are known. Rows of ``by_row`` are left to the caller, to check one
+    send at a time."""
+
+    n: int
+    marks: _Marks
+    by_row: np.ndarray
+    destination: pa.Array
+    #: The distinct destination names (``dictionary_encode`` order) and each row's index in it.
+    names: list[str | None]
+    index: np.ndarray
+    has_delay: np.ndarray
+    delay: np.ndarray
+    has_at: np.ndarray
+    at: np.ndarray
+    has_ttl: np.ndarray
+    ttl: np.ndarray
+    texts: dict[str, pa.Array]
+    body: pa.Array
+
+    @property
+    def errors(self) -> np.ndarray:
+        """Each row's refusal so far (a ``TarryError``), None where none yet."""
+        return self.marks.error
+
+    def row_destinations(self) -> list[str | None]:
+        """Each row's destination where the row passed so far, else None."""
+        names = [*self.names, None]
+        index = np.where(self.marks.decided, -1, self.index)
+        return [names[k] for k in index.tolist()]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedColumns:
+    """When each accepted row falls due and expires (``expires_at_ms`` -1: never)."""
+
+    deliver_at_ms: np.ndarray
+    expires_at_ms: np.ndarray
+    ttl_ms: np.ndarray
+
+
+def parse_columns(batch: pa.RecordBatch, *, by_row: np.ndarray | None = None) -> ParsedColumns:
+    """Rule 1 (syntax) for every row of ``batch`` (columns named by send field), column-wise.
+    Rows whose values the columns cannot decide (see the module docstring), and those of
+    ``by_row``, are flagged in the result's ``by_row`` and left undecided."""
     n = batch.num_rows
     columns: dict[str, pa.Array] = {}  # the columns read column-wise
-    by_row = np.zeros(n, bool)
+    one_at_a_time = np.zeros(n, bool) if by_row is None else by_row.copy()
     for name, column in zip(batch.schema.names, batch.columns, strict=True):
         if name in SEND_FIELDS and _fast_type(name, column.type):
             columns[name] = column
         else:
-            by_row |= _valid(column)
-    marks = _Marks(n, by_row)
+            one_at_a_time |= _valid(column)
+    marks = _Marks(n, one_at_a_time)
 
     # 1. syntax, in parse_send's order
     destination = columns.get("destination")
@@ -195,55 +240,99 @@ def check_columns(
                 length=length,
                 has_nul=np.asarray(has_nul.to_numpy(zero_copy_only=False), dtype=bool),
             )
+    body = columns.get("body")
+    if body is None or pa.types.is_null(body.type):
+        body = pa.nulls(n, pa.binary())
+    return ParsedColumns(
+        n=n,
+        marks=marks,
+        by_row=one_at_a_time,
+        destination=destination,
+        names=names,
+        index=index,
+        has_delay=has_delay,
+        delay=delay,
+        has_at=has_at,
+        at=at,
+        has_ttl=has_ttl,
+        ttl=ttl,
+        texts=texts,
+        body=pc.fill_null(body.cast(pa.binary()), b""),
+    )
 
+
+def validate_columns(
+    parsed: ParsedColumns,
+    *,
+    now_ms: int,
+    views: Mapping[str, DestinationView],
+    may_send: Callable[[str], bool] | None = None,
+    limits: SendLimits = _DEFAULT_LIMITS,
+) -> PlannedColumns:
+    """Rules 2-9 for the rows still undecided, all at ``now_ms``; ``views``/``may_send``: as
+    ``validate_batch``, asked only about destinations of such rows."""
+    marks = parsed.marks
     # 2-4. when
-    delay_ms = np.where(has_at, np.maximum(0, at - now_ms), delay)
-    ttl_ms = np.where(has_ttl, ttl, -1)
+    delay_ms = np.where(parsed.has_at, np.maximum(0, parsed.at - now_ms), parsed.delay)
+    ttl_ms = np.where(parsed.has_ttl, parsed.ttl, -1)
     for rule in TIME_RULES:
         marks.apply(
             rule,
             True,
             delay_ms=delay_ms,
             ttl_ms=ttl_ms,
-            grouped=_valid(texts["group_id"]),
+            grouped=_valid(parsed.texts["group_id"]),
             retain=False,
         )
 
     # 5-9. where
-    body = columns.get("body")
-    if body is None or pa.types.is_null(body.type):
-        body = pa.nulls(n, pa.binary())
-    body = pc.fill_null(body.cast(pa.binary()), b"")
-    size = pc.binary_length(body).to_numpy(zero_copy_only=False)
-    for k, name in enumerate(names):
-        assert name is not None  # dictionary_encode leaves nulls out of the dictionary
+    size = pc.binary_length(parsed.body).to_numpy(zero_copy_only=False)
+    for k, name in enumerate(parsed.names):
+        mine = parsed.index == k
+        if name is None or not (mine & ~marks.decided).any():
+            continue
         view = views.get(name) or DestinationView(name, None)
         ok = may_send(name) if may_send is not None else True
-        mine = index == k
         for rule in destination_rules(view, may_send=ok, limits=limits):
             marks.apply(rule, mine, size=size)
 
     deliver_at_ms = now_ms + delay_ms
-    expires_at_ms = np.where(ttl_ms == 0, deliver_at_ms, now_ms + ttl_ms)
+    expires_at_ms = np.where(ttl_ms == 0, deliver_at_ms, np.where(ttl_ms < 0, -1, now_ms + ttl_ms))
+    return PlannedColumns(deliver_at_ms=deliver_at_ms, expires_at_ms=expires_at_ms, ttl_ms=ttl_ms)
+
+
+def check_columns(
+    batch: pa.RecordBatch,
+    *,
+    now_ms: int,
+    views: Mapping[str, DestinationView],
+    may_send: Callable[[str], bool] | None = None,
+    limits: SendLimits = _DEFAULT_LIMITS,
+    decode: Decode | None = None,
+) -> CheckedColumns:
+    """Every send-time rule for every row of ``batch`` (columns named by send field), all at
+    ``now_ms``. ``views``/``may_send``: as ``validate_batch``. ``decode`` turns a row checked one
+    send at a time into the JSON shapes ``parse_send`` reads (the import's input decoding);
+    a ``TarryError`` it raises refuses the row."""
+    n = batch.num_rows
+    parsed = parse_columns(batch)
+    planned = validate_columns(parsed, now_ms=now_ms, views=views, may_send=may_send, limits=limits)
+    marks, by_row = parsed.marks, parsed.by_row
     accepted = ~marks.decided
     out = _Out(n, accepted)
-    out.set("destination", destination)
-    out.set("deliver_at_ms", pa.array(deliver_at_ms, pa.int64()))
-    out.set("expires_at_ms", pa.array(expires_at_ms, pa.int64(), mask=ttl_ms < 0))
-    out.set("body", body)
-    out.set("message_id", texts["message_id"])
-    out.set("correlation_id", texts["correlation_id"])
+    out.set("destination", parsed.destination)
+    out.set("deliver_at_ms", pa.array(planned.deliver_at_ms, pa.int64()))
+    out.set("expires_at_ms", pa.array(planned.expires_at_ms, pa.int64(), mask=planned.ttl_ms < 0))
+    out.set("body", parsed.body)
+    out.set("message_id", parsed.texts["message_id"])
+    out.set("correlation_id", parsed.texts["correlation_id"])
     out.set("discard", pa.array(np.zeros(n, bool)))
     out.set("persistent", pa.array(np.ones(n, bool)))
     if by_row.any():
         one = _OneAtATime(now_ms=now_ms, views=views, may_send=may_send, limits=limits)
         one.check(batch, np.flatnonzero(by_row), marks, out, decode)
-    return CheckedColumns(
-        code=pa.array(marks.code, pa.string()),
-        message=pa.array(marks.message, pa.string()),
-        by_row=by_row,
-        **out.arrays(),
-    )
+    code, message = marks.codes()
+    return CheckedColumns(code=code, message=message, by_row=by_row, **out.arrays())
 
 
 _OUT_TYPES = {
@@ -338,7 +427,7 @@ class _OneAtATime:
                     limits=self.limits,
                 )
             except TarryError as exc:
-                marks.code[i], marks.message[i] = exc.code, exc.message
+                marks.error[i] = exc
                 continue
             got = out.rows
             got["destination"][i] = name
