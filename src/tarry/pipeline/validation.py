@@ -27,7 +27,15 @@ from tarry.pipeline.records import decode_row, derived_message_id, record_json
 from tarry.pipeline.sources import ROW
 from tarry.store.log.record_columns import needs_json_escape
 
-__all__ = ["CHECKED_DDL", "CHECKED_SCHEMA", "ImportRules", "check_batch", "checker"]
+__all__ = [
+    "CHECKED_DDL",
+    "CHECKED_SCHEMA",
+    "VERDICT_DDL",
+    "ImportRules",
+    "check_batch",
+    "checker",
+    "verdicts",
+]
 
 
 CHECKED_SCHEMA = pa.schema(
@@ -56,6 +64,13 @@ CHECKED_DDL = (
     "deliver_at_ms long, expires_at_ms long, partition_ms long, targets array<string>, "
     "record string, body binary, headers string, correlation_id string, reply_to string, "
     "report string, discard boolean, persistent boolean"
+)
+#: ``verdicts``' narrow rows: the rules' answer without the message itself (``record``, the
+#: input row as JSON, only for rejected rows, which the rejects dataset keeps).
+VERDICT_COLUMNS = (ROW, "destination", "message_id", "code", "message", "record")
+VERDICT_SCHEMA = pa.schema([CHECKED_SCHEMA.field(name) for name in VERDICT_COLUMNS])
+VERDICT_DDL = (
+    f"{ROW} long, destination string, message_id string, code string, message string, record string"
 )
 #: The normalised message fields, passed through from the model's verdicts.
 MESSAGE_FIELDS = (
@@ -210,5 +225,25 @@ def checker(rules: ImportRules) -> Callable[[Iterator[pa.RecordBatch]], Iterator
             if batch.num_rows == 0:
                 continue
             yield check_batch(batch, rules, views)
+
+    return run
+
+
+def verdicts(rules: ImportRules) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function for ``DataFrame.mapInArrow``: input batches in, ``VERDICT_SCHEMA`` batches
+    out, one row per input row. Narrow on purpose: what the counts, the de-duplication and the
+    rejects need, cheap to keep; the offline sink runs the rules again where it writes."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        views = views_from_json(rules.views)
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            checked = check_batch(batch, rules, views).select(list(VERDICT_COLUMNS))
+            code = checked.column("code")
+            record = pc.if_else(
+                pc.is_null(code), pa.scalar(None, pa.string()), checked.column("record")
+            )
+            yield checked.set_column(VERDICT_COLUMNS.index("record"), "record", record)
 
     return run
