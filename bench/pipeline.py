@@ -227,6 +227,28 @@ def baseline(input_path: Path, out: Path, views: Any) -> dict[str, Any]:
 
 
 # --- child processes (one JVM each) -----------------------------------------------------------
+def tree_cpu_s() -> float:
+    """CPU seconds used so far by this process and its descendants (the JVM, Python workers),
+    from /proc: how many cores a run keeps busy, whatever ``local[n]`` says."""
+    parent_of: dict[int, int] = {}
+    used: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        parent_of[pid] = int(fields[1])
+        used[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        more = {p for p, parent in parent_of.items() if parent in mine} - mine
+        grew = bool(more)
+        mine |= more
+    return sum(used.get(p, 0) for p in mine) / os.sysconf("SC_CLK_TCK")
+
+
 def child(args: argparse.Namespace) -> None:
     from tarry.client import Client
     from tarry.config import StoreConfig
@@ -245,6 +267,7 @@ def child(args: argparse.Namespace) -> None:
     )
     spark.range(10).count()
     startup = time.perf_counter() - started
+    cpu_before = tree_cpu_s()
     out = Path(args.out)
     if args.child == "report":
         summary = run_report(spark, sorted(Path(args.input).glob("*.jsonl")), out, now_ms=args.now)
@@ -276,7 +299,17 @@ def child(args: argparse.Namespace) -> None:
         ),
     )
     client.close()
-    print(json.dumps({"startup_s": round(startup, 2), **summary.to_dict()}))
+    cpu = tree_cpu_s() - cpu_before
+    print(
+        json.dumps(
+            {
+                "startup_s": round(startup, 2),
+                "cpu_s": round(cpu, 1),
+                "cores_busy": round(cpu / summary.seconds, 2),
+                **summary.to_dict(),
+            }
+        )
+    )
 
 
 def run_child(
@@ -335,7 +368,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=None, help="journal events (default --rows)")
     parser.add_argument("--driver-memory", default="6g")
     parser.add_argument("--shuffle", type=int, default=8)
-    parser.add_argument("--keep", help="keep the data in this directory")
+    parser.add_argument("--keep", help="keep the data in this directory (and reuse its input)")
+    parser.add_argument(
+        "--only",
+        default="baseline,offline,online,report",
+        help="comma-separated parts to run (default all): baseline, offline, online, report",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--now", type=int, default=NOW_MS, help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)
@@ -353,10 +391,17 @@ def main() -> None:
     root = Path(args.keep or tempfile.mkdtemp(prefix="tarry-bench-pipeline-"))
     root.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"rows": args.rows, "cpus": os.cpu_count()}
+    parts = set(args.only.split(","))
     t = time.perf_counter()
-    generate_input(root / "input.parquet", args.rows)
-    generate_input(root / "online.parquet", min(args.online_rows, args.rows), seed=8)
-    generate_journal(root / "journal", args.events or args.rows)
+    if (
+        not (root / "input.parquet").exists()
+        or pq.ParquetFile(root / "input.parquet").metadata.num_rows != args.rows
+    ):
+        generate_input(root / "input.parquet", args.rows)
+    if "online" in parts:
+        generate_input(root / "online.parquet", min(args.online_rows, args.rows), seed=8)
+    if "report" in parts:
+        generate_journal(root / "journal", args.events or args.rows)
     result["generate_s"] = round(time.perf_counter() - t, 1)
     args.data_dir = root / "data"
     server, url = start_server(root / "data")
@@ -368,24 +413,29 @@ def main() -> None:
             for sub in SUBS:
                 client.subscribe(TOPIC, sub)
             views = views_to_json(views_from_server(client, QUEUES + [TOPIC, "bench.missing"]))
-        result["baseline_pyarrow"] = baseline(root / "input.parquet", root / "baseline", views)
-        for master in ("local[1]", "local[2]"):
+        if "baseline" in parts:
+            result["baseline_pyarrow"] = baseline(root / "input.parquet", root / "baseline", views)
+        for master in ("local[1]", "local[2]") if "offline" in parts else ():
             run = run_child(
                 "offline", master, root / "input.parquet", root / f"offline-{master[-2]}", url, args
             )
             run["rows_per_s_incl_startup"] = round(args.rows / (run["seconds"] + run["startup_s"]))
             result[f"offline_sink_{master}"] = run
-        one, two = result["offline_sink_local[1]"], result["offline_sink_local[2]"]
-        result["speedup_local2_over_local1"] = round(two["rows_per_s"] / one["rows_per_s"], 2)
-        result["local2_over_baseline"] = round(
-            two["rows_per_s"] / result["baseline_pyarrow"]["rows_per_s"], 2
-        )
-        result["online_sink_local[2]"] = run_child(
-            "online", "local[2]", root / "online.parquet", root / "online", url, args
-        )
-        result["report_local[2]"] = run_child(
-            "report", "local[2]", root / "journal", root / "report", url, args
-        )
+        if "offline" in parts:
+            one, two = result["offline_sink_local[1]"], result["offline_sink_local[2]"]
+            result["speedup_local2_over_local1"] = round(two["rows_per_s"] / one["rows_per_s"], 2)
+        if "offline" in parts and "baseline" in parts:
+            result["local2_over_baseline"] = round(
+                two["rows_per_s"] / result["baseline_pyarrow"]["rows_per_s"], 2
+            )
+        if "online" in parts:
+            result["online_sink_local[2]"] = run_child(
+                "online", "local[2]", root / "online.parquet", root / "online", url, args
+            )
+        if "report" in parts:
+            result["report_local[2]"] = run_child(
+                "report", "local[2]", root / "journal", root / "report", url, args
+            )
     finally:
         server.terminate()
         server.wait(30)
@@ -399,8 +449,6 @@ def main() -> None:
     server.wait(30)
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(result, indent=2))
 
 

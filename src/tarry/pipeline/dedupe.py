@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow.compute as pc
 
 from tarry.pipeline.sources import ROW
 
@@ -67,20 +68,20 @@ def _repeated(accepted: DataFrame) -> DataFrame:
 def find_repeats(accepted: DataFrame) -> Repeats:
     """The later rows of every repeated key among ``accepted`` (rows with ``_row`` and the key).
 
-    Only the keys travel through a shuffle (an aggregation, then a join with the few repeated
-    keys); the result is collected to the driver."""
+    A 64-bit hash of the key is what travels and is counted (cheaper to shuffle and group than
+    the text); the rows whose hash repeats (few) come to the driver, which compares their keys
+    exactly, so a collision costs a little work, never a row."""
     from pyspark.sql import functions as F
 
-    later = (
-        accepted.select(*_KEY, ROW)
-        .join(_repeated(accepted).drop("_n"), _KEY)
-        .where(F.col(ROW) != F.col("_first"))
-        .select(ROW, "_first")
-    )
-    table = later.toArrow().sort_by(ROW)
+    keyed = accepted.select(ROW, *_KEY, F.xxhash64(*_KEY).alias("_hash"))
+    repeated = keyed.groupBy("_hash").count().where("count > 1").select("_hash")
+    rows = keyed.join(F.broadcast(repeated), "_hash", "left_semi").select(ROW, *_KEY).toArrow()
+    firsts = rows.group_by(_KEY).aggregate([(ROW, "min")])
+    joined = rows.join(firsts, _KEY)
+    later = joined.filter(pc.not_equal(joined[ROW], joined[f"{ROW}_min"])).sort_by(ROW)
     return Repeats(
-        np.asarray(table.column(ROW).to_numpy(), np.int64),
-        np.asarray(table.column("_first").to_numpy(), np.int64),
+        np.asarray(later.column(ROW).to_numpy(), np.int64),
+        np.asarray(later.column(f"{ROW}_min").to_numpy(), np.int64),
     )
 
 

@@ -211,9 +211,10 @@ def import_writer(
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            checked = check_batch(batch, rules, views)
+            first = later_rows.first_of(batch.column(ROW).to_numpy())
+            # the record only for the rejects: rejected rows (dropped here) and repeats
+            checked = check_batch(batch, rules, views, record_for=first >= 0)
             accepted = np.asarray(checked.column("code").is_null().to_numpy(zero_copy_only=False))
-            first = later_rows.first_of(checked.column(ROW).to_numpy())
             later = accepted & (first >= 0)
             if later.any():
                 yield _duplicates(checked.filter(pa.array(later)), first[later])
