@@ -15,6 +15,10 @@ catalog. Measured, each Spark run in a fresh process (the JVM's start-up is repo
    column-wise rules), then dedupe → fan out → partition → sort → Parquet out;
 3. import, online sink on local[2]: ``--online-rows`` rows into the real server over HTTP;
 4. ``tarry pipeline report`` over ``--events`` journal events on local[2] (target <= 60 s at 10M).
+
+``--only offline`` (or any of baseline, offline, online, report) runs only those parts. Each
+Spark run also reports ``cpu_s``: the CPU seconds of its process tree (driver, JVM, Python
+workers) during the import, per phase and per program, so runs on a shared machine compare.
 """
 
 from __future__ import annotations
@@ -227,26 +231,55 @@ def baseline(input_path: Path, out: Path, views: Any) -> dict[str, Any]:
 
 
 # --- child processes (one JVM each) -----------------------------------------------------------
-def tree_cpu_s() -> float:
+def tree_cpu_s(by_program: dict[str, float] | None = None) -> float:
     """CPU seconds used so far by this process and its descendants (the JVM, Python workers),
-    from /proc: how many cores a run keeps busy, whatever ``local[n]`` says."""
+    from /proc: how many cores a run keeps busy, whatever ``local[n]`` says. ``by_program``
+    gets the same split by program (java, python), the driver's own Python apart."""
     parent_of: dict[int, int] = {}
     used: dict[int, int] = {}
+    program: dict[int, str] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            head, tail = stat.read_text().rsplit(")", 1)
         except OSError:
             continue
+        fields = tail.split()
         pid = int(stat.parent.name)
         parent_of[pid] = int(fields[1])
         used[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+        program[pid] = head.split("(", 1)[1]
     mine = {os.getpid()}
     grew = True
     while grew:
         more = {p for p, parent in parent_of.items() if parent in mine} - mine
         grew = bool(more)
         mine |= more
-    return sum(used.get(p, 0) for p in mine) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    if by_program is not None:
+        for pid in mine:
+            name = "driver" if pid == os.getpid() else program.get(pid, "?")
+            name = "python" if name.startswith("python") else name
+            by_program[name] = by_program.get(name, 0.0) + used.get(pid, 0) / tick
+    return sum(used.get(p, 0) for p in mine) / tick
+
+
+def cpu_progress(spark: Any) -> Any:
+    """A quiet ``SparkProgress`` that also notes each phase's CPU seconds (``tree_cpu_s``)."""
+    from contextlib import contextmanager
+
+    from tarry.pipeline.progress import SparkProgress
+
+    class CpuProgress(SparkProgress):
+        cpu: dict[str, float] = {}
+
+        @contextmanager
+        def phase(self, name: str) -> Any:
+            before = tree_cpu_s()
+            with super().phase(name):
+                yield
+            self.cpu[name] = round(self.cpu.get(name, 0.0) + tree_cpu_s() - before, 1)
+
+    return CpuProgress(spark, enabled=False)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -262,12 +295,16 @@ def child(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     spark = spark_session(
         SparkSettings(
-            master=args.master, driver_memory=args.driver_memory, shuffle_partitions=args.shuffle
+            master=args.master,
+            driver_memory=args.driver_memory,
+            shuffle_partitions=args.shuffle,
+            light_jvm=args.light_jvm,
         )
     )
     spark.range(10).count()
     startup = time.perf_counter() - started
-    cpu_before = tree_cpu_s()
+    programs_before: dict[str, float] = {}
+    cpu_before = tree_cpu_s(programs_before)
     out = Path(args.out)
     if args.child == "report":
         summary = run_report(spark, sorted(Path(args.input).glob("*.jsonl")), out, now_ms=args.now)
@@ -288,9 +325,11 @@ def child(args: argparse.Namespace) -> None:
         partition_ms=granularity if offline else 3_600_000,
         send_partitions=2 if args.child == "online" else None,
     )
+    progress = cpu_progress(spark)
     summary = run_import(
         spark,
         options,
+        progress=progress,
         now_ms=args.now,
         resolve_views=lambda names: (
             views_from_store(data_dir, names, now_ms=args.now)
@@ -299,13 +338,17 @@ def child(args: argparse.Namespace) -> None:
         ),
     )
     client.close()
-    cpu = tree_cpu_s() - cpu_before
+    programs: dict[str, float] = {}
+    cpu = tree_cpu_s(programs) - cpu_before
+    by_program = {k: round(v - programs_before.get(k, 0.0), 1) for k, v in programs.items()}
     print(
         json.dumps(
             {
                 "startup_s": round(startup, 2),
                 "cpu_s": round(cpu, 1),
                 "cores_busy": round(cpu / summary.seconds, 2),
+                "cpu_phases": progress.cpu,
+                "cpu_by_program": by_program,
                 **summary.to_dict(),
             }
         )
@@ -336,6 +379,7 @@ def run_child(
         str(args.shuffle),
         "--data",
         str(args.data_dir),
+        *(["--light-jvm"] if args.light_jvm else []),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -368,6 +412,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=None, help="journal events (default --rows)")
     parser.add_argument("--driver-memory", default="6g")
     parser.add_argument("--shuffle", type=int, default=8)
+    parser.add_argument(
+        "--light-jvm", action="store_true", help="C1 JIT only and a serial GC (SparkSettings)"
+    )
     parser.add_argument("--keep", help="keep the data in this directory (and reuse its input)")
     parser.add_argument(
         "--only",
