@@ -137,6 +137,7 @@ def test_offline_import_drops_repeats_across_tasks_and_sorts_each_file(
         input=tmp_path / "in.parquet",
         rejects_dir=tmp_path / "rejects",
         log_sink=LogSinkSettings(area=area, granularity_ms=width, now_ms=now),
+        plan_dir=tmp_path / "plan",
         partition_ms=width,
     )
     view = {"q": DestinationView("q", "queue", (TargetView("q"),))}
@@ -171,3 +172,8 @@ def test_offline_import_drops_repeats_across_tasks_and_sorts_each_file(
         assert due == sorted(due) and len({d // width for d in due}) == 1
         bodies += [m.body for m in messages]
     assert sorted(bodies) == sorted(f"row {i}".encode() for i in range(150))
+    # And the plan, asked for beside the files, holds the same first rows
+    plan = pq.read_table(tmp_path / "plan").to_pylist()
+    assert sorted(json.loads(r["record"])["body"] for r in plan) == sorted(
+        f"row {i}" for i in range(150)
+    )
