@@ -15,6 +15,10 @@ catalog. Measured, each Spark run in a fresh process (the JVM's start-up is repo
    column-wise rules), then dedupe → fan out → partition → sort → Parquet out;
 3. import, online sink on local[2]: ``--online-rows`` rows into the real server over HTTP;
 4. ``tarry pipeline report`` over ``--events`` journal events on local[2] (target <= 60 s at 10M).
+
+``--only offline`` (or any of baseline, offline, online, report) runs only those parts. Each
+Spark run also reports ``cpu_s``: the CPU seconds of its process tree (driver, JVM, Python
+workers) during the import, per phase and per program, so runs on a shared machine compare.
 """
 
 from __future__ import annotations
@@ -227,6 +231,57 @@ def baseline(input_path: Path, out: Path, views: Any) -> dict[str, Any]:
 
 
 # --- child processes (one JVM each) -----------------------------------------------------------
+def tree_cpu_s(by_program: dict[str, float] | None = None) -> float:
+    """CPU seconds used so far by this process and its descendants (the JVM, Python workers),
+    from /proc: how many cores a run keeps busy, whatever ``local[n]`` says. ``by_program``
+    gets the same split by program (java, python), the driver's own Python apart."""
+    parent_of: dict[int, int] = {}
+    used: dict[int, int] = {}
+    program: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            head, tail = stat.read_text().rsplit(")", 1)
+        except OSError:
+            continue
+        fields = tail.split()
+        pid = int(stat.parent.name)
+        parent_of[pid] = int(fields[1])
+        used[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+        program[pid] = head.split("(", 1)[1]
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        more = {p for p, parent in parent_of.items() if parent in mine} - mine
+        grew = bool(more)
+        mine |= more
+    tick = os.sysconf("SC_CLK_TCK")
+    if by_program is not None:
+        for pid in mine:
+            name = "driver" if pid == os.getpid() else program.get(pid, "?")
+            name = "python" if name.startswith("python") else name
+            by_program[name] = by_program.get(name, 0.0) + used.get(pid, 0) / tick
+    return sum(used.get(p, 0) for p in mine) / tick
+
+
+def cpu_progress(spark: Any) -> Any:
+    """A quiet ``SparkProgress`` that also notes each phase's CPU seconds (``tree_cpu_s``)."""
+    from contextlib import contextmanager
+
+    from tarry.pipeline.progress import SparkProgress
+
+    class CpuProgress(SparkProgress):
+        cpu: dict[str, float] = {}
+
+        @contextmanager
+        def phase(self, name: str) -> Any:
+            before = tree_cpu_s()
+            with super().phase(name):
+                yield
+            self.cpu[name] = round(self.cpu.get(name, 0.0) + tree_cpu_s() - before, 1)
+
+    return CpuProgress(spark, enabled=False)
+
+
 def child(args: argparse.Namespace) -> None:
     from tarry.client import Client
     from tarry.config import StoreConfig
@@ -240,11 +295,16 @@ def child(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     spark = spark_session(
         SparkSettings(
-            master=args.master, driver_memory=args.driver_memory, shuffle_partitions=args.shuffle
+            master=args.master,
+            driver_memory=args.driver_memory,
+            shuffle_partitions=args.shuffle,
+            light_jvm=args.light_jvm,
         )
     )
     spark.range(10).count()
     startup = time.perf_counter() - started
+    programs_before: dict[str, float] = {}
+    cpu_before = tree_cpu_s(programs_before)
     out = Path(args.out)
     if args.child == "report":
         summary = run_report(spark, sorted(Path(args.input).glob("*.jsonl")), out, now_ms=args.now)
@@ -265,9 +325,11 @@ def child(args: argparse.Namespace) -> None:
         partition_ms=granularity if offline else 3_600_000,
         send_partitions=2 if args.child == "online" else None,
     )
+    progress = cpu_progress(spark)
     summary = run_import(
         spark,
         options,
+        progress=progress,
         now_ms=args.now,
         resolve_views=lambda names: (
             views_from_store(data_dir, names, now_ms=args.now)
@@ -276,7 +338,21 @@ def child(args: argparse.Namespace) -> None:
         ),
     )
     client.close()
-    print(json.dumps({"startup_s": round(startup, 2), **summary.to_dict()}))
+    programs: dict[str, float] = {}
+    cpu = tree_cpu_s(programs) - cpu_before
+    by_program = {k: round(v - programs_before.get(k, 0.0), 1) for k, v in programs.items()}
+    print(
+        json.dumps(
+            {
+                "startup_s": round(startup, 2),
+                "cpu_s": round(cpu, 1),
+                "cores_busy": round(cpu / summary.seconds, 2),
+                "cpu_phases": progress.cpu,
+                "cpu_by_program": by_program,
+                **summary.to_dict(),
+            }
+        )
+    )
 
 
 def run_child(
@@ -303,6 +379,7 @@ def run_child(
         str(args.shuffle),
         "--data",
         str(args.data_dir),
+        *(["--light-jvm"] if args.light_jvm else []),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -335,7 +412,15 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=None, help="journal events (default --rows)")
     parser.add_argument("--driver-memory", default="6g")
     parser.add_argument("--shuffle", type=int, default=8)
-    parser.add_argument("--keep", help="keep the data in this directory")
+    parser.add_argument(
+        "--light-jvm", action="store_true", help="C1 JIT only and a serial GC (SparkSettings)"
+    )
+    parser.add_argument("--keep", help="keep the data in this directory (and reuse its input)")
+    parser.add_argument(
+        "--only",
+        default="baseline,offline,online,report",
+        help="comma-separated parts to run (default all): baseline, offline, online, report",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--now", type=int, default=NOW_MS, help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)
@@ -353,10 +438,17 @@ def main() -> None:
     root = Path(args.keep or tempfile.mkdtemp(prefix="tarry-bench-pipeline-"))
     root.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"rows": args.rows, "cpus": os.cpu_count()}
+    parts = set(args.only.split(","))
     t = time.perf_counter()
-    generate_input(root / "input.parquet", args.rows)
-    generate_input(root / "online.parquet", min(args.online_rows, args.rows), seed=8)
-    generate_journal(root / "journal", args.events or args.rows)
+    if (
+        not (root / "input.parquet").exists()
+        or pq.ParquetFile(root / "input.parquet").metadata.num_rows != args.rows
+    ):
+        generate_input(root / "input.parquet", args.rows)
+    if "online" in parts:
+        generate_input(root / "online.parquet", min(args.online_rows, args.rows), seed=8)
+    if "report" in parts:
+        generate_journal(root / "journal", args.events or args.rows)
     result["generate_s"] = round(time.perf_counter() - t, 1)
     args.data_dir = root / "data"
     server, url = start_server(root / "data")
@@ -368,24 +460,29 @@ def main() -> None:
             for sub in SUBS:
                 client.subscribe(TOPIC, sub)
             views = views_to_json(views_from_server(client, QUEUES + [TOPIC, "bench.missing"]))
-        result["baseline_pyarrow"] = baseline(root / "input.parquet", root / "baseline", views)
-        for master in ("local[1]", "local[2]"):
+        if "baseline" in parts:
+            result["baseline_pyarrow"] = baseline(root / "input.parquet", root / "baseline", views)
+        for master in ("local[1]", "local[2]") if "offline" in parts else ():
             run = run_child(
                 "offline", master, root / "input.parquet", root / f"offline-{master[-2]}", url, args
             )
             run["rows_per_s_incl_startup"] = round(args.rows / (run["seconds"] + run["startup_s"]))
             result[f"offline_sink_{master}"] = run
-        one, two = result["offline_sink_local[1]"], result["offline_sink_local[2]"]
-        result["speedup_local2_over_local1"] = round(two["rows_per_s"] / one["rows_per_s"], 2)
-        result["local2_over_baseline"] = round(
-            two["rows_per_s"] / result["baseline_pyarrow"]["rows_per_s"], 2
-        )
-        result["online_sink_local[2]"] = run_child(
-            "online", "local[2]", root / "online.parquet", root / "online", url, args
-        )
-        result["report_local[2]"] = run_child(
-            "report", "local[2]", root / "journal", root / "report", url, args
-        )
+        if "offline" in parts:
+            one, two = result["offline_sink_local[1]"], result["offline_sink_local[2]"]
+            result["speedup_local2_over_local1"] = round(two["rows_per_s"] / one["rows_per_s"], 2)
+        if "offline" in parts and "baseline" in parts:
+            result["local2_over_baseline"] = round(
+                two["rows_per_s"] / result["baseline_pyarrow"]["rows_per_s"], 2
+            )
+        if "online" in parts:
+            result["online_sink_local[2]"] = run_child(
+                "online", "local[2]", root / "online.parquet", root / "online", url, args
+            )
+        if "report" in parts:
+            result["report_local[2]"] = run_child(
+                "report", "local[2]", root / "journal", root / "report", url, args
+            )
     finally:
         server.terminate()
         server.wait(30)
@@ -399,8 +496,6 @@ def main() -> None:
     server.wait(30)
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(result, indent=2))
 
 

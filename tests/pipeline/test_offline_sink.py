@@ -104,3 +104,76 @@ def test_offline_import_is_adopted_once_and_refused_when_damaged(
         ).json()["messages"]
     assert [m["body"] for m in got] == ["soon"]
     assert int(time.time() * 1000) >= soon
+
+
+def test_offline_import_drops_repeats_across_tasks_and_sorts_each_file(
+    spark: Any, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tarry.model.validate import DestinationView, TargetView
+    from tarry.pipeline.bulk_import import ImportOptions, run_import
+    from tarry.pipeline.sink_log import LogSinkSettings
+    from tarry.store.log.record import Record, decode_message, scan
+
+    # Given 200 rows in four row groups, the last 50 repeating the first 50 (other tasks read
+    # them), due times out of order over a few partitions
+    now, width = 1_800_000_000_000, 60_000
+    n = 200
+    ids = [f"m{i % 150}" for i in range(n)]
+    delays = [(i * 7919) % (5 * width) for i in range(n)]
+    table = pa.table(
+        {
+            "destination": ["q"] * n,
+            "message_id": ids,
+            "delay_ms": delays,
+            "body": [f"row {i}" for i in range(n)],
+        }
+    )
+    pq.write_table(table, tmp_path / "in.parquet", row_group_size=50)
+    area = tmp_path / "data" / "log" / "imports" / "import-test"
+    options = ImportOptions(
+        input=tmp_path / "in.parquet",
+        rejects_dir=tmp_path / "rejects",
+        log_sink=LogSinkSettings(area=area, granularity_ms=width, now_ms=now),
+        plan_dir=tmp_path / "plan",
+        partition_ms=width,
+    )
+    view = {"q": DestinationView("q", "queue", (TargetView("q"),))}
+    # When imported with small input splits (one task per row group)
+    split = (tmp_path / "in.parquet").stat().st_size // 4
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(split))
+    try:
+        summary = run_import(spark, options, now_ms=now, resolve_views=lambda _: view)
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    # Then the repeats are counted and rejected, naming the row each repeats
+    assert (summary.rows_read, summary.accepted, summary.duplicates) == (200, 150, 50)
+    assert summary.copies == 150 and summary.partitions == 5
+    rejects = pq.read_table(tmp_path / "rejects").to_pylist()
+    assert sorted(json.loads(r["record"])["body"] for r in rejects) == sorted(
+        f"row {i}" for i in range(150, 200)
+    )
+    kept_rows = set()
+    for reject in rejects:  # ``row`` is Spark's row id (the task in its high bits)
+        assert reject["code"] == "duplicate"
+        kept_rows.add(int(reject["message"].split("repeats input row ")[1].split(";")[0]))
+    assert len(kept_rows) == 50 and not kept_rows & {r["row"] for r in rejects}
+    # And the files, from more than one task, hold each first row once, each sorted by due time
+    files = sorted(area.rglob("*.log"))
+    assert len({f.name.split("-")[0] for f in files}) > 1
+    bodies = []
+    for path in files:
+        messages = [
+            decode_message(r.payload)[0] for r in scan(path.read_bytes()) if isinstance(r, Record)
+        ]
+        due = [m.deliver_at_ms for m in messages]
+        assert due == sorted(due) and len({d // width for d in due}) == 1
+        bodies += [m.body for m in messages]
+    assert sorted(bodies) == sorted(f"row {i}".encode() for i in range(150))
+    # And the plan, asked for beside the files, holds the same first rows
+    plan = pq.read_table(tmp_path / "plan").to_pylist()
+    assert sorted(json.loads(r["record"])["body"] for r in plan) == sorted(
+        f"row {i}" for i in range(150)
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -198,3 +199,45 @@ def test_records_built_column_wise_are_the_rows_json(rows: list[dict[str, Any]])
         data.setdefault("message_id", derived_message_id(data))
         assert got["record"] == record_json(data).decode()
         assert got["message_id"] == data["message_id"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "destination": st.one_of(st.none(), st.sampled_from(["q", "t", "bad name"])),
+                "body": _TEXTS,
+                "delay_ms": st.one_of(st.none(), st.integers(-3, 10**6)),
+                "message_id": _TEXTS,
+            }
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.lists(st.booleans(), min_size=12, max_size=12),
+)
+def test_records_only_where_asked_and_for_rejected_rows(
+    rows: list[dict[str, Any]], asked: list[bool]
+) -> None:
+    # Given input rows, and some of them whose record is wanted
+    schema = pa.schema(
+        [("_row", pa.int64()), ("destination", pa.string()), ("body", pa.string())]
+        + [("delay_ms", pa.int64()), ("message_id", pa.string())]
+    )
+    batch = pa.RecordBatch.from_pylist(
+        [{"_row": i, **r} for i, r in enumerate(rows)], schema=schema
+    )
+    rules = ImportRules(now_ms=NOW, views=tuple(views_to_json(VIEWS)))
+    views = views_from_json(rules.views)
+    record_for = np.array(asked[: len(rows)])
+    # When checked with and without the mask
+    every = check_batch(batch, rules, views).to_pylist()
+    some = check_batch(batch, rules, views, record_for=record_for).to_pylist()
+    # Then only the records differ: the same where asked or rejected, null elsewhere
+    for full, part, wanted in zip(every, some, record_for, strict=True):
+        keep = wanted or full["code"] is not None
+        assert part["record"] == (full["record"] if keep else None)
+        assert {k: v for k, v in part.items() if k != "record"} == {
+            k: v for k, v in full.items() if k != "record"
+        }

@@ -1,22 +1,24 @@
-"""The offline sink's writer without a JVM: checked rows in (as the rules step yields them),
-segment files out, read back with the store's own codec as the messages ``fan_out`` makes.
-The Spark path and the store's adoption run end to end in test_offline_sink.py."""
+"""The offline sink's writer without a JVM: input rows in (it runs the rules itself), segment
+files out, read back with the store's own codec as the messages ``fan_out`` makes; repeats
+dropped and reported; every file sorted by due time. The Spark path and the store's adoption
+run end to end in test_offline_sink.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tarry.model.fanout import fan_out
 from tarry.model.message import Message, SendPlan
 from tarry.model.validate import DestinationView, TargetView, parse_send
-from tarry.pipeline.catalog import views_from_json, views_to_json
-from tarry.pipeline.sink_log import SEGMENT_COLUMNS, LogSinkSettings, segment_writer
-from tarry.pipeline.validation import ImportRules, check_batch
+from tarry.pipeline.catalog import views_to_json
+from tarry.pipeline.dedupe import Repeats
+from tarry.pipeline.sink_log import DUPLICATE_ROW, FILE, LogSinkSettings, import_writer
+from tarry.pipeline.validation import ImportRules
 from tarry.store.log.held import dedupe_hash
 from tarry.store.log.record import Record, decode_message, scan
 
@@ -29,20 +31,32 @@ VIEWS = {
 }
 
 
-def _checked(rows: list[dict[str, Any]]) -> pa.RecordBatch:
+NO_REPEATS = Repeats(np.zeros(0, np.int64), np.zeros(0, np.int64))
+RULES = ImportRules(now_ms=NOW, views=tuple(views_to_json(VIEWS)), partition_ms=G)
+
+
+def _input(rows: list[dict[str, Any]]) -> pa.RecordBatch:
     schema = pa.schema(
         [("_row", pa.int64()), ("destination", pa.string()), ("body", pa.string())]
         + [("delay_ms", pa.int64()), ("ttl_ms", pa.int64()), ("message_id", pa.string())]
         + [("headers", pa.string()), ("correlation_id", pa.string())]
     )
-    batch = pa.RecordBatch.from_pylist(
-        [{"_row": i, **r} for i, r in enumerate(rows)], schema=schema
-    )
-    rules = ImportRules(now_ms=NOW, views=tuple(views_to_json(VIEWS)), partition_ms=G)
-    checked = check_batch(batch, rules, views_from_json(rules.views))
-    accepted = checked.filter(pc.is_null(checked.column("code")))
-    order = pc.sort_indices(accepted, [("deliver_at_ms", "ascending")])
-    return accepted.take(order).select(list(SEGMENT_COLUMNS))
+    return pa.RecordBatch.from_pylist([{"_row": i, **r} for i, r in enumerate(rows)], schema=schema)
+
+
+def _written(
+    settings: LogSinkSettings, batches: list[pa.RecordBatch], repeats: Repeats = NO_REPEATS
+) -> list[dict[str, Any]]:
+    out = import_writer(settings, RULES, lambda: repeats)(iter(batches))
+    return pa.Table.from_batches(list(out)).to_pylist()
+
+
+def _records(settings: LogSinkSettings, report: dict[str, Any]) -> list[Record]:
+    data = (settings.area / report["name"]).read_bytes()
+    assert len(data) == report["bytes"]
+    records = [r for r in scan(data) if isinstance(r, Record)]
+    assert len(records) == report["records"]
+    return records
 
 
 def _expected(row: dict[str, Any]) -> list[Message]:
@@ -70,18 +84,14 @@ def test_writer_files_hold_the_fanned_out_messages(tmp_path: Path) -> None:
     ]
     settings = LogSinkSettings(area=tmp_path / "area", granularity_ms=G, now_ms=NOW)
     # When the writer runs over them (in two batches, as Spark may hand them over)
-    batch = _checked(rows)
-    reports = list(segment_writer(settings)(iter([batch.slice(0, 2), batch.slice(2)])))
+    batch = _input(rows)
+    written = _written(settings, [batch.slice(0, 2), batch.slice(2)])
     # Then one file per time partition, whose reports match the files
-    files = pa.Table.from_batches(reports).to_pylist()
+    files = [w for w in written if w["kind"] == FILE]
     assert sorted(f["partition"] for f in files) == [NOW // G, NOW // G + 2, NOW // G + 3]
     got: list[tuple[Message, int]] = []
     for report in sorted(files, key=lambda f: f["partition"]):
-        data = (settings.area / report["name"]).read_bytes()
-        assert len(data) == report["bytes"]
-        records = [r for r in scan(data) if isinstance(r, Record)]
-        assert len(records) == report["records"]
-        got += [decode_message(r.payload) for r in records]
+        got += [decode_message(r.payload) for r in _records(settings, report)]
     # And the records are the messages fan_out builds (ids aside), with the engine's hashes
     expected = [m for r in sorted(rows, key=lambda r: r["delay_ms"]) for m in _expected(r)]
     assert len(got) == len(expected) == 5  # the topic without subscribers has no copy
@@ -103,3 +113,39 @@ def test_writer_files_hold_the_fanned_out_messages(tmp_path: Path) -> None:
             want.deliver_at_ms,
             want.expires_at_ms,
         )
+
+
+def test_writer_drops_repeats_and_rejects_and_sorts_each_file(tmp_path: Path) -> None:
+    # Given rows out of due order, a rejected row, and repeats of rows 0 and 1 (found beforehand)
+    rows = [
+        {"destination": "q", "delay_ms": 9_000, "message_id": "a"},
+        {"destination": "q", "delay_ms": 5_000, "message_id": "b"},
+        {"destination": "nowhere", "delay_ms": 1, "message_id": "x"},
+        {"destination": "q", "delay_ms": 1_000, "message_id": "a", "body": "again"},
+        {"destination": "q", "delay_ms": 7_000, "message_id": "c"},
+        {"destination": "q", "delay_ms": 3_000, "message_id": "b"},
+        {"destination": "q", "delay_ms": 2_000, "message_id": "d"},
+    ]
+    repeats = Repeats(np.array([3, 5], np.int64), np.array([0, 1], np.int64))
+    # and a writer that flushes after every batch (so a partition gets several files)
+    settings = LogSinkSettings(area=tmp_path / "area", granularity_ms=G, now_ms=NOW, flush_bytes=1)
+    batch = _input(rows)
+    written = _written(settings, [batch.slice(0, 4), batch.slice(4)], repeats)
+    # Then the repeats come out as duplicate rejects naming the kept row, with their record
+    duplicates = sorted((w for w in written if w["kind"] == DUPLICATE_ROW), key=lambda w: w["_row"])
+    assert [(d["_row"], d["code"], d["message_id"]) for d in duplicates] == [
+        (3, "duplicate", "a"),
+        (5, "duplicate", "b"),
+    ]
+    assert "repeats input row 0" in duplicates[0]["message"]
+    assert orjson.loads(duplicates[0]["record"])["body"] == "again"
+    # And the files hold the kept rows once (no rejected row, no repeat), each sorted by due time
+    files = [w for w in written if w["kind"] == FILE]
+    assert len(files) == 2 and {f["partition"] for f in files} == {NOW // G}
+    ids = []
+    for report in files:
+        messages = [decode_message(r.payload)[0] for r in _records(settings, report)]
+        due = [m.deliver_at_ms for m in messages]
+        assert due == sorted(due)
+        ids += [m.message_id for m in messages]
+    assert sorted(ids) == ["a", "b", "c", "d"]

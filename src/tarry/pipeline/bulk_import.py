@@ -1,9 +1,15 @@
 """``tarry pipeline import``: read → check every row with the model's rules → drop repeats →
 fan out and partition → load into tarry → rejects and a summary.
 
-The Spark jobs, in order: (1) the destinations named (the catalog snapshot); (2) the rules, run
-once and kept (``persist``) for what follows; (3) de-duplication, an aggregation of the keys;
-(4) the sinks: online (``sink_http``), offline (``sink_log``), the Parquet plan; (5) the rejects.
+The Spark jobs, in order: (1) the destinations named (the catalog snapshot); (2) the rules;
+(3) de-duplication, an aggregation of the keys; (4) the sink; (5) the rejects. Two shapes:
+
+- offline (``--into``): map-only. The rules' narrow verdicts (row, key, code; the record only
+  of rejected rows) are kept for the counts, the repeated keys and the rejects; the later
+  repeats (few) go to every task, which checks its input again and writes its own segment files
+  (``sink_log``). No whole row is shuffled or kept.
+- online (``--to``) and the Parquet plan alone: the checked rows, whole, are kept (``persist``)
+  for the sends and the plan.
 """
 
 from __future__ import annotations
@@ -12,17 +18,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
+import pyarrow as pa
+
+from tarry.errors import InvalidArgument
 from tarry.model.validate import DestinationView
 from tarry.pipeline.catalog import views_to_json
-from tarry.pipeline.dedupe import split_duplicates
+from tarry.pipeline.dedupe import find_repeats, split_duplicates
 from tarry.pipeline.progress import SparkProgress
 from tarry.pipeline.sink_http import ALREADY_THERE, CREATED, SENT_DDL, SinkSettings, sender
-from tarry.pipeline.sink_log import SEGMENT_COLUMNS, WRITTEN_DDL, LogSinkSettings, segment_writer
+from tarry.pipeline.sink_log import (
+    DUPLICATE_ROW,
+    FILE,
+    FILE_FIELDS,
+    SPAN,
+    WRITTEN_DDL,
+    LogSinkSettings,
+    import_writer,
+)
 from tarry.pipeline.sources import ROW, load_input
 from tarry.pipeline.summary import ImportSummary
-from tarry.pipeline.validation import CHECKED_DDL, ImportRules, checker
+from tarry.pipeline.validation import CHECKED_DDL, VERDICT_DDL, ImportRules, checker, verdicts
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -33,6 +50,12 @@ __all__ = ["ImportOptions", "REJECT_COLUMNS", "run_import"]
 REJECT_COLUMNS = ("row", "code", "message", "destination", "message_id", "record")
 
 Resolver = Callable[[list[str]], dict[str, DestinationView]]
+
+
+class Releasable(Protocol):
+    """A kept frame or a broadcast variable, released when the import is done."""
+
+    def unpersist(self) -> object: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,29 +105,69 @@ def _write_plan(first: DataFrame, path: Path) -> None:
     )
 
 
-def _write_segments(imported: DataFrame, settings: LogSinkSettings) -> list[dict[str, Any]]:
-    """Segment files per time partition, sorted by due time, then the import manifest (last);
-    returns the files' reports (``WRITTEN_DDL``)."""
+def _import_offline(
+    spark: SparkSession,
+    frame: DataFrame,
+    rules: ImportRules,
+    options: ImportOptions,
+    settings: LogSinkSettings,
+    show: SparkProgress,
+    summary: ImportSummary,
+    kept: list[Releasable],
+) -> DataFrame:
+    """The offline sink, map-only: the rules' narrow verdicts (kept) give the counts and the
+    repeated keys; then every task checks its input again and writes its own sorted segment
+    files (``sink_log``), so no row is shuffled whole. Writes ``IMPORT`` last; returns the
+    rejects."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from tarry.store.log.adopt import ImportManifest, write_manifest
 
-    number = F.floor(F.col("deliver_at_ms") / settings.granularity_ms)
+    verdict = frame.mapInArrow(verdicts(rules), VERDICT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+    kept.append(verdict)
+    with show.phase("validating"):
+        by_code = {code: n for code, n in verdict.groupBy("code").count().collect()}
+    summary.rows_read = sum(by_code.values())
+    valid = by_code.pop(None, 0)
+    summary.rejected = dict(by_code)
+    with show.phase("dedupe"):
+        repeats = find_repeats(verdict.where(F.col("code").isNull()))
+    shared = spark.sparkContext.broadcast(repeats)
+    kept.append(shared)
     settings.area.mkdir(parents=True, exist_ok=True)
-    written = (
-        imported.withColumn("_number", number)
-        .repartition("_number")
-        .sortWithinPartitions("_number", "deliver_at_ms")
-        .select(*SEGMENT_COLUMNS)
-        .mapInArrow(segment_writer(settings), WRITTEN_DDL)
-        .collect()
-    )
-    files = [row.asDict() for row in written]
-    write_manifest(
-        settings.area,
-        ImportManifest(settings.area.name, settings.now_ms, settings.granularity_ms, files),
-    )
-    return files
+    # Kept: the rejects below read the repeats from it, and running it again writes new files.
+    written = frame.mapInArrow(
+        import_writer(settings, rules, lambda: shared.value), WRITTEN_DDL
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    kept.append(written)
+    with show.phase("segments"):
+        reports = written.where(F.col("kind") != DUPLICATE_ROW).collect()
+        files = [{k: r[k] for k in FILE_FIELDS} for r in reports if r["kind"] == FILE]
+        write_manifest(
+            settings.area,
+            ImportManifest(settings.area.name, settings.now_ms, settings.granularity_ms, files),
+        )
+    summary.files = len(files)
+    summary.import_area = str(settings.area)
+    summary.duplicates = len(repeats)
+    summary.accepted = valid - summary.duplicates
+    summary.copies = sum(int(f["records"]) for f in files)
+    if options.partition_ms == settings.granularity_ms:
+        # the partitions the copies fill (rows for topics without subscribers have none)
+        summary.partitions = len({f["partition"] for f in files})
+    else:
+        summary.partitions = len({r["partition"] for r in reports if r["kind"] == SPAN})
+    if options.plan_dir is not None:
+        later = spark.createDataFrame(pa.table({ROW: pa.array(repeats.rows, pa.int64())}))
+        checked = frame.mapInArrow(checker(rules), CHECKED_DDL)
+        with show.phase("plan"):
+            _write_plan(
+                checked.where(F.col("code").isNull()).join(later, ROW, "left_anti"),
+                options.plan_dir,
+            )
+    rejected = _rejects(verdict.where(F.col("code").isNotNull()))
+    return rejected.unionByName(_rejects(written.where(F.col("kind") == DUPLICATE_ROW)))
 
 
 def run_import(
@@ -116,7 +179,6 @@ def run_import(
     progress: SparkProgress | None = None,
 ) -> ImportSummary:
     """Run one import; every row ends up imported, a duplicate, or in the rejects dataset."""
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     show = progress or SparkProgress(spark, enabled=False)
@@ -141,7 +203,40 @@ def run_import(
         partition_ms=options.partition_ms,
         max_message_bytes=options.max_message_bytes,
     )
+    kept: list[Releasable] = []
+    if options.log_sink is not None:
+        if options.sink is not None:
+            raise InvalidArgument("give an online sink or an offline one, not both")
+        rejects = _import_offline(
+            spark, frame, rules, options, options.log_sink, show, summary, kept
+        )
+    else:
+        rejects = _import_checked(frame, rules, options, show, summary, kept)
+    with show.phase("rejects"):
+        # repartition, not coalesce: the rows are few, but finding them should use every core
+        rejects.repartition(1).write.mode("overwrite").parquet(str(options.rejects_dir))
+    summary.seconds = time.perf_counter() - started
+    summary.phases = dict(show.seconds)
+    for item in kept:
+        item.unpersist()
+    return summary
+
+
+def _import_checked(
+    frame: DataFrame,
+    rules: ImportRules,
+    options: ImportOptions,
+    show: SparkProgress,
+    summary: ImportSummary,
+    kept: list[Releasable],
+) -> DataFrame:
+    """The online sink and the plan: the checked rows, whole, kept for the sends and the plan;
+    returns the rejects."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
     checked = frame.mapInArrow(checker(rules), CHECKED_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+    kept.append(checked)
     with show.phase("validating"):
         by_code = {code: n for code, n in checked.groupBy("code").count().collect()}
     summary.rows_read = sum(by_code.values())
@@ -150,9 +245,9 @@ def run_import(
 
     with show.phase("dedupe"):
         first, repeats, marked = split_duplicates(checked.where(F.col("code").isNull()))
+    kept.append(marked)
     rejects = _rejects(checked.where(F.col("code").isNotNull())).unionByName(_rejects(repeats))
     imported = first
-    sent = None
     refused_by_server = 0
     if options.sink is not None:
         outgoing = first.select(ROW, "destination", "message_id", "record")
@@ -161,6 +256,7 @@ def run_import(
         sent = outgoing.mapInArrow(sender(options.sink), SENT_DDL).persist(
             StorageLevel.MEMORY_AND_DISK
         )
+        kept.append(sent)
         with show.phase("sending"):
             outcomes = {o: n for o, n in sent.groupBy("outcome").count().collect()}
         summary.created = outcomes.pop(CREATED, 0)
@@ -175,42 +271,15 @@ def run_import(
     if options.plan_dir is not None:
         with show.phase("plan"):
             _write_plan(imported, options.plan_dir)
-    files: list[dict[str, Any]] | None = None
-    if options.log_sink is not None:
-        with show.phase("segments"):
-            files = _write_segments(imported, options.log_sink)
-            summary.files = len(files)
-            summary.import_area = str(options.log_sink.area)
-    same_partitions = (
-        options.log_sink is not None and options.partition_ms == options.log_sink.granularity_ms
-    )
-    if files is not None and sent is None and same_partitions:
-        # Offline only: the writers' reports and the repeated keys say it all, without another
-        # pass over every row (the rows with no copy, for topics without subscribers, are in
-        # ``accepted`` but in no file).
-        repeats_n = marked.agg(F.sum(F.col("_n") - 1)).first()
-        summary.duplicates = int((repeats_n[0] if repeats_n else 0) or 0)
-        summary.accepted = valid - summary.duplicates
-        summary.copies = sum(int(f["records"]) for f in files)
-        summary.partitions = len({f["partition"] for f in files})
-    else:
-        with show.phase("counting"):
-            totals = imported.agg(
-                F.count(F.lit(1)),
-                F.sum(F.size("targets")),
-                F.count_distinct("partition_ms"),
-            ).first()
-        assert totals is not None
-        summary.accepted = int(totals[0])
-        summary.copies = int(totals[1] or 0)
-        summary.partitions = int(totals[2])
-        summary.duplicates = valid - summary.accepted - refused_by_server
-    with show.phase("rejects"):
-        # repartition, not coalesce: the rows are few, but finding them should use every core
-        rejects.repartition(1).write.mode("overwrite").parquet(str(options.rejects_dir))
-    summary.seconds = time.perf_counter() - started
-    summary.phases = dict(show.seconds)
-    for frame_ in (checked, marked, sent):
-        if frame_ is not None:
-            frame_.unpersist()
-    return summary
+    with show.phase("counting"):
+        totals = imported.agg(
+            F.count(F.lit(1)),
+            F.sum(F.size("targets")),
+            F.count_distinct("partition_ms"),
+        ).first()
+    assert totals is not None
+    summary.accepted = int(totals[0])
+    summary.copies = int(totals[1] or 0)
+    summary.partitions = int(totals[2])
+    summary.duplicates = valid - summary.accepted - refused_by_server
+    return rejects

@@ -4,11 +4,16 @@ import area, ``<data_dir>/log/imports/<import>/``, that the store adopts at its 
 (``tarry.store.log.adopt``: all or nothing, every file verified against the import manifest,
 whose layout is described there).
 
-The records are encoded column-wise (``tarry.store.log.record_columns``: the same bytes as
-``encode_message``), one Arrow batch at a time. Each executor task writes one file per time
-partition it holds and reports its name, size, CRC32C and record count; the driver writes
-``IMPORT`` from those reports, so files of a failed task attempt are never named (and adoption
-deletes the whole area afterwards).
+The writer is map-only: each executor task reads its own share of the input, runs the model's
+rules on it again (``validation.check_batch``: cheaper than keeping or shuffling the checked
+rows), drops the rejected rows and the later repeats (``dedupe.Repeats``, found beforehand from
+the keys alone), encodes the copies column-wise (``tarry.store.log.record_columns``: the same
+bytes as ``encode_message``) and keeps them in memory until ``flush_bytes``; then it sorts them
+by (time partition, due time) and writes one file per time partition it holds. So a partition
+gets several files (one per task and flush), each sorted by due time. Each file is reported with
+its name, size, CRC32C and record count; the driver writes ``IMPORT`` from those reports, so
+files of a failed task attempt are never named (and adoption deletes the whole area afterwards).
+The repeats come out as reject rows too, with the record the rejects dataset keeps.
 """
 
 from __future__ import annotations
@@ -26,21 +31,49 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tarry.model.ids import IdGenerator
-from tarry.pipeline.validation import MESSAGE_FIELDS
+from tarry.pipeline.catalog import views_from_json
+from tarry.pipeline.dedupe import DUPLICATE, Repeats
+from tarry.pipeline.sources import ROW
+from tarry.pipeline.validation import ImportRules, check_batch
 from tarry.store.log.record_columns import MessageColumns, dedupe_hashes, encode_message_columns
 
-__all__ = ["SEGMENT_COLUMNS", "WRITTEN_DDL", "LogSinkSettings", "import_area", "segment_writer"]
+__all__ = [
+    "DUPLICATE_ROW",
+    "FILE",
+    "FILE_FIELDS",
+    "SPAN",
+    "WRITTEN_DDL",
+    "LogSinkSettings",
+    "import_area",
+    "import_writer",
+]
 
-WRITTEN_DDL = "name string, partition long, bytes long, crc long, records long"
-#: The checked columns the writer reads (``tarry.pipeline.validation.CHECKED_SCHEMA``).
-SEGMENT_COLUMNS = (
-    "deliver_at_ms",
-    "expires_at_ms",
-    "targets",
-    "destination",
-    "message_id",
-    *MESSAGE_FIELDS,
+#: What the writer yields, one row each: a ``FILE`` written (name, partition number, bytes,
+#: crc, records), a ``DUPLICATE_ROW`` (a reject: row, code, message, destination, message_id,
+#: record), a ``SPAN`` (``partition``: the start of an import partition, ``partition_ms`` wide,
+#: that a kept row falls into).
+FILE, DUPLICATE_ROW, SPAN = "file", "duplicate", "span"
+WRITTEN_SCHEMA = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("name", pa.string()),
+        ("partition", pa.int64()),
+        ("bytes", pa.int64()),
+        ("crc", pa.int64()),
+        ("records", pa.int64()),
+        (ROW, pa.int64()),
+        ("code", pa.string()),
+        ("message", pa.string()),
+        ("destination", pa.string()),
+        ("message_id", pa.string()),
+        ("record", pa.string()),
+    ]
 )
+WRITTEN_DDL = ", ".join(
+    f"{f.name} {'string' if f.type == pa.string() else 'long'}" for f in WRITTEN_SCHEMA
+)
+#: The fields of a ``FILE`` row, as the import manifest lists them.
+FILE_FIELDS = ("name", "partition", "bytes", "crc", "records")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +84,8 @@ class LogSinkSettings:
     granularity_ms: int
     #: The import's now: the messages' ``sent_at``.
     now_ms: int
+    #: Encoded bytes a task holds before it sorts and writes them (more: fewer, larger files).
+    flush_bytes: int = 256 * 1024 * 1024
 
 
 def import_area(data_dir: Path) -> Path:
@@ -58,25 +93,13 @@ def import_area(data_dir: Path) -> Path:
     return data_dir / "log" / "imports" / f"import-{uuid.uuid4().hex[:16]}"
 
 
-class _Open:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self.handle = open(path, "wb")  # noqa: SIM115 - closed in finish()
-        self.crc = 0
-        self.bytes = 0
-        self.records = 0
-
-    def write(self, data: bytes, records: int) -> None:
-        self.handle.write(data)
-        self.crc = google_crc32c.extend(self.crc, data)
-        self.bytes += len(data)
-        self.records += records
-
-    def finish(self) -> None:
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
-        self.handle.close()
+def _write(path: Path, data: bytes) -> dict[str, Any]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return {"bytes": len(data), "crc": google_crc32c.value(data)}
 
 
 def _copies(batch: pa.RecordBatch, ids: IdGenerator, now_ms: int) -> tuple[pa.Array, np.ndarray]:
@@ -120,60 +143,113 @@ def _copies(batch: pa.RecordBatch, ids: IdGenerator, now_ms: int) -> tuple[pa.Ar
     return encode_message_columns(columns, hashes), due
 
 
-def segment_writer(
-    settings: LogSinkSettings,
+class _Held:
+    """One task's encoded copies not yet written, with their due times."""
+
+    def __init__(self, settings: LogSinkSettings, task: str) -> None:
+        self.settings = settings
+        self.task = task
+        self.records: list[pa.Array] = []
+        self.due: list[np.ndarray] = []
+        self.nbytes = 0
+        self.files = 0
+
+    def add(self, records: pa.Array, due: np.ndarray) -> None:
+        self.records.append(records)
+        self.due.append(due)
+        self.nbytes += records.nbytes
+
+    def flush(self) -> list[dict[str, Any]]:
+        """Sort what is held by (partition, due time), write one file per partition, forget
+        it; the files' reports."""
+        if not self.records:
+            return []
+        due = np.concatenate(self.due)
+        numbers = due // self.settings.granularity_ms
+        order = np.lexsort((due, numbers))  # stable: equal due times keep their input order
+        records = pa.concat_arrays(self.records).take(pa.array(order))
+        numbers = numbers[order]
+        self.records, self.due, self.nbytes = [], [], 0
+        _, offsets, data = records.buffers()
+        bounds = np.frombuffer(offsets, np.int32)[
+            records.offset : records.offset + len(records) + 1
+        ]
+        starts = np.flatnonzero(np.r_[True, numbers[1:] != numbers[:-1]])
+        ends = np.r_[starts[1:], len(numbers)]
+        view = memoryview(data)
+        reports = []
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            number = int(numbers[a])
+            name = f"p-{number:010d}/{self.task}-{self.files}.log"
+            self.files += 1
+            written = _write(self.settings.area / name, bytes(view[bounds[a] : bounds[b]]))
+            reports.append({"name": name, "partition": number, "records": b - a, **written})
+        return reports
+
+
+def _rows(kind: str, columns: dict[str, Any], n: int) -> pa.RecordBatch:
+    """A ``WRITTEN_SCHEMA`` batch of ``n`` rows of one kind (columns not given are null)."""
+    data = {f.name: columns.get(f.name, pa.nulls(n, f.type)) for f in WRITTEN_SCHEMA}
+    data["kind"] = pa.array([kind] * n, pa.string())
+    return pa.RecordBatch.from_pydict(data, schema=WRITTEN_SCHEMA)
+
+
+def import_writer(
+    settings: LogSinkSettings, rules: ImportRules, repeats: Callable[[], Repeats]
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function for ``mapInArrow`` over accepted rows sorted by (partition, due time):
-    writes the records, then yields one row per file written (``WRITTEN_DDL``)."""
+    """The function for ``mapInArrow`` over the input rows (``_row`` plus send-field columns):
+    writes the kept copies (see the module docstring) and yields ``WRITTEN_SCHEMA`` rows.
+    ``repeats`` gives the later rows of repeated keys (a broadcast variable's value)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        task = uuid.uuid4().hex[:12]
+        views = views_from_json(rules.views)
+        later_rows = repeats()
         ids = IdGenerator()
-        files: dict[int, _Open] = {}
+        held = _Held(settings, uuid.uuid4().hex[:12])
+        reports: list[dict[str, Any]] = []
+        spans: set[int] = set()
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            records, due = _copies(batch, ids, settings.now_ms)
-            if len(records) == 0:  # topics without subscribers
+            first = later_rows.first_of(batch.column(ROW).to_numpy())
+            # the record only for the rejects: rejected rows (dropped here) and repeats
+            checked = check_batch(batch, rules, views, record_for=first >= 0)
+            accepted = np.asarray(checked.column("code").is_null().to_numpy(zero_copy_only=False))
+            later = accepted & (first >= 0)
+            if later.any():
+                yield _duplicates(checked.filter(pa.array(later)), first[later])
+            kept = checked.filter(pa.array(accepted & ~later))
+            if kept.num_rows == 0:
                 continue
-            numbers = due // settings.granularity_ms
-            _, offsets, data = records.buffers()
-            bounds = np.frombuffer(offsets, np.int32)[
-                records.offset : records.offset + len(records) + 1
-            ]
-            # Rows arrive sorted by partition: each partition's copies are one run of bytes.
-            starts = np.flatnonzero(np.r_[True, numbers[1:] != numbers[:-1]])
-            ends = np.r_[starts[1:], len(numbers)]
-            view = memoryview(data)
-            for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-                number = int(numbers[a])
-                out = files.get(number)
-                if out is None:
-                    out = files[number] = _Open(
-                        settings.area / f"p-{number:010d}" / f"{task}-{len(files)}.log"
-                    )
-                out.write(bytes(view[bounds[a] : bounds[b]]), b - a)
-        written: dict[str, list[Any]] = {n: [] for n in ("name", "partition", "bytes", "crc")}
-        written["records"] = []
-        for number, out in files.items():
-            out.finish()
-            written["name"].append(str(out.path.relative_to(settings.area)))
-            written["partition"].append(number)
-            written["bytes"].append(out.bytes)
-            written["crc"].append(out.crc)
-            written["records"].append(out.records)
-        if files:
-            yield pa.RecordBatch.from_pydict(
-                written,
-                schema=pa.schema(
-                    [
-                        ("name", pa.string()),
-                        ("partition", pa.int64()),
-                        ("bytes", pa.int64()),
-                        ("crc", pa.int64()),
-                        ("records", pa.int64()),
-                    ]
-                ),
-            )
+            spans.update(pc.unique(kept.column("partition_ms")).to_pylist())
+            records, due = _copies(kept, ids, settings.now_ms)
+            if len(records):  # none for topics without subscribers
+                held.add(records, due)
+            if held.nbytes >= settings.flush_bytes:
+                reports += held.flush()
+        reports += held.flush()
+        if reports:
+            columns = {k: pa.array([r[k] for r in reports]) for k in FILE_FIELDS}
+            yield _rows(FILE, columns, len(reports))
+        if spans:
+            yield _rows(SPAN, {"partition": pa.array(sorted(spans), pa.int64())}, len(spans))
 
     return run
+
+
+def _duplicates(rows: pa.RecordBatch, first: np.ndarray) -> pa.RecordBatch:
+    """Reject rows for later repeats of a key (``first``: the row each repeats)."""
+    destination, message_id = rows.column("destination"), rows.column("message_id")
+    messages = [
+        Repeats.message(m, d, int(f))
+        for m, d, f in zip(message_id.to_pylist(), destination.to_pylist(), first, strict=True)
+    ]
+    columns = {
+        ROW: rows.column(ROW),
+        "code": pa.array([DUPLICATE] * rows.num_rows, pa.string()),
+        "message": pa.array(messages, pa.string()),
+        "destination": destination,
+        "message_id": message_id,
+        "record": rows.column("record"),
+    }
+    return _rows(DUPLICATE_ROW, columns, rows.num_rows)

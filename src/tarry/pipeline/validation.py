@@ -27,7 +27,15 @@ from tarry.pipeline.records import decode_row, derived_message_id, record_json
 from tarry.pipeline.sources import ROW
 from tarry.store.log.record_columns import needs_json_escape
 
-__all__ = ["CHECKED_DDL", "CHECKED_SCHEMA", "ImportRules", "check_batch", "checker"]
+__all__ = [
+    "CHECKED_DDL",
+    "CHECKED_SCHEMA",
+    "VERDICT_DDL",
+    "ImportRules",
+    "check_batch",
+    "checker",
+    "verdicts",
+]
 
 
 CHECKED_SCHEMA = pa.schema(
@@ -57,6 +65,13 @@ CHECKED_DDL = (
     "record string, body binary, headers string, correlation_id string, reply_to string, "
     "report string, discard boolean, persistent boolean"
 )
+#: ``verdicts``' narrow rows: the rules' answer without the message itself (``record``, the
+#: input row as JSON, only for rejected rows, which the rejects dataset keeps).
+VERDICT_COLUMNS = (ROW, "destination", "message_id", "code", "message", "record")
+VERDICT_SCHEMA = pa.schema([CHECKED_SCHEMA.field(name) for name in VERDICT_COLUMNS])
+VERDICT_DDL = (
+    f"{ROW} long, destination string, message_id string, code string, message string, record string"
+)
 #: The normalised message fields, passed through from the model's verdicts.
 MESSAGE_FIELDS = (
     "body",
@@ -83,9 +98,16 @@ class ImportRules:
 
 
 def check_batch(
-    batch: pa.RecordBatch, rules: ImportRules, views: Mapping[str, DestinationView]
+    batch: pa.RecordBatch,
+    rules: ImportRules,
+    views: Mapping[str, DestinationView],
+    *,
+    record_for: np.ndarray | None = None,
 ) -> pa.RecordBatch:
-    """The rules over one batch of input rows (``_row`` plus send-field columns)."""
+    """The rules over one batch of input rows (``_row`` plus send-field columns).
+
+    ``record`` (the send as JSON, nearly half the cost) is built for every row, or, given
+    ``record_for`` (a mask), only for those rows and the rejected ones (null elsewhere)."""
     n = batch.num_rows
     sends = batch.drop_columns([ROW]) if ROW in batch.schema.names else batch
     checked = check_columns(
@@ -97,7 +119,20 @@ def check_batch(
     )
     given_id = _text(sends, "message_id")
     needs_id = ~_valid(given_id)
-    records, by_row = _records(sends, checked.by_row | needs_id)
+    if record_for is None:
+        wanted = np.ones(n, bool)
+        records, by_row = _records(sends, checked.by_row | needs_id)
+    else:
+        wanted = record_for | _valid(checked.code)
+        picked_rows = np.flatnonzero(wanted)
+        some, some_by_row = _records(
+            sends.take(pa.array(picked_rows)), (checked.by_row | needs_id)[wanted]
+        )
+        at = np.full(n, -1)
+        at[picked_rows] = np.arange(len(picked_rows))
+        records = some.take(pa.array(at, mask=at < 0))
+        by_row = needs_id.copy()
+        by_row[picked_rows] |= some_by_row
     message_id = given_id
     if by_row.any():  # ids derived from the content, and JSON that needs escaping
         rows = np.flatnonzero(by_row)
@@ -111,7 +146,7 @@ def check_batch(
             if needs_id[i]:
                 data["message_id"] = derived_message_id(data)
             ids.append(None if data.get("message_id") is None else str(data["message_id"]))
-            texts.append(record_json(data).decode())
+            texts.append(record_json(data).decode() if wanted[i] else None)
         mask = pa.array(np.isin(np.arange(n), rows))
         message_id = pc.replace_with_mask(message_id, mask, pa.array(ids, pa.string()))
         records = pc.replace_with_mask(records, mask, pa.array(texts, pa.string()))
@@ -210,5 +245,21 @@ def checker(rules: ImportRules) -> Callable[[Iterator[pa.RecordBatch]], Iterator
             if batch.num_rows == 0:
                 continue
             yield check_batch(batch, rules, views)
+
+    return run
+
+
+def verdicts(rules: ImportRules) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function for ``DataFrame.mapInArrow``: input batches in, ``VERDICT_SCHEMA`` batches
+    out, one row per input row. Narrow on purpose: what the counts, the de-duplication and the
+    rejects need, cheap to keep; the offline sink runs the rules again where it writes."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        views = views_from_json(rules.views)
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            none = np.zeros(batch.num_rows, bool)
+            yield check_batch(batch, rules, views, record_for=none).select(list(VERDICT_COLUMNS))
 
     return run

@@ -4,6 +4,7 @@ An import area ``<root>/imports/<import>/`` holds segment files written by the p
 (``tarry.pipeline.sink_log``) in this store's record format, and the import manifest::
 
     p-<number>/<task>-<n>.log   MESSAGE records of time partition <number>, sorted by due time
+                                (a partition may get several files, from several tasks)
     IMPORT                      written last (temp, fsync, rename):
                                 MAGIC · version:u32 · crc32c:u32 of the body · body (JSON)
                                 {"import", "created_ms", "granularity_ms", "files":
