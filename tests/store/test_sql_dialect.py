@@ -11,8 +11,9 @@ from tarry.config import load_config
 from tarry.errors import InvalidArgument
 from tarry.store.postgres.database import redact_dsn
 from tarry.store.postgres.dialect import PgConnection, translate
-from tarry.store.sql import row_lock
-from tarry.store.sqlite.schema import SCHEMA_VERSION, migrate
+from tarry.store.sql import id_column, id_key, row_lock
+from tarry.store.sqlite.database import Connection
+from tarry.store.sqlite.schema import SCHEMA_VERSION, is_keyed, migrate
 
 
 def test_question_marks_become_psycopg_placeholders_and_percent_signs_are_escaped() -> None:
@@ -61,3 +62,30 @@ def test_the_sqlite_migration_rewrites_old_dedupe_keys(tmp_path: Path) -> None:
     migrate(conn)
     assert conn.execute("SELECT dedupe_key FROM messages").fetchone() == ("\x1fq\x1fm-1",)
     assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+
+
+def test_a_queue_database_of_its_own_finds_rows_by_a_key_in_release_order() -> None:
+    # Given a queue database of its own and the SQLite store's database
+    queues = Connection(":memory:", isolation_level=None)
+    migrate(queues, queues_only=True)
+    queues.keyed = is_keyed(queues)
+    store = Connection(":memory:", isolation_level=None)
+    migrate(store)
+    # Then the queues' rows are found through ``key`` (its index), the store's through ``id``
+    assert (queues.keyed, is_keyed(store)) == (True, False)
+    assert (id_column(queues), id_column(store)) == ("key", "id")
+    message_id = "01HF7YAT00P5WZSBBX039YYSSQ"
+    assert id_key(queues, message_id) == "P5WZSBBX039YYSSQ01HF7YAT00"
+    assert id_key(store, message_id) == message_id
+    plan = queues.execute(
+        "EXPLAIN QUERY PLAN SELECT id FROM messages WHERE key = ?", (id_key(queues, message_id),)
+    ).fetchall()
+    assert "messages_key" in str(plan)
+    # and the SQL's key agrees with Python's
+    queues.execute(
+        "INSERT INTO messages (id, destination, state, headers, sent_at_ms, deliver_at_ms, "
+        "on_undeliverable, persistent, updated_at_ms) VALUES (?, 'q', 'ready', '{}', 0, 0, "
+        "'dead_letter', 1, 0)",
+        (message_id,),
+    )
+    assert queues.execute("SELECT key FROM messages").fetchone() == (id_key(queues, message_id),)

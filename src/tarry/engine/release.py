@@ -31,6 +31,7 @@ from tarry.model.message import DeathReason, Message, SendPlan
 from tarry.model.state import MessageState
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import StoreOutcome
+from tarry.store.sql import id_column, id_key
 from tarry.store.sqlite.rows import SELECT_SQL, dedupe_key, from_row
 from tarry.store.sqlite.store import list_rows, page
 
@@ -195,7 +196,8 @@ async def get_released(engine: Engine, message_id: str) -> Message | None:
     """The queue database's record of a released message (None when not released)."""
 
     def work(conn: sqlite3.Connection) -> Message | None:
-        row = conn.execute(f"{SELECT_SQL} WHERE id = ?", (message_id,)).fetchone()
+        key = id_key(conn, message_id)
+        row = conn.execute(f"{SELECT_SQL} WHERE {id_column(conn)} = ?", (key,)).fetchone()
         return from_row(row) if row else None
 
     return await engine.qdb.read(work)

@@ -28,7 +28,7 @@ def build_stores(config: TarryConfig) -> tuple[DelayedStore, QueueDatabase | Non
     """The delayed store, and the queue database when the store does not share one."""
     store_config = config.store
     if store_config.engine == "memory":
-        return MemoryStore(), SQLiteStore(None)
+        return MemoryStore(), SQLiteStore(None, queues_only=True)
     if store_config.engine == "log":
         data_dir = config.server.data_dir
         if (data_dir / "tarry.db").exists() and not (data_dir / "log").exists():
@@ -42,6 +42,7 @@ def build_stores(config: TarryConfig) -> tuple[DelayedStore, QueueDatabase | Non
             config.server.data_dir / "queues.db",
             synchronous=store_config.synchronous,
             max_pages=store_config.max_pages,
+            queues_only=True,
         )
 
         async def barrier() -> None:
@@ -79,7 +80,10 @@ def build_stores(config: TarryConfig) -> tuple[DelayedStore, QueueDatabase | Non
         if shared:
             return shared_store, None
         queues = SQLiteStore(
-            config.db_path, synchronous=store_config.synchronous, max_pages=store_config.max_pages
+            config.db_path,
+            synchronous=store_config.synchronous,
+            max_pages=store_config.max_pages,
+            queues_only=True,
         )
         return shared_store, queues
     return (

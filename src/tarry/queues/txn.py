@@ -24,7 +24,7 @@ from tarry.model.queue_args import Overflow
 from tarry.model.state import MessageState
 from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
-from tarry.store.sql import SqlConnection, row_lock
+from tarry.store.sql import SqlConnection, id_column, id_key, row_lock
 from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL, Insert, from_row, insert_rows, to_insert
 
 __all__ = ["HANDOFF_MS", "ClockSequencer", "QueueTxn", "Sequencer"]
@@ -152,8 +152,8 @@ class QueueTxn:
             changed = self.conn.execute(
                 "UPDATE messages SET state = 'ready', queue = ?, seq = ?, enqueued_at_ms = ?, "
                 "queue_expires_at_ms = ?, visible_at_ms = ?, updated_at_ms = ? "
-                "WHERE id = ? AND state = 'scheduled'",
-                (queue, self.seq.next(), now, expires, now, now, message.id),
+                f"WHERE {id_column(self.conn)} = ? AND state = 'scheduled'",
+                (queue, self.seq.next(), now, expires, now, now, id_key(self.conn, message.id)),
             ).rowcount
         if changed:
             self.filled.add(queue)
@@ -164,10 +164,11 @@ class QueueTxn:
         crash that came ahead of the store's marker)? Releasing those again must do nothing."""
         self.flush()
         found: set[str] = set()
+        column = id_column(self.conn)
         for start in range(0, len(message_ids), 900):
-            chunk = list(message_ids[start : start + 900])
+            chunk = [id_key(self.conn, i) for i in message_ids[start : start + 900]]
             marks = ",".join("?" * len(chunk))
-            sql = f"SELECT id FROM messages WHERE id IN ({marks})"
+            sql = f"SELECT id FROM messages WHERE {column} IN ({marks})"
             found.update(row[0] for row in self.conn.execute(sql, chunk))
         return found
 
@@ -304,13 +305,14 @@ class QueueTxn:
         )
         self.conn.execute(
             "UPDATE messages SET state = ?, body = NULL, receipt = NULL, deaths = ?, "
-            "last_error = coalesce(?, last_error), updated_at_ms = ? WHERE id = ?",
+            "last_error = coalesce(?, last_error), updated_at_ms = ? "
+            f"WHERE {id_column(self.conn)} = ?",
             (
                 final.value,
                 orjson.dumps([d.to_dict() for d in deaths]).decode(),
                 error,
                 now,
-                message.id,
+                id_key(self.conn, message.id),
             ),
         )
         message.state, message.deaths, message.updated_at_ms = final, deaths, now
@@ -406,7 +408,7 @@ class QueueTxn:
             message.delivery_count += 1
             message.state = MessageState.DELIVERED
             message.updated_at_ms = now
-            updates.append((message.id, receipt))
+            updates.append((id_key(self.conn, message.id), receipt))
             self.emit("received", message, queue)
             taken.append((message, receipt))
         for start in range(0, len(updates), 256):
@@ -419,7 +421,7 @@ class QueueTxn:
                 "visible_at_ms = ?, delivery_count = delivery_count + 1, "
                 "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END, "
                 f"updated_at_ms = ? FROM (VALUES {', '.join(['(?, ?)'] * len(chunk))}) AS v "
-                "WHERE messages.id = v.column1",
+                f"WHERE messages.{id_column(self.conn)} = v.column1",
                 [now + visibility_ms, now, *chain.from_iterable(chunk)],
             )
         return taken
@@ -445,15 +447,15 @@ class QueueTxn:
                 continue
             settled.add(message.id)
             if ack:
-                acked.append(message.id)
+                acked.append(id_key(self.conn, message.id))
                 message.state = MessageState.ACKED
                 self.emit("acked", message, queue)
             elif requeue:
                 # Back to its old place; it keeps its original expiry.
                 self.conn.execute(
                     "UPDATE messages SET state = 'ready', receipt = NULL, visible_at_ms = ?, "
-                    "redelivered = 1, updated_at_ms = ? WHERE id = ?",
-                    (self.now_ms, self.now_ms, message.id),
+                    f"redelivered = 1, updated_at_ms = ? WHERE {id_column(self.conn)} = ?",
+                    (self.now_ms, self.now_ms, id_key(self.conn, message.id)),
                 )
                 message.state = MessageState.READY
                 self.filled.add(queue)
@@ -461,11 +463,12 @@ class QueueTxn:
             else:
                 self.dead_letter(message, from_queue=queue, reason=DeathReason.REJECTED)
             done += 1
+        column = id_column(self.conn)
         for start in range(0, len(acked), 500):  # one statement a chunk, as in ``receive``
             chunk = acked[start : start + 500]
             self.conn.execute(
                 "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
-                f"updated_at_ms = ? WHERE id IN ({', '.join('?' * len(chunk))})",
+                f"updated_at_ms = ? WHERE {column} IN ({', '.join('?' * len(chunk))})",
                 [self.now_ms, *chunk],
             )
         return done, unknown

@@ -26,7 +26,8 @@ delayed store shares that database (``shares_queue_database``):
   the queue database; release is one transaction that moves the row into its queue, so it
   happens once or not at all. ``tarry.engine.core.Engine`` calls ``store.write`` for it.
 - **separate** (``LogStore``, ``MemoryStore``): release (``tarry.engine.release``) first inserts the
-  message into its queue keyed by its tarry id, in one queue-database transaction
+  message into its queue keyed by its tarry id (a key in release order: ``key`` in
+  ``tarry.store.sqlite.schema``), in one queue-database transaction
   (``QueueTxn.enqueue(insert=True)``: the queue row *is* the marker "where the released message
   now lives"; a second release of the same id finds the row and does nothing), then calls
   ``remove(ids, state=READY)`` so the store appends its release marker and can clean up. A crash

@@ -1,6 +1,6 @@
 """The connection face shared SQL runs against (``sqlite3.Connection``, or PostgreSQL through
-``store/postgres/dialect.py``), and the one dialect difference that SQL must state itself:
-locking the rows a SELECT returns against other nodes' transactions.
+``store/postgres/dialect.py``), and the differences that SQL must state itself: locking the
+rows a SELECT returns against other nodes' transactions, and the column that finds a row by id.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-__all__ = ["SqlConnection", "SqlCursor", "row_lock"]
+__all__ = ["SqlConnection", "SqlCursor", "id_column", "id_key", "row_lock"]
 
 
 class SqlCursor(Protocol):
@@ -34,3 +34,17 @@ def row_lock(conn: object, *, skip_locked: bool = False) -> str:
     process owns the database and every write transaction is exclusive."""
     dialect = getattr(conn, "dialect", None)
     return "" if dialect is None else str(dialect.row_lock(skip_locked=skip_locked))
+
+
+def id_column(conn: object) -> str:
+    """The column a lookup by id matches: ``key`` where the table is keyed in release order (a
+    queue database of its own, ``tarry.store.sqlite.schema``), its values made by ``id_key``;
+    else ``id`` itself (and ``id_key`` leaves ids as they are)."""
+    return "key" if getattr(conn, "keyed", False) else "id"
+
+
+def id_key(conn: object, message_id: str) -> str:
+    """The value ``id_column`` holds for ``message_id`` (the SQL of the ``key`` column)."""
+    if getattr(conn, "keyed", False):
+        return message_id[10:] + message_id[:10]
+    return message_id

@@ -344,8 +344,8 @@ class LogStore:
                 for due, pos in partition.index.pop_due(now_ms, limit - len(picked)):
                     picked.append((None, Held(number, pos, due, "")))
         out: list[Message] = []
-        for _, held in picked:
-            message = self._read_message(held)
+        helds = [held for _, held in picked]
+        for held, message in zip(helds, self._read_messages(helds), strict=True):
             if message is None:
                 continue
             failures = self.state.failures.get(message.id)
@@ -363,10 +363,28 @@ class LogStore:
         partition = self.partitions.get(held.number)
         if partition is None:
             return None
-        got = self.files.read(partition, held.pos)
+        return self._message_of(partition, held.pos, self.files.read(partition, held.pos))
+
+    def _read_messages(self, helds: list[Held]) -> list[Message | None]:
+        """``_read_message`` of each, reading each partition's records in one go."""
+        out: list[Message | None] = [None] * len(helds)
+        by_number: dict[int, list[int]] = {}
+        for i, held in enumerate(helds):
+            by_number.setdefault(held.number, []).append(i)
+        for number, indexes in by_number.items():
+            partition = self.partitions.get(number)
+            if partition is None:
+                continue
+            positions = [helds[i].pos for i in indexes]
+            got = self.files.read_many(partition, positions)
+            for i, pos, record in zip(indexes, positions, got, strict=True):
+                out[i] = self._message_of(partition, pos, record)
+        return out
+
+    def _message_of(self, partition: Partition, pos: int, got: Record | str) -> Message | None:
         if isinstance(got, Record) and got.kind == MESSAGE:
             return decode_message(got.payload)[0]
-        segment, offset = split(held.pos)
+        segment, offset = split(pos)
         reason = got if isinstance(got, str) else "not a message record"
         where = f"{partition.segment_path(segment)} at byte {offset}"
         # Never deliver garbage: the damaged message is reported and left out.
@@ -447,8 +465,10 @@ class LogStore:
 
     async def remove(self, ids: Sequence[str], *, state: MessageState, now_ms: int) -> int:
         self._check()
-        items: list[tuple[Partition, bytes]] = []
         taken: list[tuple[str, Held]] = []
+        # One contiguous append per partition (one reservation, one part of the write).
+        markers: dict[int, list[bytes]] = {}
+        code = STATE_CODES[state]
         for message_id in ids:
             held = self._take(message_id)
             if held is None or held.number not in self.partitions:
@@ -458,10 +478,11 @@ class LogStore:
                 held.destination = message.destination if message else ""
             self._leaving[message_id] = held
             marker = encode_marker(
-                RELEASED, message_id, held.pos, STATE_CODES[state], destination=held.destination
+                RELEASED, message_id, held.pos, code, destination=held.destination
             )
-            items.append((self.partitions[held.number], marker))
+            markers.setdefault(held.number, []).append(marker)
             taken.append((message_id, held))
+        items = [(self.partitions[n], b"".join(blobs)) for n, blobs in markers.items()]
 
         def on_written(_: list[int]) -> None:
             for message_id, held in taken:
@@ -473,7 +494,7 @@ class LogStore:
             await self.writer.append(
                 items, durable=state is not MessageState.READY, on_written=on_written
             )
-        return len(items)
+        return len(taken)
 
     async def record_failure(self, message_id: str, *, error: str, retry_at_ms: int) -> int:
         self._check()

@@ -139,6 +139,27 @@ class SegmentFiles:
                     view = self._map(path, end) or view
             return parse_record(view, offset)
 
+    def read_many(self, partition: Partition, positions: list[int]) -> list[Record | str]:
+        """``read`` of each position of one partition (a fetched batch) under one lock, the
+        segment's view looked up again only when the segment changes."""
+        out: list[Record | str] = []
+        last, view = -1, None
+        with self._lock:
+            for pos in positions:
+                segment, offset = split(pos)
+                if segment != last or view is None or len(view) < offset + HEADER:
+                    path = partition.segment_path(segment)
+                    last, view = segment, self._map(path, offset + HEADER)
+                    if view is None:
+                        out.append("missing segment")
+                        continue
+                if len(view) >= offset + HEADER:
+                    end = offset + HEADER + int.from_bytes(view[offset + 4 : offset + 8], "little")
+                    if end <= offset + HEADER + MAX_RECORD and end > len(view):
+                        view = self._map(partition.segment_path(segment), end) or view
+                out.append(parse_record(view, offset))
+        return out
+
     def _map(self, path: Path, need: int) -> mmap.mmap | None:
         view = self._read.get(path)
         if view is not None and len(view) >= need:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tarry.errors import TarryError, Unavailable
-from tarry.store.sqlite.schema import migrate
+from tarry.store.sqlite.schema import is_keyed, migrate
 
 __all__ = ["Database"]
 
@@ -35,10 +35,18 @@ Work = Callable[[sqlite3.Connection], Any]
 
 class Database:
     def __init__(
-        self, path: Path | None, *, synchronous: str = "full", max_pages: int | None = None
+        self,
+        path: Path | None,
+        *,
+        synchronous: str = "full",
+        max_pages: int | None = None,
+        queues_only: bool = False,
     ):
-        """``path`` None keeps everything in memory (nothing survives the process)."""
+        """``path`` None keeps everything in memory (nothing survives the process);
+        ``queues_only``: a queue database of its own, its rows keyed in release order
+        (``schema.migrate``)."""
         self.path = path
+        self._queues_only = queues_only
         self._synchronous = synchronous
         self._max_pages = max_pages
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-db")
@@ -61,19 +69,16 @@ class Database:
             self._reader = await loop.run_in_executor(self._read_executor, self._open_reader)
 
     def _open_reader(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        conn = _connect(str(self.path))
         conn.execute("PRAGMA cache_size=-32768")
         conn.execute("PRAGMA query_only=ON")
+        conn.keyed = is_keyed(conn)
         return conn
 
     def _open(self) -> None:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(
-            ":memory:" if self.path is None else str(self.path),
-            isolation_level=None,
-            check_same_thread=False,
-        )
+        conn = _connect(":memory:" if self.path is None else str(self.path))
         conn.execute("PRAGMA journal_mode=WAL")
         # full: the WAL is fsynced at every commit, so a 201 means the message is on disk.
         conn.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
@@ -85,7 +90,8 @@ class Database:
             conn.execute(f"PRAGMA max_page_count={int(self._max_pages)}")
         # The checkpointer thread keeps the WAL short; this is only the safety net.
         conn.execute("PRAGMA wal_autocheckpoint=20000")
-        migrate(conn)
+        migrate(conn, queues_only=self._queues_only)
+        conn.keyed = is_keyed(conn)
         self._conn = conn
         if self.path is not None:
             self._checkpointer = threading.Thread(
@@ -205,6 +211,20 @@ class Database:
         if self._conn is None:
             raise Unavailable("the store is not open; wait for the server to finish starting")
         return self._conn
+
+
+class Connection(sqlite3.Connection):
+    """A connection that knows how its ``messages`` table finds rows by id
+    (``tarry.store.sql.id_column``)."""
+
+    #: Rows are found through ``key`` (a queue database of its own), not ``id``.
+    keyed = False
+
+
+def _connect(target: str) -> Connection:
+    return sqlite3.connect(
+        target, isolation_level=None, check_same_thread=False, factory=Connection
+    )
 
 
 def _unavailable(exc: BaseException) -> Unavailable:

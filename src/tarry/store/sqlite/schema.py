@@ -11,15 +11,12 @@ from collections.abc import Callable
 
 from tarry.errors import Unavailable
 
-__all__ = ["SCHEMA_VERSION", "migrate"]
+__all__ = ["SCHEMA_VERSION", "is_keyed", "migrate"]
 
 _TERMINAL = "('acked','cancelled','expired','dead_lettered')"
 
-#: Each entry moves the schema from version i to i + 1: a script, or a step run in a transaction.
-MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
-    f"""
-    CREATE TABLE messages (
-        id TEXT PRIMARY KEY,
+#: The columns of ``messages`` after ``id`` (both layouts, see ``migrate``).
+_COLUMNS = """
         destination TEXT NOT NULL,
         topic TEXT,
         state TEXT NOT NULL,
@@ -47,8 +44,8 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
         receipt TEXT,
         redelivered INTEGER NOT NULL DEFAULT 0,
         delivery_count INTEGER NOT NULL DEFAULT 0,
-        updated_at_ms INTEGER NOT NULL
-    );
+        updated_at_ms INTEGER NOT NULL"""
+_INDEXES = f"""
     -- "the next due messages" is a range scan over scheduled rows only
     CREATE INDEX messages_due ON messages(deliver_at_ms, id) WHERE state = 'scheduled';
     CREATE UNIQUE INDEX messages_dedupe ON messages(dedupe_key) WHERE dedupe_key IS NOT NULL;
@@ -59,6 +56,13 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
     CREATE INDEX messages_finished ON messages(updated_at_ms) WHERE state IN {_TERMINAL};
     CREATE INDEX messages_correlation ON messages(correlation_id) WHERE correlation_id IS NOT NULL;
     CREATE INDEX messages_destination ON messages(destination, deliver_at_ms, id);
+"""
+
+#: Each entry moves the schema from version i to i + 1: a script, or a step run in a transaction.
+MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
+    f"""
+    CREATE TABLE messages (id TEXT PRIMARY KEY, {_COLUMNS});
+    {_INDEXES}
     CREATE TABLE queues (
         name TEXT PRIMARY KEY,
         args TEXT NOT NULL,
@@ -88,9 +92,37 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
+#: A queue database of its own (the log and memory stores keep scheduled messages elsewhere)
+#: takes rows when they are released, in due order, while ids sort by creation time: an index
+#: on ``id`` would take each row on a random page (and each commit would write hundreds of those
+#: pages to the WAL). Its rows are found through ``key`` instead: the id with its last 16
+#: characters first, which for an id made by ``new_due`` starts with the due time, so rows are
+#: added near the end of that index (``tarry.store.sql.id_column``). Measured on 300,000 rows
+#: made 300 a millisecond and inserted in due order, 500 a commit: 21 -> 7 µs of CPU a row.
+#: The SQLite store keeps ``id`` as its key: it takes its rows in creation order.
+_KEYED = f"""
+    CREATE TABLE messages_keyed (
+        id TEXT NOT NULL,
+        key TEXT NOT NULL GENERATED ALWAYS AS (substr(id, 11) || substr(id, 1, 10)) VIRTUAL,
+        {_COLUMNS}
+    );
+    INSERT INTO messages_keyed (id, {{names}}) SELECT id, {{names}} FROM messages ORDER BY rowid;
+    DROP TABLE messages;
+    ALTER TABLE messages_keyed RENAME TO messages;
+    CREATE UNIQUE INDEX messages_key ON messages(key);
+    {_INDEXES}
+"""
 
-def migrate(conn: sqlite3.Connection) -> None:
-    """Bring the database up to ``SCHEMA_VERSION``; refuse a database from a newer tarry."""
+
+def is_keyed(conn: sqlite3.Connection) -> bool:
+    """Whether ``messages`` finds rows by ``key`` (a queue database of its own, see ``_KEYED``)."""
+    return any(row[1] == "key" for row in conn.execute("PRAGMA table_xinfo(messages)"))
+
+
+def migrate(conn: sqlite3.Connection, *, queues_only: bool = False) -> None:
+    """Bring the database up to ``SCHEMA_VERSION``; refuse a database from a newer tarry. With
+    ``queues_only`` (a queue database of its own) the ``messages`` table is rebuilt keyed in
+    release order (``_KEYED``) when it is not yet, e.g. made by an older tarry."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise Unavailable(
@@ -110,3 +142,11 @@ def migrate(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+    if queues_only and not is_keyed(conn):
+        names = [r[1] for r in conn.execute("PRAGMA table_info(messages)") if r[1] != "id"]
+        try:
+            conn.executescript("BEGIN;" + _KEYED.format(names=", ".join(names)) + "; COMMIT;")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise

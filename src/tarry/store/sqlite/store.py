@@ -34,9 +34,18 @@ class SQLiteStore:
     shares_queue_database = True
 
     def __init__(
-        self, path: Path | None, *, synchronous: str = "full", max_pages: int | None = None
+        self,
+        path: Path | None,
+        *,
+        synchronous: str = "full",
+        max_pages: int | None = None,
+        queues_only: bool = False,
     ):
-        self.db = Database(path, synchronous=synchronous, max_pages=max_pages)
+        """``queues_only``: the queue database of a store that keeps scheduled messages
+        elsewhere (``tarry.store.base``), its rows keyed in release order."""
+        self.db = Database(
+            path, synchronous=synchronous, max_pages=max_pages, queues_only=queues_only
+        )
         #: id → claim expiry (ms); see the module docstring.
         self._claims: dict[str, int] = {}
 
@@ -178,7 +187,7 @@ class SQLiteStore:
 
         def work(conn: sqlite3.Connection) -> int:
             return conn.execute(
-                f"DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE state IN "
+                f"DELETE FROM messages WHERE rowid IN (SELECT rowid FROM messages WHERE state IN "
                 f"{_TERMINAL_SQL} AND updated_at_ms < ? LIMIT ?)",
                 (before_ms, limit),
             ).rowcount
