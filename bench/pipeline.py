@@ -308,7 +308,8 @@ def child(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if args.child == "report":
         summary = run_report(spark, sorted(Path(args.input).glob("*.jsonl")), out, now_ms=args.now)
-        print(json.dumps({"startup_s": round(startup, 2), **summary}))
+        cpu = tree_cpu_s() - cpu_before
+        print(json.dumps({"startup_s": round(startup, 2), "cpu_s": round(cpu, 1), **summary}))
         return
     client = Client(args.url)
     granularity = StoreConfig().granularity_ms

@@ -166,3 +166,50 @@ def test_cli_report_reads_data_directories(spark: Any, tmp_path: Path) -> None:
         cli, ["pipeline", "report", "--journal", str(tmp_path / "out"), "--out", str(tmp_path)]
     )
     assert empty.exit_code == 2 and "no journal files found" in empty.output
+
+
+def test_forecast_edges_follow_due_times_not_minute_buckets(spark: Any, tmp_path: Path) -> None:
+    # Given "now" in the middle of a minute, and pending messages on either side of each edge
+    now = NOW + 30_000
+    day, month = 24 * H, 30 * 24 * H
+    dues = {
+        "p1": now - 10_000,  # overdue, in now's minute
+        "p2": now + 10_000,  # in now's minute, ahead
+        "p3": now + day - 5_000,  # the last minute of the 24 h
+        "p4": now + day + 5_000,  # the same minute, past the 24 h: hours only
+        "p7": now + month - 1_000,  # the last hour of the 30 days
+        "p8": now + month,  # the same hour, past the 30 days: nowhere
+    }
+    lines = [line("scheduled", H0, mid, "qa", due) for mid, due in dues.items()]
+    # p5: rescheduled twice in one millisecond: the greater due time counts, as ties always did
+    lines += [line("scheduled", H0, "p5", "qa", now + 5 * H)]
+    lines += [line("rescheduled", H0 + 9, "p5", "qa", due) for due in (NOW + 2 * H, NOW + 3 * H)]
+    # p6: pending without a due time: counted as pending, in no forecast
+    lines.append(
+        line("scheduled", H0, "p6", "qa", 0).replace(b'"deliver_at":0', b'"deliver_at":null')
+    )
+    path = tmp_path / "journal-1-a.jsonl"
+    path.write_bytes(b"".join(lines))
+    keys = ("spark.sql.inMemoryColumnarStorage.compressed", "spark.sql.files.minPartitionNum")
+    before = {key: spark.conf.get(key, None) for key in keys}
+
+    # When the report runs
+    summary = run_report(spark, [path], tmp_path / "out", now_ms=now)
+
+    # Then each message is counted by its due time against the 24 h and 30 day windows
+    assert (summary["pending"], summary["overdue"]) == (8, 1)
+    minute = pq.read_table(tmp_path / "out" / "forecast_minute").to_pylist()
+    assert minute == [
+        {"minute_ms": NOW, "due": 1},
+        {"minute_ms": NOW + 3 * H, "due": 1},
+        {"minute_ms": NOW + day, "due": 1},
+    ]
+    hour = pq.read_table(tmp_path / "out" / "forecast_hour").to_pylist()
+    assert hour == [
+        {"hour_ms": NOW, "due": 1},
+        {"hour_ms": NOW + 3 * H, "due": 1},
+        {"hour_ms": NOW + day, "due": 2},
+        {"hour_ms": NOW + month, "due": 1},
+    ]
+    # and the session's settings are as they were
+    assert {key: spark.conf.get(key, None) for key in keys} == before
