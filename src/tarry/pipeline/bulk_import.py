@@ -105,6 +105,17 @@ def _write_plan(first: DataFrame, path: Path) -> None:
     )
 
 
+def _count_verdicts(checked: DataFrame, show: SparkProgress, summary: ImportSummary) -> int:
+    """Runs the rules (the first action on ``checked``): rows read and rejected by code go into
+    ``summary``; returns how many rows passed."""
+    with show.phase("validating"):
+        by_code = {code: n for code, n in checked.groupBy("code").count().collect()}
+    summary.rows_read = sum(by_code.values())
+    valid = int(by_code.pop(None, 0))
+    summary.rejected = dict(by_code)
+    return valid
+
+
 def _import_offline(
     spark: SparkSession,
     frame: DataFrame,
@@ -126,11 +137,7 @@ def _import_offline(
 
     verdict = frame.mapInArrow(verdicts(rules), VERDICT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
     kept.append(verdict)
-    with show.phase("validating"):
-        by_code = {code: n for code, n in verdict.groupBy("code").count().collect()}
-    summary.rows_read = sum(by_code.values())
-    valid = by_code.pop(None, 0)
-    summary.rejected = dict(by_code)
+    valid = _count_verdicts(verdict, show, summary)
     with show.phase("dedupe"):
         repeats = find_repeats(verdict.where(F.col("code").isNull()))
     shared = spark.sparkContext.broadcast(repeats)
@@ -237,11 +244,7 @@ def _import_checked(
 
     checked = frame.mapInArrow(checker(rules), CHECKED_DDL).persist(StorageLevel.MEMORY_AND_DISK)
     kept.append(checked)
-    with show.phase("validating"):
-        by_code = {code: n for code, n in checked.groupBy("code").count().collect()}
-    summary.rows_read = sum(by_code.values())
-    valid = by_code.pop(None, 0)
-    summary.rejected = dict(by_code)
+    valid = _count_verdicts(checked, show, summary)
 
     with show.phase("dedupe"):
         first, repeats, marked = split_duplicates(checked.where(F.col("code").isNull()))
