@@ -147,18 +147,16 @@ async def _release(
     ) -> tuple[QueueTxn, list[tuple[Message, DeliveryFailed]], list[str]]:
         txn = engine._txn(conn, now)
         refused: list[tuple[Message, DeliveryFailed]] = []
-        placed: list[str] = []
         before = txn.released_before([m.id for m in batch])
+        by_queue: dict[str, list[Message]] = {}
         for message in batch:
             if message.id not in before:
-                try:
-                    txn.enqueue(message, message.destination, insert=True)
-                except DeliveryFailed as exc:
-                    refused.append((message, exc))
-                    continue
-            placed.append(message.id)
+                by_queue.setdefault(message.destination, []).append(message)
+        for queue, messages in by_queue.items():
+            refused += txn.enqueue_many(messages, queue)
         txn.flush()
-        return txn, refused, placed
+        gone = {m.id for m, _ in refused}
+        return txn, refused, [m.id for m in batch if m.id not in gone]
 
     try:
         txn, refused, placed = await engine.qdb.write(work)

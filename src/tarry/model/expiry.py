@@ -8,7 +8,9 @@ a requeued message keeps the expiry it had.
 
 from __future__ import annotations
 
-__all__ = ["is_expired", "queue_expiry_ms"]
+from collections.abc import Sequence
+
+__all__ = ["is_expired", "queue_expiries_ms", "queue_expiry_ms"]
 
 
 def queue_expiry_ms(
@@ -26,3 +28,14 @@ def queue_expiry_ms(
 def is_expired(expires_at_ms: int | None, now_ms: int) -> bool:
     """True from the expiry instant on (TTL 0: expired on arrival unless handed over at once)."""
     return expires_at_ms is not None and now_ms >= expires_at_ms
+
+
+def queue_expiries_ms(
+    message_expires_at_ms: Sequence[int | None], *, enqueued_at_ms: int, queue_ttl_ms: int | None
+) -> list[int | None]:
+    """``queue_expiry_ms`` of a column of messages entering one queue together (a released
+    batch): the queue's TTL counts from the same instant for all of them."""
+    if queue_ttl_ms is None:
+        return list(message_expires_at_ms)
+    cap = enqueued_at_ms + queue_ttl_ms
+    return [cap if e is None else min(e, cap) for e in message_expires_at_ms]

@@ -17,7 +17,7 @@ import orjson
 
 from tarry.errors import DeliveryFailed
 from tarry.model.deaths import record_death, would_cycle
-from tarry.model.expiry import is_expired, queue_expiry_ms
+from tarry.model.expiry import is_expired, queue_expiries_ms, queue_expiry_ms
 from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message, Report, Undeliverable
 from tarry.model.queue_args import Overflow
@@ -25,7 +25,17 @@ from tarry.model.state import MessageState
 from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
 from tarry.store.sql import SqlConnection, id_column, id_key, row_lock
-from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL, Insert, from_row, insert_rows, to_insert
+from tarry.store.sqlite.rows import (
+    COLUMNS,
+    SELECT_SQL,
+    Insert,
+    Released,
+    from_row,
+    insert_released,
+    insert_rows,
+    is_plain,
+    to_insert,
+)
 
 __all__ = ["HANDOFF_MS", "ClockSequencer", "QueueTxn", "Sequencer"]
 
@@ -84,6 +94,8 @@ class QueueTxn:
         #: Rows ``enqueue(insert=True)`` gathered for ``flush``: (message, seq, insert); each is
         #: visible from ``now_ms``.
         self._rows: list[tuple[Message, int, Insert]] = []
+        #: Plain messages ``enqueue_many`` gathered for ``flush``, by queue.
+        self._plain: dict[str, list[tuple[Message, Released]]] = {}
         #: Queues that received ready messages: their waiting consumers are woken after commit.
         self.filled: set[str] = set()
 
@@ -159,6 +171,58 @@ class QueueTxn:
             self.filled.add(queue)
             self.emit("released", message, queue)
 
+    def enqueue_many(
+        self, messages: Sequence[Message], queue: str
+    ) -> list[tuple[Message, DeliveryFailed]]:
+        """``enqueue(message, queue, insert=True)`` of each of ``messages`` in order; returns the
+        ones refused, each with why. The queue's rules are looked up once for all; a message
+        that expires on arrival, or sets more columns than a plain one (``is_plain``), and
+        every message of a queue with a length limit (which counts the queue as it fills) go
+        through ``enqueue``; the others are written column-wise (``insert_released``)."""
+        args = self.catalog.effective(queue)
+        refused: list[tuple[Message, DeliveryFailed]] = []
+        if args is None or not args.put_enabled or args.max_length is not None:
+            for message in messages:
+                try:
+                    self.enqueue(message, queue, insert=True)
+                except DeliveryFailed as exc:
+                    refused.append((message, exc))
+            return refused
+        now = self.now_ms
+        expiries = queue_expiries_ms(
+            [m.expires_at_ms for m in messages],
+            enqueued_at_ms=now,
+            queue_ttl_ms=args.message_ttl_ms,
+        )
+        plain = self._plain.setdefault(queue, [])
+        for message, expires in zip(messages, expiries, strict=True):
+            if is_expired(expires, now) or not is_plain(message):
+                self.enqueue(message, queue, insert=True)  # the queue takes it: cannot refuse
+                continue
+            seq = self.seq.next()
+            message.state = MessageState.READY
+            message.queue = queue
+            message.enqueued_at_ms = message.updated_at_ms = now
+            message.queue_expires_at_ms = expires
+            plain.append(
+                (
+                    message,
+                    (
+                        message.id,
+                        message.body,
+                        message.sent_at_ms,
+                        message.deliver_at_ms,
+                        seq,
+                        message.expires_at_ms,
+                        expires,
+                    ),
+                )
+            )
+            self.events.append(("released", message, now, queue, None))
+        if plain:
+            self.filled.add(queue)
+        return refused
+
     def released_before(self, message_ids: Sequence[str]) -> set[str]:
         """Separate queue database: which of these ids are already here (released before a
         crash that came ahead of the store's marker)? Releasing those again must do nothing."""
@@ -175,14 +239,24 @@ class QueueTxn:
     def flush(self) -> None:
         """Write the rows ``enqueue(insert=True)`` gathered (multi-row INSERTs, ``insert_rows``)
         in a savepoint: a key conflict undoes the batch alone, and it is written row by row."""
-        if not self._rows:
+        if not self._rows and not self._plain:
             return
         rows, self._rows = self._rows, []
+        plain, self._plain = self._plain, {}
         self.conn.execute("SAVEPOINT flush")
         try:
             insert_rows(self.conn, [insert for _, _, insert in rows])
+            for queue, released in plain.items():
+                insert_released(
+                    self.conn, queue=queue, now_ms=self.now_ms, rows=[r for _, r in released]
+                )
         except sqlite3.IntegrityError:
             self.conn.execute("ROLLBACK TO flush")
+            rows += [
+                (m, r[4], to_insert(m, seq=r[4], visible_at_ms=self.now_ms))
+                for released in plain.values()
+                for m, r in released
+            ]
             for message, seq, insert in rows:
                 self._write(message, insert, seq=seq, visible_at_ms=self.now_ms)
         finally:

@@ -16,8 +16,11 @@ __all__ = [
     "COLUMNS",
     "SELECT_SQL",
     "Insert",
+    "Released",
     "from_row",
+    "insert_released",
     "insert_rows",
+    "is_plain",
     "to_insert",
 ]
 
@@ -173,6 +176,82 @@ def insert_rows(conn: SqlConnection, inserts: Iterable[Insert]) -> None:
             count = 1 << (count.bit_length() - 1)  # the largest power of two that fits
             chunk = rows[start : start + count]
             conn.execute(_multi_sql(sql, count), list(chain.from_iterable(chunk)))
+            start += count
+
+
+#: A plain message released into a queue, as ``insert_released`` writes it: (id, body,
+#: sent_at_ms, deliver_at_ms, seq, expires_at_ms, queue_expires_at_ms).
+Released = tuple[str, bytes, int, int, int, int | None, int | None]
+_RELEASED_SQL: dict[tuple[bool, bool, int], str] = {}
+
+
+def is_plain(message: Message) -> bool:
+    """Whether ``message`` sets no column beyond those ``insert_released`` writes (no headers,
+    producer ids, reports, failures or deaths, default delivery options): most released
+    messages, whose records the log store keeps in its compact form too."""
+    return not (
+        message.headers
+        or message.topic
+        or message.message_id
+        or message.correlation_id
+        or message.reply_to
+        or message.report
+        or message.failures
+        or message.last_error
+        or message.deaths
+        or message.redelivered
+        or message.delivery_count
+        or not message.persistent
+        or message.on_undeliverable is not Undeliverable.DEAD_LETTER
+    )
+
+
+def _released_sql(expires: bool, queue_expires: bool, count: int) -> str:
+    sql = _RELEASED_SQL.get((expires, queue_expires, count))
+    if sql is None:
+        varying = ["id", "body", "sent_at_ms", "deliver_at_ms", "seq"]
+        varying += ["expires_at_ms"] * expires + ["queue_expires_at_ms"] * queue_expires
+        names = [*varying, "destination", "queue", "state", "headers", "on_undeliverable"]
+        names += ["persistent", "enqueued_at_ms", "visible_at_ms", "updated_at_ms"]
+        row = f"({', '.join('?' * len(varying))})"
+        sql = (
+            f"INSERT INTO messages ({', '.join(names)}) "
+            f"SELECT {', '.join(f'v.column{i + 1}' for i in range(len(varying)))}, "
+            "?, ?, 'ready', '{}', 'dead_letter', 1, ?, ?, ? "
+            f"FROM (VALUES {', '.join([row] * count)}) AS v"
+        )
+        _RELEASED_SQL[(expires, queue_expires, count)] = sql
+    return sql
+
+
+def insert_released(
+    conn: SqlConnection, *, queue: str, now_ms: int, rows: Sequence[Released]
+) -> None:
+    """Write plain messages (``is_plain``) released into ``queue`` at ``now_ms``, in the state
+    ``enqueue`` gives them (ready, visible at once), as ``insert_rows`` would write their
+    ``to_insert`` rows. Column-wise: what every row shares is bound once per statement and
+    only the varying columns once per row (binding is most of the Python-side cost of a row)."""
+    shapes: dict[tuple[bool, bool], list[tuple[Any, ...]]] = {}
+    for id_, body, sent, due, seq, expires, queue_expires in rows:
+        # ``bytearray``: bound as a blob without the adaptation protocol (see ``to_insert``).
+        shape = (expires is not None, queue_expires is not None)
+        values: tuple[Any, ...] = (id_, bytearray(body), sent, due, seq)
+        if shape[0]:
+            values += (expires,)
+        if shape[1]:
+            values += (queue_expires,)
+        shapes.setdefault(shape, []).append(values)
+    shared = (queue, queue, now_ms, now_ms, now_ms)
+    for (expires, queue_expires), values_of in shapes.items():
+        start = 0
+        while start < len(values_of):
+            count = min(len(values_of) - start, MAX_ROWS_PER_INSERT)
+            count = 1 << (count.bit_length() - 1)  # as in ``insert_rows``
+            chunk = values_of[start : start + count]
+            conn.execute(
+                _released_sql(expires, queue_expires, count),
+                [*shared, *chain.from_iterable(chunk)],
+            )
             start += count
 
 
