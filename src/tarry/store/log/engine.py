@@ -376,18 +376,24 @@ class LogStore:
             if partition is None:
                 continue
             positions = [helds[i].pos for i in indexes]
-            got = self.files.read_many(partition, positions)
-            for i, pos, record in zip(indexes, positions, got, strict=True):
-                out[i] = self._message_of(partition, pos, record)
+            got = self.files.read_messages(partition, positions)
+            for i, pos, message in zip(indexes, positions, got, strict=True):
+                if isinstance(message, Message):
+                    out[i] = message
+                else:
+                    self._damaged(partition, pos, message)
         return out
 
     def _message_of(self, partition: Partition, pos: int, got: Record | str) -> Message | None:
         if isinstance(got, Record) and got.kind == MESSAGE:
             return decode_message(got.payload)[0]
+        self._damaged(partition, pos, got if isinstance(got, str) else "not a message record")
+        return None
+
+    def _damaged(self, partition: Partition, pos: int, reason: str) -> None:
+        """Never deliver garbage: the damaged message is reported and left out."""
         segment, offset = split(pos)
-        reason = got if isinstance(got, str) else "not a message record"
         where = f"{partition.segment_path(segment)} at byte {offset}"
-        # Never deliver garbage: the damaged message is reported and left out.
         log.error("cannot read the message in %s (%s); it is skipped", where, reason)
         self.state.damaged.append(f"{where}: {reason}")
         return None

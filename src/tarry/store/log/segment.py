@@ -21,8 +21,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from tarry.store.log.partition import Partition, split
-from tarry.store.log.record import HEADER, MAX_RECORD, Record, parse_record
+from tarry.model.message import Message
+from tarry.store.log.partition import SEGMENT_SHIFT, Partition, split
+from tarry.store.log.record import HEADER, MAX_RECORD, Record, decode_messages, parse_record
+
+OFFSET_MASK = (1 << SEGMENT_SHIFT) - 1
 
 __all__ = ["SegmentFiles", "fsync_dir"]
 
@@ -139,25 +142,32 @@ class SegmentFiles:
                     view = self._map(path, end) or view
             return parse_record(view, offset)
 
-    def read_many(self, partition: Partition, positions: list[int]) -> list[Record | str]:
-        """``read`` of each position of one partition (a fetched batch) under one lock, the
-        segment's view looked up again only when the segment changes."""
-        out: list[Record | str] = []
-        last, view = -1, None
+    def read_messages(self, partition: Partition, positions: list[int]) -> list[Message | str]:
+        """The message at each position of one partition (a fetched batch), or why it cannot
+        be read (``decode_messages``), under one lock: one call per segment the batch touches.
+        A record that runs past the memory map (appended since it was made) is read again
+        from a fresh map of the whole file."""
+        out: list[Message | str] = ["missing segment"] * len(positions)
+        by_segment: dict[int, tuple[list[int], list[int]]] = {}
+        for i, pos in enumerate(positions):
+            indexes, offsets = by_segment.setdefault(pos >> SEGMENT_SHIFT, ([], []))
+            indexes.append(i)
+            offsets.append(pos & OFFSET_MASK)
         with self._lock:
-            for pos in positions:
-                segment, offset = split(pos)
-                if segment != last or view is None or len(view) < offset + HEADER:
-                    path = partition.segment_path(segment)
-                    last, view = segment, self._map(path, offset + HEADER)
-                    if view is None:
-                        out.append("missing segment")
-                        continue
-                if len(view) >= offset + HEADER:
-                    end = offset + HEADER + int.from_bytes(view[offset + 4 : offset + 8], "little")
-                    if end <= offset + HEADER + MAX_RECORD and end > len(view):
-                        view = self._map(partition.segment_path(segment), end) or view
-                out.append(parse_record(view, offset))
+            for segment, (indexes, offsets) in by_segment.items():
+                path = partition.segment_path(segment)
+                view = self._map(path, max(offsets) + HEADER)
+                if view is None:
+                    continue
+                got = decode_messages(view, offsets)
+                short = [k for k, g in enumerate(got) if type(g) is str and g.startswith("short")]
+                if short:
+                    view = self._map(path, len(view) + 1) or view
+                    again = decode_messages(view, [offsets[k] for k in short])
+                    for k, message in zip(short, again, strict=True):
+                        got[k] = message
+                for i, message in zip(indexes, got, strict=True):
+                    out[i] = message
         return out
 
     def _map(self, path: Path, need: int) -> mmap.mmap | None:
