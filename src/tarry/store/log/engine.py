@@ -52,6 +52,7 @@ from tarry.store.log.record import (
     Record,
     decode_message,
     encode_marker,
+    encode_markers,
     encode_message,
 )
 from tarry.store.log.recovery import Recovered, load_snapshot, replay, snapshot_root, sweep_orphans
@@ -473,7 +474,7 @@ class LogStore:
         self._check()
         taken: list[tuple[str, Held]] = []
         # One contiguous append per partition (one reservation, one part of the write).
-        markers: dict[int, list[bytes]] = {}
+        markers: dict[int, list[tuple[str, int, str]]] = {}
         code = STATE_CODES[state]
         for message_id in ids:
             held = self._take(message_id)
@@ -483,12 +484,12 @@ class LogStore:
                 message = self._read_message(held)
                 held.destination = message.destination if message else ""
             self._leaving[message_id] = held
-            marker = encode_marker(
-                RELEASED, message_id, held.pos, code, destination=held.destination
-            )
-            markers.setdefault(held.number, []).append(marker)
+            markers.setdefault(held.number, []).append((message_id, held.pos, held.destination))
             taken.append((message_id, held))
-        items = [(self.partitions[n], b"".join(blobs)) for n, blobs in markers.items()]
+        items = [
+            (self.partitions[n], encode_markers(RELEASED, code, entries))
+            for n, entries in markers.items()
+        ]
 
         def on_written(_: list[int]) -> None:
             for message_id, held in taken:

@@ -56,6 +56,7 @@ __all__ = [
     "decode_message",
     "decode_messages",
     "encode_marker",
+    "encode_markers",
     "encode_message",
     "parse_record",
     "scan",
@@ -197,12 +198,24 @@ def encode_marker(
     failures: int = 0,
     error: str = "",
 ) -> bytes:
+    if kind != FAILED:
+        return encode_markers(kind, value, [(message_id, target, destination)])
     payload = message_id.encode("ascii") + _MARK.pack(target, value)
-    if kind == FAILED:
-        payload += _FAIL.pack(failures) + error.encode("utf-8")[:2000]
-    else:
-        payload += destination.encode("utf-8")
+    payload += _FAIL.pack(failures) + error.encode("utf-8")[:2000]
     return _frame(kind, payload)
+
+
+def encode_markers(kind: int, value: int, entries: Sequence[tuple[str, int, str]]) -> bytes:
+    """Markers of one kind (RELEASED / CANCELLED / MOVED) and value, one for each (message id,
+    target position, destination) of ``entries``, framed and joined for one append (a
+    released batch's markers without a call per marker)."""
+    parts: list[bytes] = []
+    mark, head, u32 = _MARK.pack, _HEAD8.pack, _U32.pack
+    for message_id, target, destination in entries:
+        payload = message_id.encode("ascii") + mark(target, value) + destination.encode("utf-8")
+        header = head(VERSION, kind, 0, len(payload))
+        parts += (header, u32(_extend(_crc(header), payload)), payload)
+    return b"".join(parts)
 
 
 def _fields(payload: bytes) -> tuple[int, int, int, int, str, int, dict[str, Any], int]:
