@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import replace
@@ -139,3 +140,67 @@ def test_a_key_held_by_an_older_message_mid_batch_keeps_every_released_message(
         "\x1forders\x1fdup",
     )
     assert [e[0] for e in txn.events] == ["released"] * 3
+
+
+def _mixed_batch() -> list[Message]:
+    """Plain messages and every kind the column-wise path hands to ``enqueue``."""
+    batch = [_message(body=bytes([i])) for i in range(6)]
+    batch[1].expires_at_ms = NOW + 60_000
+    batch[2].headers = {"k": "v"}
+    batch[3] = replace(batch[3], message_id="m-3", failures=1, last_error="x: y")
+    batch[4].expires_at_ms = NOW  # expired on arrival: dead-lettered, never ready
+    return batch
+
+
+@pytest.mark.parametrize(
+    "args",
+    [QueueArgs(), QueueArgs(message_ttl_ms=5_000), QueueArgs(max_length=3)],
+    ids=["plain", "ttl", "max-length"],
+)
+@pytest.mark.parametrize("keyed", [False, True], ids=["id", "key"])
+def test_enqueue_many_writes_what_enqueue_writes_message_by_message(
+    tmp_path: Path, args: QueueArgs, keyed: bool
+) -> None:
+    """The column-wise release (``enqueue_many``: plain rows bound column by column, the rest
+    through ``enqueue``) leaves the same rows, events and messages as ``enqueue`` one by one."""
+    results = []
+    made = _mixed_batch()
+    for way in ("one by one", "many"):
+        conn = sqlite3.connect(tmp_path / f"{way}-{keyed}.db", isolation_level=None)
+        migrate(conn, queues_only=keyed)
+        txn = _txn(conn)
+        txn.catalog.queues["orders"].args = args
+        txn.catalog.queues["dead"] = QueueEntry("dead", QueueArgs(), NOW, NOW)
+        txn.catalog.recompute()
+        batch = copy.deepcopy(made)
+        conn.execute("BEGIN")
+        if way == "many":
+            assert txn.enqueue_many(batch, "orders") == []
+        else:
+            for message in batch:
+                txn.enqueue(message, "orders", insert=True)
+        txn.flush()
+        conn.execute("COMMIT")
+        rows = conn.execute("SELECT * FROM messages ORDER BY seq, id").fetchall()
+        results.append((rows, txn.events, batch, txn.filled))
+        conn.close()
+    for one, many in zip(*results, strict=True):
+        assert one == many
+    rows = results[1][0]
+    assert len(rows) == 6
+    if args.max_length is None:
+        assert sum(1 for row in rows if "ready" in row) == 5
+
+
+def test_enqueue_many_refuses_every_message_for_a_queue_that_is_gone(
+    conn: sqlite3.Connection,
+) -> None:
+    txn = _txn(conn)
+    batch = [_message(), _message()]
+    conn.execute("BEGIN")
+    refused = txn.enqueue_many(batch, "missing")
+    txn.flush()
+    conn.execute("COMMIT")
+    assert [(m.id, e.reason) for m, e in refused] == [(m.id, "unknown_destination") for m in batch]
+    assert conn.execute("SELECT count(*) FROM messages").fetchone() == (0,)
+    assert txn.events == []

@@ -198,7 +198,10 @@ class QueueTxn:
         for message, expires in zip(messages, expiries, strict=True):
             if is_expired(expires, now) or not is_plain(message):
                 self.enqueue(message, queue, insert=True)  # the queue takes it: cannot refuse
+                # Dead-lettering flushes what was gathered: gather anew from here on.
+                plain = self._plain.setdefault(queue, [])
                 continue
+            self.filled.add(queue)
             seq = self.seq.next()
             message.state = MessageState.READY
             message.queue = queue
@@ -219,8 +222,6 @@ class QueueTxn:
                 )
             )
             self.events.append(("released", message, now, queue, None))
-        if plain:
-            self.filled.add(queue)
         return refused
 
     def released_before(self, message_ids: Sequence[str]) -> set[str]:
