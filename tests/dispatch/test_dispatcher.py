@@ -276,3 +276,43 @@ async def test_a_store_failing_while_the_loop_plans_its_sleep_does_not_end_the_l
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_a_backlog_of_local_messages_is_read_beside_the_release_of_the_batch_before() -> None:
+    # Given seven local messages due, batches of two, and a queue database that answers
+    # only when told to
+    h = Harness(batch_size=2)
+    h.dispatcher._is_local = lambda name: True
+    for _ in range(7):
+        await h.schedule()
+    gates: list[asyncio.Event] = []
+    released: list[list[str]] = []
+
+    async def release(batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
+        gate = asyncio.Event()
+        gates.append(gate)
+        await gate.wait()
+        await h.store.remove(
+            [m.id for m in batch], state=MessageState.READY, now_ms=h.clock.now_ms()
+        )
+        released.append([m.id for m in batch])
+        return []
+
+    h.dispatcher._release_local = release
+    round_ = asyncio.ensure_future(h.dispatcher.run_once())
+    await asyncio.sleep(0.01)
+    # When the first batch is still being written, the second one is already out beside it,
+    # and no third one is read while those two are out
+    assert len(gates) == 2 and not released
+    gates[0].set()
+    await asyncio.sleep(0.01)
+    assert len(gates) == 3 and len(released) == 1
+    for _ in range(3):
+        for gate in gates:
+            gate.set()
+        await asyncio.sleep(0.01)
+    # Then the round ends once every batch it read is released, in the order they were read
+    assert await round_ is True
+    assert [len(b) for b in released] == [2, 2, 2, 1]
+    assert h.dispatcher.stats.released == 7 and h.dispatcher.stats.rounds == 4
+    assert await h.dispatcher.run_once() is False
