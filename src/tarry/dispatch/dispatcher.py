@@ -177,10 +177,18 @@ class Dispatcher:
                 await self._failed(message, error)
             external = outcome.external
         else:
-            due = await self._fetch(now)
+            due = await self._store.fetch_due(
+                now, limit=self._config.batch_size, lease_ms=self._config.lease_ms
+            )
+            self._breakers.fetch.success()
+            log.debug("fetched %d due at %d", len(due), now)
             if not due:
                 return False
-            external = await self._release_locals(due)
+            self.stats.rounds += 1
+            local = [m for m in due if self._is_local(m.destination)]
+            external = [m for m in due if not self._is_local(m.destination)]
+            if local:
+                await self._hand_local(local)
         batched: dict[str, list[Message]] = {}
         for message in external:
             transport = self._transport_for(message.destination)
@@ -201,51 +209,6 @@ class Dispatcher:
         for destination, batch in batched.items():
             self._spawn(self._deliver_batch(self._transport_for(destination), batch), len(batch))
         return True
-
-    async def _fetch(self, now_ms: int) -> list[Message]:
-        due = await self._store.fetch_due(
-            now_ms, limit=self._config.batch_size, lease_ms=self._config.lease_ms
-        )
-        self._breakers.fetch.success()
-        log.debug("fetched %d due at %d", len(due), now_ms)
-        return due
-
-    async def _release_locals(self, due: list[Message]) -> list[Message]:
-        """Release the local messages of ``due`` and return the others. While a full batch of
-        local messages is written to the queue database (SQLite works there without the GIL),
-        the next one is read from the store: a backlog is released at the rate of the slower
-        of the two, not of their sum. At most two batches are out at once; every one is
-        released (or its claims let go) when this returns, as when batches went one by one."""
-        out: list[asyncio.Task[None]] = []
-        try:
-            while True:
-                self.stats.rounds += 1
-                local = [m for m in due if self._is_local(m.destination)]
-                external = [m for m in due if not self._is_local(m.destination)]
-                if local:
-                    out.append(asyncio.get_running_loop().create_task(self._hand_local(local)))
-                if external or len(due) < self._config.batch_size:
-                    break
-                # Two turns of the loop: the release starts its write, the database's flush
-                # hands it to its thread; only then is the next batch read beside it.
-                await asyncio.sleep(0)
-                await asyncio.sleep(0)
-                if len(out) >= 2:
-                    await out.pop(0)
-                due = await self._fetch(self._clock.now_ms())
-                if not due:
-                    break
-            while out:
-                await out.pop(0)
-        except asyncio.CancelledError:
-            for task in out:  # stopping: as with one batch, the release in progress stops too
-                task.cancel()
-            raise
-        except BaseException:
-            if out:  # the next read failed: the batches already out still finish
-                await asyncio.wait(out)
-            raise
-        return external
 
     def _spawn(self, work: Coroutine[Any, Any, None], messages: int) -> None:
         task = asyncio.get_running_loop().create_task(work)
