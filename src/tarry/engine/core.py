@@ -309,8 +309,9 @@ class Engine:
         )
 
     def _after(self, txn: QueueTxn) -> None:
-        for event in txn.events:
-            self._emit(*event)
+        if self._listeners:  # a released batch has an event per message
+            for event in txn.events:
+                self._emit(*event)
         self.waiters.wake(txn.filled)
 
     # --- sending ------------------------------------------------------------------------------

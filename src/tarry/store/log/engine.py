@@ -22,6 +22,7 @@ import heapq
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -462,13 +463,22 @@ class LogStore:
 
     def _finished(self, message_id: str, held: Held) -> None:
         """Bookkeeping once a message's RELEASED / CANCELLED / MOVED marker is written."""
-        self._leaving.pop(message_id, None)
-        partition = self.partitions.get(held.number)
-        if partition is not None:
-            partition.finished += 1
-        self.state.scheduled[held.destination] -= 1
-        self.state.failures.pop(message_id, None)
-        self._changes += 1
+        self._finished_many([(message_id, held)])
+
+    def _finished_many(self, taken: Sequence[tuple[str, Held]]) -> None:
+        """``_finished`` of each, the counts changed once per partition and destination (a
+        released batch mostly shares both)."""
+        leaving, failures = self._leaving.pop, self.state.failures.pop
+        for message_id, _ in taken:
+            leaving(message_id, None)
+            failures(message_id, None)
+        for number, count in Counter(held.number for _, held in taken).items():
+            partition = self.partitions.get(number)
+            if partition is not None:
+                partition.finished += count
+        for destination, count in Counter(held.destination for _, held in taken).items():
+            self.state.scheduled[destination] -= count
+        self._changes += len(taken)
 
     async def remove(self, ids: Sequence[str], *, state: MessageState, now_ms: int) -> int:
         self._check()
@@ -492,8 +502,7 @@ class LogStore:
         ]
 
         def on_written(_: list[int]) -> None:
-            for message_id, held in taken:
-                self._finished(message_id, held)
+            self._finished_many(taken)
 
         if items:
             # A release into a local queue is recorded in the queue database first: its
