@@ -124,6 +124,39 @@ async def test_release_into_a_local_queue_happens_once_across_a_crash(
     assert sorted(d.message.id for d in got) == sorted(s.id for s in sent)
 
 
+@pytest.mark.parametrize("engine_store", ["log"])  # the store kept apart from the queues
+async def test_a_release_committed_before_its_markers_is_not_repeated_after_a_crash(
+    make_engine, clock, tmp_path, engine_store
+) -> None:
+    """A store apart from the queue database: the process dies after the queue database
+    committed a released batch (plain messages and one with headers) and before the store's
+    release markers are written. The next process releases nothing twice."""
+    data = tmp_path / "crash"
+    engine = await make_engine(data_dir=data)
+    await engine.declare_queue("q", {})
+    sent = [
+        await engine.send({"destination": "q", "body": str(i), "delay_ms": 10}) for i in range(4)
+    ]
+    sent.append(
+        await engine.send({"destination": "q", "body": "h", "delay_ms": 10, "headers": {"a": "b"}})
+    )
+    clock.advance(10)
+
+    async def dies(*args: object, **kwargs: object) -> int:
+        raise SystemExit("killed between the queue database's commit and the markers")
+
+    engine.store.remove = dies
+    with pytest.raises(SystemExit):
+        await engine.dispatcher.run_once()
+    await engine.stop()
+    engine2 = await make_engine(data_dir=data)
+    assert await engine2.dispatcher.run_once() is True  # still due in the store: a no-op
+    assert await engine2.dispatcher.run_once() is False  # and the markers are written now
+    got = await engine2.receive("q", max_messages=100)
+    assert sorted(d.message.id for d in got) == sorted(s.id for s in sent)
+    assert len(got) == 5
+
+
 async def test_redeclaring_a_queue_with_other_arguments_fails(make_engine) -> None:
     engine = await make_engine()
     _, created = await engine.declare_queue("q", {"message_ttl_ms": 1000})
