@@ -111,10 +111,20 @@ async def part_schedule(tmp: Path, scale: float) -> dict[str, Any]:
     }
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _serve(tmp: Path, name: str, store: str, work: Any) -> dict[str, Any]:
     proc, url = start_server(tmp / name, store)
+    server_before, bench_before = _cpu_s(proc.pid), time.process_time()
     try:
         result: dict[str, Any] = asyncio.run(work(url))
+        result["server_cpu_s"] = round(_cpu_s(proc.pid) - server_before, 2)
+        result["bench_cpu_s"] = round(time.process_time() - bench_before, 2)
+        result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         proc.terminate()
         proc.wait()
@@ -173,15 +183,18 @@ def part_release(tmp: Path, scale: float) -> dict[str, Any]:
     }
 
 
-def part_steady(tmp: Path, scale: float) -> dict[str, Any]:
+def part_steady(tmp: Path, scale: float, stores: list[str]) -> dict[str, Any]:
     rate = max(100, int(10_000 * scale))
     seconds = max(5, int(60 * scale))
     max_delay = max(2_000, int(60_000 * scale))
     out: dict[str, Any] = {"rate_per_s": rate, "seconds": seconds, "max_delay_ms": max_delay}
-    for store in ("log", "sqlite"):
+    for store in stores:
         name = f"steady-{store}"
         result = _serve(tmp, name, store, lambda url: steady(url, rate, seconds, max_delay))
         result["server_released"] = journal_lateness(tmp / name, "released")
+        if result["received"]:
+            per_k = 1000 / result["received"]
+            result["server_cpu_s_per_1000"] = round(result["server_cpu_s"] * per_k, 3)
         out[store] = result
     return out
 
@@ -336,6 +349,12 @@ def main() -> None:
         help="span of due times (default: 365 days × messages / 100M, at least 1 day, so a "
         "partition holds as many messages as in the 100M-over-a-year case)",
     )
+    parser.add_argument(
+        "--stores",
+        type=lambda text: text.split(","),
+        default=["log", "sqlite"],
+        help="stores the steady part runs, comma-separated (default log,sqlite)",
+    )
     parser.add_argument("--span-days", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
@@ -357,7 +376,7 @@ def main() -> None:
             "schedule": lambda: asyncio.run(part_schedule(tmp, scale)),
             "http": lambda: part_http(tmp, scale),
             "release": lambda: part_release(tmp, scale),
-            "steady": lambda: part_steady(tmp, scale),
+            "steady": lambda: part_steady(tmp, scale, args.stores),
             "index": lambda: part_index(scale),
             "restart": lambda: part_restart(tmp, scale),
             "year": lambda: part_year(tmp, year_messages, year_span),

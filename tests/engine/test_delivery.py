@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from tests.engine.conftest import BOTH_STORES
 
@@ -221,3 +223,33 @@ async def test_the_log_store_refuses_a_data_directory_holding_a_sqlite_store(tmp
     # Then the log store does not start empty beside it, and says what to do
     with pytest.raises(InvalidArgument, match="--store sqlite"):
         Engine.from_config(config)
+
+
+@pytest.mark.parametrize("engine_store", ["log"])
+async def test_a_waiting_consumer_gets_a_released_message_before_its_marker_is_written(
+    make_engine, clock, monkeypatch
+) -> None:
+    """The log store's release marker may wait behind a producer's fsync: the consumer does
+    not (the queue database has the message once its transaction commits)."""
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    sent = await engine.send({"destination": "q", "body": "x", "delay_ms": 1000})
+    clock.advance(1000)
+    markers_may_go = asyncio.Event()
+    remove = engine.store.remove
+
+    async def held_remove(*args, **kwargs):
+        await markers_may_go.wait()
+        return await remove(*args, **kwargs)
+
+    monkeypatch.setattr(engine.store, "remove", held_remove)
+    waiting = asyncio.create_task(engine.receive("q", max_messages=10, wait_ms=5000))
+    releasing = asyncio.create_task(engine.dispatcher.run_once())
+    # Woken by the release, not by the receive's own re-look a second later.
+    [delivery] = await asyncio.wait_for(waiting, 0.5)
+    assert delivery.message.id == sent.id
+    assert not releasing.done()  # the marker is still held back
+    markers_may_go.set()
+    assert await releasing
+    assert await engine.store.count_scheduled() == 0
+    assert not await engine.dispatcher.run_once()  # released once: nothing due again

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import logging
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -131,14 +131,21 @@ async def release_now(
 
 async def release(engine: Engine, batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
     """Release claimed messages into local queues: insert into the queue in one queue-database
-    transaction, then the store's release markers. Returns the messages their queue refused."""
-    refused, txn = await _release(engine, batch, claimed=True)
-    engine._after(txn)
+    transaction, then the store's release markers. Returns the messages their queue refused.
+
+    Consumers are woken (and the events told) once the queue database has committed, not after
+    the markers: the messages are theirs from then on, and the marker's append may wait
+    behind a producer's fsync in the log store's group commit."""
+    refused, _ = await _release(engine, batch, claimed=True, committed=engine._after)
     return refused
 
 
 async def _release(
-    engine: Engine, batch: Sequence[Message], *, claimed: bool
+    engine: Engine,
+    batch: Sequence[Message],
+    *,
+    claimed: bool,
+    committed: Callable[[QueueTxn], None] | None = None,
 ) -> tuple[list[tuple[Message, DeliveryFailed]], QueueTxn]:
     now = engine.clock.now_ms()
 
@@ -160,6 +167,8 @@ async def _release(
 
     try:
         txn, refused, placed = await engine.qdb.write(work)
+        if committed is not None:
+            committed(txn)
         if placed:
             await engine.store.remove(placed, state=MessageState.READY, now_ms=now)
     finally:
