@@ -337,6 +337,9 @@ def child(args: argparse.Namespace) -> None:
             if offline and data_dir
             else views_from_server(client, names)
         ),
+        every_view=(lambda: views_from_store(data_dir, None, now_ms=args.now))
+        if offline and data_dir
+        else None,
     )
     client.close()
     programs: dict[str, float] = {}

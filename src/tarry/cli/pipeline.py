@@ -152,11 +152,15 @@ def import_(
         partition_ms=partition_ms,
     )
     resolve: Callable[[list[str]], dict[str, DestinationView]]
+    every: Callable[[], dict[str, DestinationView]] | None = None
     if into_dir is not None:
         data_dir = into_dir
 
         def resolve(names: list[str]) -> dict[str, DestinationView]:
             return views_from_store(data_dir, names, now_ms=now_ms)
+
+        def every() -> dict[str, DestinationView]:
+            return views_from_store(data_dir, None, now_ms=now_ms)
 
         resolve([])  # a data directory without a catalog fails here, before Spark starts
     else:
@@ -173,6 +177,7 @@ def import_(
         now_ms=now_ms,
         resolve_views=resolve,
         progress=SparkProgress(spark, enabled=not quiet and not as_json),
+        every_view=every,
     )
     if as_json:
         print_json(summary.to_dict())

@@ -184,8 +184,13 @@ def run_import(
     now_ms: int,
     resolve_views: Resolver,
     progress: SparkProgress | None = None,
+    every_view: Callable[[], dict[str, DestinationView]] | None = None,
 ) -> ImportSummary:
-    """Run one import; every row ends up imported, a duplicate, or in the rejects dataset."""
+    """Run one import; every row ends up imported, a duplicate, or in the rejects dataset.
+
+    ``resolve_views`` looks up the destinations the input names (found by a pass over it);
+    ``every_view``, when the whole catalog is cheap to read (the offline sink's data
+    directory), gives it instead, and that pass is saved."""
     from pyspark.sql import functions as F
 
     show = progress or SparkProgress(spark, enabled=False)
@@ -198,15 +203,19 @@ def run_import(
         # the rules are the costly step, so spread the rows before them.
         frame = frame.repartition(cores)
 
-    with show.phase("catalog"):
-        names = [
-            r[0]
-            for r in frame.select(F.col("destination").cast("string")).distinct().collect()
-            if r[0] is not None
-        ]
+    if every_view is not None:
+        views = every_view()
+    else:
+        with show.phase("catalog"):
+            names = [
+                r[0]
+                for r in frame.select(F.col("destination").cast("string")).distinct().collect()
+                if r[0] is not None
+            ]
+        views = resolve_views(names)
     rules = ImportRules(
         now_ms=now_ms,
-        views=tuple(views_to_json(resolve_views(names))),
+        views=tuple(views_to_json(views)),
         partition_ms=options.partition_ms,
         max_message_bytes=options.max_message_bytes,
     )

@@ -55,10 +55,11 @@ def views_from_server(client: Client, names: Iterable[str]) -> dict[str, Destina
 
 
 def views_from_store(
-    data_dir: Path, names: Iterable[str], *, now_ms: int
+    data_dir: Path, names: Iterable[str] | None, *, now_ms: int
 ) -> dict[str, DestinationView]:
     """The same from a data directory's catalog (``queues.db`` of the log store), read-only:
-    for the offline sink, with the server stopped or running."""
+    for the offline sink, with the server stopped or running. ``names`` None: every queue and
+    topic the catalog holds."""
     path = data_dir / "queues.db"
     if not path.exists():
         raise InvalidArgument(
@@ -69,7 +70,7 @@ def views_from_store(
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
         catalog.load(conn, now_ms=now_ms)
     views: dict[str, DestinationView] = {}
-    for name in names:
+    for name in [*catalog.queues, *catalog.topics] if names is None else names:
         kind = catalog.kind(name)
         if kind == "queue":
             views[name] = DestinationView(name, kind, (_stored_target(catalog, name),))
