@@ -142,7 +142,7 @@ def _percentiles(counted: DataFrame, keys: Sequence[str]) -> DataFrame:
             for name, q in _QUANTILES
         ],
         F.max("lateness_ms").alias("lateness_max_ms"),
-        F.first("total").alias("releases"),
+        F.coalesce(F.first("total"), F.lit(0)).alias("releases"),  # never null, as a count
     )
 
 
