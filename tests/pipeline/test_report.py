@@ -3,6 +3,8 @@ out by hand (in the comments)."""
 
 from __future__ import annotations
 
+import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from tarry.cli.main import cli
-from tarry.pipeline.analytics import run_report
+from tarry.pipeline.analytics import report_tables, run_report
 
 pytestmark = pytest.mark.spark
 
@@ -213,3 +215,47 @@ def test_forecast_edges_follow_due_times_not_minute_buckets(spark: Any, tmp_path
     ]
     # and the session's settings are as they were
     assert {key: spark.conf.get(key, None) for key in keys} == before
+
+
+def nearest_rank(values: list[int], p: float) -> int:
+    """The smallest value with at least p of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(p * len(ordered))) - 1]
+
+
+def test_percentiles_are_exact_nearest_rank_for_large_groups_with_ties(spark: Any) -> None:
+    # Two destinations in one hour, one of them with 30,000 releases (beyond what an approximate
+    # percentile keeps exactly), many ties and a long tail; releases without a lateness and other
+    # kinds of event count but take no part in the percentiles; a null destination is a group.
+    rng = random.Random(5)
+    rows: list[tuple[int, int, str, str | None, int, int | None]] = []
+    latenesses: dict[str | None, list[int]] = {"qa": [], "qb": [], None: []}
+    for destination, count in (("qa", 30_000), ("qb", 7), (None, 3)):
+        for i in range(count):
+            late = int(rng.expovariate(1 / 20)) if i % 100 else rng.randrange(5_000, 90_000)
+            step = 3 if i % 2 else 4  # released, delivered
+            rows.append((step, H0 + i, f"{destination}-{i}", destination, H0, late))
+            latenesses[destination].append(late)
+    rows.append((3, H0 + 1, "x", "qa", H0, None))  # a release with no lateness: not a rank
+    rows.append((0, H0 + 2, "y", "qa", H0, None))  # scheduled
+    events = spark.createDataFrame(
+        rows,
+        "step byte, time long, id string, destination string, deliver_at long, lateness_ms long",
+    )
+    tables = report_tables(events, now_ms=NOW)
+    hourly = {r["destination"]: r for r in _collect(tables["hourly"])}
+    for destination, values in latenesses.items():
+        got = hourly[destination]
+        expected = [nearest_rank(values, p) for p in (0.5, 0.95, 0.99)] + [max(values)]
+        assert [got[f"lateness_{p}_ms"] for p in ("p50", "p95", "p99", "max")] == expected
+        assert got["releases"] == len(values)
+    assert hourly["qa"]["released"] == 15_001 and hourly["qa"]["scheduled"] == 1
+    (overall,) = _collect(tables["lateness"])
+    everything = [v for values in latenesses.values() for v in values]
+    expected = [nearest_rank(everything, p) for p in (0.5, 0.95, 0.99)] + [max(everything)]
+    assert [overall[f"lateness_{p}_ms"] for p in ("p50", "p95", "p99", "max")] == expected
+    assert overall["releases"] == len(everything)
+
+
+def _collect(frame: Any) -> list[dict[str, Any]]:
+    return [row.asDict() for row in frame.collect()]

@@ -14,13 +14,14 @@ Tables (each written as Parquet under ``--out``, and drawn in ``report.html``):
                       latest event is ``scheduled``, ``rescheduled`` or ``failed``; it falls due
                       at that event's ``deliver_at``. Overdue ones are counted in the summary.
 
-Percentiles are Spark's ``percentile_approx`` with accuracy 10,000: exact (nearest rank: the
-smallest value with at least p of the values at or below it) for groups of up to 10,000.
+Percentiles are exact nearest ranks (the smallest lateness with at least p of the releases at or
+below it) for any number of releases.
 
 How it runs: parsing JSON is most of the work, so the journal is parsed once into a narrow frame
-(the event as its step in ``_LIFECYCLE``, a byte) kept in memory as uncompressed columns, and
-every table comes from that. The forecasts come from one small frame of pending messages counted
-per minute of falling due, not from the pending messages themselves.
+(the event as its step in ``_LIFECYCLE``, a byte) kept in memory as uncompressed columns. Every
+per-hour table comes from one grouping of it by destination, hour, event and release lateness
+(a small frame: latenesses are whole milliseconds), and the forecasts from one small frame of
+pending messages counted per minute of falling due, not from the pending messages themselves.
 """
 
 from __future__ import annotations
@@ -89,14 +90,8 @@ DAY_MS = 24 * HOUR_MS
 #:   the parsing (10M events: 47 s of JVM CPU parse + compressed cache, 37 s uncompressed), and the
 #:   columns fit in memory (about 60 bytes an event, spilled to disk beyond);
 #: - at least four reading tasks per core, so a single large journal file keeps every core busy
-#:   (Spark otherwise splits at 128 MB: 1M events, 294 MB, were three tasks on two cores);
-#: - percentile digests kept in a hash map for up to 10,000 groups a task (Spark's default of 128
-#:   sorted every task's rows once a journal spans 128 destination-hours: 10M events over 980,
-#:   the hourly table cost 19-26 s of JVM CPU, 11-14 s with the map).
-_READ_SETTINGS = {
-    "spark.sql.inMemoryColumnarStorage.compressed": "false",
-    "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "10000",
-}
+#:   (Spark otherwise splits at 128 MB: 1M events, 294 MB, were three tasks on two cores).
+_READ_SETTINGS = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
 _TASKS_PER_CORE = 4
 
 
@@ -115,14 +110,40 @@ def journal_paths(data_dirs: Iterable[Path], journals: Iterable[Path]) -> list[P
     return found
 
 
-def _percentiles(column: str) -> list[Any]:
+_QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+
+
+def _percentiles(counted: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """Nearest-rank lateness percentiles per ``keys`` from ``counted`` rows (``keys``,
+    ``lateness_ms``, ``n``: how many releases had that lateness): the smallest lateness with at
+    least p of the group's releases at or below it, i.e. cumulative count >= ceil(p × releases),
+    computed in doubles as Spark's own percentile does. Exact for any group size, and the rows are
+    few (latenesses are whole milliseconds, mostly small), so this costs little beside the events'
+    one grouping that made them."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    values = F.percentile_approx(column, [0.5, 0.95, 0.99], 10_000)
-    return [values[i].alias(f"lateness_{p}_ms") for i, p in enumerate(("p50", "p95", "p99"))] + [
-        F.max(column).alias("lateness_max_ms"),
-        F.count(column).alias("releases"),
-    ]
+    group = Window.partitionBy(*keys)
+    running = group.orderBy("lateness_ms").rowsBetween(Window.unboundedPreceding, 0)
+    ranked = counted.select(
+        *keys,
+        "lateness_ms",
+        F.sum("n").over(running).alias("at_or_below"),
+        F.sum("n").over(group).alias("total"),
+    )
+    return ranked.groupBy(*keys).agg(
+        *[
+            F.min(
+                F.when(
+                    F.col("at_or_below") >= F.ceil(F.lit(q) * F.col("total")),
+                    F.col("lateness_ms"),
+                )
+            ).alias(f"lateness_{name}_ms")
+            for name, q in _QUANTILES
+        ],
+        F.max("lateness_ms").alias("lateness_max_ms"),
+        F.coalesce(F.first("total"), F.lit(0)).alias("releases"),  # never null, as a count
+    )
 
 
 def journal_events(spark: SparkSession, paths: Sequence[Path]) -> DataFrame:
@@ -153,16 +174,39 @@ def _is(events: Iterable[str]) -> Column:
 
 def report_tables(events: DataFrame, *, now_ms: int) -> dict[str, DataFrame]:
     """The report's tables from ``journal_events`` rows: ``hourly``, ``lateness`` and ``due``
-    (pending messages counted per minute of falling due, see ``forecasts``). ``outcomes`` is
-    summed from ``hourly``; the events are read three times (keep them cached)."""
+    (pending messages counted per minute of falling due, see ``forecasts``), and ``counted``,
+    the small frame ``hourly`` and ``lateness`` both come from (persist it while writing them).
+    ``outcomes`` is summed from ``hourly``. The events are read twice (keep them cached): once
+    counted by destination, hour, event and release lateness, once for each message's latest
+    event."""
     from pyspark.sql import functions as F
 
-    with_release = events.withColumn("hour_ms", F.col("time") - F.col("time") % HOUR_MS).withColumn(
-        "release_lateness_ms", F.when(_is(_RELEASES), F.col("lateness_ms"))
+    hour = (F.col("time") - F.col("time") % HOUR_MS).alias("hour_ms")
+    release_lateness = F.when(_is(_RELEASES), F.col("lateness_ms")).alias("lateness_ms")
+    # One grouping of all the events: tens of thousands of rows for ten million events, as
+    # latenesses are whole milliseconds. Counts per kind and percentiles are summed from it.
+    counted = events.groupBy("destination", hour, "step", release_lateness).agg(
+        F.count(F.lit(1)).alias("n")
     )
-    hourly = with_release.groupBy("destination", "hour_ms").agg(
-        *[F.count(F.when(F.col("step") == _STEP[e], 1)).alias(e) for e in EVENTS],
-        *_percentiles("release_lateness_ms"),
+    kinds = counted.groupBy("destination", "hour_ms").agg(
+        *[
+            F.coalesce(F.sum(F.when(F.col("step") == _STEP[e], F.col("n"))), F.lit(0)).alias(e)
+            for e in EVENTS
+        ]
+    )
+    releases = counted.where(F.col("lateness_ms").isNotNull())
+    per_destination = _percentiles(
+        releases.groupBy("destination", "hour_ms", "lateness_ms").agg(F.sum("n").alias("n")),
+        ["destination", "hour_ms"],
+    )
+    same_group = kinds["destination"].eqNullSafe(per_destination["destination"]) & (
+        kinds["hour_ms"] == per_destination["hour_ms"]
+    )
+    hourly = kinds.join(per_destination, same_group, "left").select(
+        kinds["*"],
+        *[per_destination[f"lateness_{name}_ms"] for name, _ in _QUANTILES],
+        per_destination["lateness_max_ms"],
+        F.coalesce(per_destination["releases"], F.lit(0)).alias("releases"),
     )
     ended = sum((F.col(e) for e in _ENDINGS[1:]), F.col(_ENDINGS[0]))
     hourly = (
@@ -174,10 +218,8 @@ def report_tables(events: DataFrame, *, now_ms: int) -> dict[str, DataFrame]:
         )
         .withColumn("cancellations", F.col("cancelled"))
     )
-    lateness = (
-        with_release.where(F.col("release_lateness_ms").isNotNull())
-        .groupBy("hour_ms")
-        .agg(*_percentiles("release_lateness_ms"))
+    lateness = _percentiles(
+        releases.groupBy("hour_ms", "lateness_ms").agg(F.sum("n").alias("n")), ["hour_ms"]
     )
     # A message's latest event: the greatest (time, step in the lifecycle) — a scheduled and a
     # released line of a message sent without delay share one millisecond. The step stands for
@@ -190,6 +232,7 @@ def report_tables(events: DataFrame, *, now_ms: int) -> dict[str, DataFrame]:
         .select(F.col("last.deliver_at").alias("due_ms"))
     )
     return {
+        "counted": counted,
         "hourly": _sorted(hourly, "hour_ms", "destination"),
         "lateness": _sorted(lateness, "hour_ms"),
         "due": _due_counts(latest, now_ms=now_ms),
@@ -304,6 +347,7 @@ def _run_report(
     with show.phase("read"):
         events.count()  # parses every file once, into the cache
     tables = report_tables(events, now_ms=now_ms)
+    counted = tables["counted"].persist(StorageLevel.MEMORY_AND_DISK)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def write(name: str, frame: DataFrame) -> DataFrame:
@@ -313,6 +357,7 @@ def _run_report(
 
     hourly = write("hourly", tables["hourly"])
     lateness = write("lateness", tables["lateness"])
+    counted.unpersist()
     due = tables["due"].persist(StorageLevel.MEMORY_AND_DISK)
     with show.phase("pending"):
         due.count()
