@@ -398,7 +398,6 @@ class LogStore:
         where = f"{partition.segment_path(segment)} at byte {offset}"
         log.error("cannot read the message in %s (%s); it is skipped", where, reason)
         self.state.damaged.append(f"{where}: {reason}")
-        return None
 
     async def _upkeep(self, now_ms: int) -> None:
         """Cleanup, then a snapshot if anything changed (every ``snapshot_interval_ms``)."""

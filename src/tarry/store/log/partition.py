@@ -16,10 +16,19 @@ from pathlib import Path
 
 from tarry.store.log.index import DueIndex
 
-__all__ = ["ALLOWED", "SEGMENT_SHIFT", "Partition", "PartitionState", "position", "split"]
+__all__ = [
+    "ALLOWED",
+    "OFFSET_MASK",
+    "SEGMENT_SHIFT",
+    "Partition",
+    "PartitionState",
+    "position",
+    "split",
+]
 
 #: A position is ``segment << SEGMENT_SHIFT | offset`` (offsets up to 1 TiB per segment).
 SEGMENT_SHIFT = 40
+OFFSET_MASK = (1 << SEGMENT_SHIFT) - 1
 
 
 def position(segment: int, offset: int) -> int:
@@ -27,7 +36,7 @@ def position(segment: int, offset: int) -> int:
 
 
 def split(pos: int) -> tuple[int, int]:
-    return pos >> SEGMENT_SHIFT, pos & ((1 << SEGMENT_SHIFT) - 1)
+    return pos >> SEGMENT_SHIFT, pos & OFFSET_MASK
 
 
 class PartitionState(StrEnum):

@@ -22,10 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tarry.model.message import Message
-from tarry.store.log.partition import SEGMENT_SHIFT, Partition, split
+from tarry.store.log.partition import OFFSET_MASK, SEGMENT_SHIFT, Partition, split
 from tarry.store.log.record import HEADER, MAX_RECORD, Record, decode_messages, parse_record
-
-OFFSET_MASK = (1 << SEGMENT_SHIFT) - 1
 
 __all__ = ["SegmentFiles", "fsync_dir"]
 
