@@ -231,8 +231,10 @@ class Dispatcher:
                     await asyncio.sleep(0)
                     await asyncio.sleep(0)
                     due = await self._fetch(self._clock.now_ms())
-                local = [m for m in due if self._is_local(m.destination)]
-                external += [m for m in due if not self._is_local(m.destination)]
+                # Asked once per destination, not twice per message (a batch mostly shares one).
+                is_local = {d: self._is_local(d) for d in {m.destination for m in due}}
+                local = [m for m in due if is_local[m.destination]]
+                external += [m for m in due if not is_local[m.destination]]
                 if len(local) < self._config.batch_size or batch == _PIPELINED_BATCHES - 1:
                     # The last batch of the round: released here, as without a backlog.
                     if releasing is not None:
