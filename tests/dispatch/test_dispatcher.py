@@ -276,3 +276,46 @@ async def test_a_store_failing_while_the_loop_plans_its_sleep_does_not_end_the_l
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_a_local_backlog_is_released_in_pipelined_batches_within_one_round() -> None:
+    # Given a backlog of local messages, five full batches and a short one
+    h = Harness(batch_size=2)
+    messages = [await h.schedule() for _ in range(11)]
+    released: list[list[str]] = []
+    out = 0
+    most_out = 0
+    fetched_while_out = 0
+    fetch = h.store.fetch_due
+    writer = asyncio.Lock()  # the queue database writes on one thread, one batch after another
+
+    async def fetch_due(now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:
+        nonlocal fetched_while_out
+        fetched_while_out += out > 0
+        return await fetch(now_ms, limit=limit, lease_ms=lease_ms)
+
+    async def release_local(batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
+        nonlocal out, most_out
+        out += 1
+        most_out = max(most_out, out)
+        async with writer:
+            await asyncio.sleep(0.01)
+            released.append([m.id for m in batch])
+        await h.store.remove(
+            [m.id for m in batch], state=MessageState.READY, now_ms=h.clock.now_ms()
+        )
+        out -= 1
+        return []
+
+    h.store.fetch_due = fetch_due  # type: ignore[method-assign]
+    h.dispatcher._is_local = lambda name: True
+    h.dispatcher._release_local = release_local
+    # When one round runs
+    assert await h.dispatcher.run_once() is True
+    # Then every batch was released before it returned, in due order, each once; the next
+    # batch was fetched while the previous one was being released, never more than two out
+    assert [i for batch in released for i in batch] == [m.id for m in messages]
+    assert [len(b) for b in released] == [2, 2, 2, 2, 2, 1]
+    assert fetched_while_out == 5
+    assert most_out == 2
+    assert await h.dispatcher.run_once() is False
