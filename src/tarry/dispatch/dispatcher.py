@@ -243,10 +243,12 @@ class Dispatcher:
                     if local:
                         await self._hand_local(local)
                     break
-                started = asyncio.get_running_loop().create_task(self._hand_local(local))
-                if releasing is not None:
-                    await releasing
-                releasing = started
+                # Kept in ``releasing`` before waiting for the previous one: if that wait
+                # raises, ``finally`` still waits for this one.
+                previous = releasing
+                releasing = asyncio.get_running_loop().create_task(self._hand_local(local))
+                if previous is not None:
+                    await previous
         finally:
             if releasing is not None:
                 await releasing
