@@ -37,10 +37,6 @@ __all__ = ["Dispatcher", "DueRelease", "LocalRelease", "ReleaseDue"]
 
 log = logging.getLogger(__name__)
 
-#: Most full batches of local messages one ``run_once`` releases back to back (pipelined, see
-#: ``Dispatcher._hand_due``).
-_PIPELINED_BATCHES = 16
-
 #: Releases a batch into local queues in one transaction; returns the messages it could not
 #: place, each with the reason.
 LocalRelease = Callable[[Sequence[Message]], Awaitable[list[tuple[Message, DeliveryFailed]]]]
@@ -181,11 +177,20 @@ class Dispatcher:
                 await self._failed(message, error)
             external = outcome.external
         else:
-            due = await self._fetch(now)
+            due = await self._store.fetch_due(
+                now, limit=self._config.batch_size, lease_ms=self._config.lease_ms
+            )
+            self._breakers.fetch.success()
+            log.debug("fetched %d due at %d", len(due), now)
             if not due:
                 return False
             self.stats.rounds += 1
-            external = await self._hand_due(due)
+            # Asked once per destination, not twice per message (a batch mostly shares one).
+            is_local = {d: self._is_local(d) for d in {m.destination for m in due}}
+            local = [m for m in due if is_local[m.destination]]
+            external = [m for m in due if not is_local[m.destination]]
+            if local:
+                await self._hand_local(local)
         batched: dict[str, list[Message]] = {}
         for message in external:
             transport = self._transport_for(message.destination)
@@ -206,53 +211,6 @@ class Dispatcher:
         for destination, batch in batched.items():
             self._spawn(self._deliver_batch(self._transport_for(destination), batch), len(batch))
         return True
-
-    async def _fetch(self, now_ms: int) -> list[Message]:
-        due = await self._store.fetch_due(
-            now_ms, limit=self._config.batch_size, lease_ms=self._config.lease_ms
-        )
-        self._breakers.fetch.success()
-        log.debug("fetched %d due at %d", len(due), now_ms)
-        return due
-
-    async def _hand_due(self, due: list[Message]) -> list[Message]:
-        """Release the local messages of ``due`` and return the others. While full batches of
-        local messages come back (a backlog), fetch the next batch as the previous one is
-        being written: the queue database writes on its own thread (SQLite lets go of the
-        GIL), so reading and decoding the next batch here overlaps that write. At most two
-        batches are out at once, and all of them are released before this returns."""
-        external: list[Message] = []
-        releasing: asyncio.Task[None] | None = None
-        try:
-            for batch in range(_PIPELINED_BATCHES):
-                if batch:
-                    # Two steps of the loop: the task's start, then the queue database's
-                    # flush hands the write to its thread; only then decode the next batch.
-                    await asyncio.sleep(0)
-                    await asyncio.sleep(0)
-                    due = await self._fetch(self._clock.now_ms())
-                # Asked once per destination, not twice per message (a batch mostly shares one).
-                is_local = {d: self._is_local(d) for d in {m.destination for m in due}}
-                local = [m for m in due if is_local[m.destination]]
-                external += [m for m in due if not is_local[m.destination]]
-                if len(local) < self._config.batch_size or batch == _PIPELINED_BATCHES - 1:
-                    # The last batch of the round: released here, as without a backlog.
-                    if releasing is not None:
-                        await releasing
-                        releasing = None
-                    if local:
-                        await self._hand_local(local)
-                    break
-                # Kept in ``releasing`` before waiting for the previous one: if that wait
-                # raises, ``finally`` still waits for this one.
-                previous = releasing
-                releasing = asyncio.get_running_loop().create_task(self._hand_local(local))
-                if previous is not None:
-                    await previous
-        finally:
-            if releasing is not None:
-                await releasing
-        return external
 
     def _spawn(self, work: Coroutine[Any, Any, None], messages: int) -> None:
         task = asyncio.get_running_loop().create_task(work)
