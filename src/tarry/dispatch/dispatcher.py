@@ -185,8 +185,10 @@ class Dispatcher:
             if not due:
                 return False
             self.stats.rounds += 1
-            local = [m for m in due if self._is_local(m.destination)]
-            external = [m for m in due if not self._is_local(m.destination)]
+            # Asked once per destination, not twice per message (a batch mostly shares one).
+            is_local = {d: self._is_local(d) for d in {m.destination for m in due}}
+            local = [m for m in due if is_local[m.destination]]
+            external = [m for m in due if not is_local[m.destination]]
             if local:
                 await self._hand_local(local)
         batched: dict[str, list[Message]] = {}

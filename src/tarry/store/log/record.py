@@ -210,11 +210,19 @@ def encode_markers(kind: int, value: int, entries: Sequence[tuple[str, int, str]
     target position, destination) of ``entries``, framed and joined for one append (a
     released batch's markers without a call per marker)."""
     parts: list[bytes] = []
-    mark, head, u32 = _MARK.pack, _HEAD8.pack, _U32.pack
+    mark, u32 = _MARK.pack, _U32.pack
+    # Ids have a fixed length, so a destination fixes the payload's length: its header and
+    # the header's CRC are worked out once per destination (a batch mostly shares one).
+    framing: dict[str, tuple[bytes, bytes, int]] = {}
     for message_id, target, destination in entries:
-        payload = message_id.encode("ascii") + mark(target, value) + destination.encode("utf-8")
-        header = head(VERSION, kind, 0, len(payload))
-        parts += (header, u32(_extend(_crc(header), payload)), payload)
+        frame = framing.get(destination)
+        if frame is None:
+            tail = destination.encode("utf-8")
+            header = _HEAD8.pack(VERSION, kind, 0, ID_LEN + _MARK.size + len(tail))
+            frame = framing[destination] = (header, tail, _crc(header))
+        header, tail, crc = frame
+        payload = message_id.encode("ascii") + mark(target, value) + tail
+        parts += (header, u32(_extend(crc, payload)), payload)
     return b"".join(parts)
 
 
