@@ -62,7 +62,7 @@ from tarry.queues.catalog import (
     save_subscription,
     save_topic,
 )
-from tarry.queues.txn import QueueTxn, Sequencer
+from tarry.queues.txn import Event, QueueTxn, Sequencer
 from tarry.store.base import DelayedStore, QueueDatabase, StoreOutcome
 from tarry.store.sql import row_lock
 from tarry.store.sqlite.store import insert_messages
@@ -86,6 +86,19 @@ def _rabbitmq() -> Any:
             "install it with pip install 'tarry[rabbitmq]'"
         ) from None
     return rabbitmq_topology
+
+
+#: A send batch this big or bigger lets the event loop run between its steps (``_pause``).
+PAUSE_MIN = 100
+
+
+async def _pause(items: int) -> None:
+    """Between the CPU-heavy steps of a big send batch (a few ms each at 500 sends), let what
+    fell due meanwhile run first: the dispatcher's timer, finished database work, consumers.
+    A timer, not ``sleep(0)``: a task that sleeps 0 is queued again ahead of the timers and
+    I/O callbacks the loop collects next, so it would run its next step before them."""
+    if items >= PAUSE_MIN:
+        await asyncio.sleep(1e-6)
 
 
 class Engine:
@@ -288,12 +301,17 @@ class Engine:
                 log.exception("event listener failed")
 
     def _emit_each(self, event: str, messages: Sequence[Message], time_ms: int) -> None:
-        """``_emit`` of every message, each listener taking them all in order (a batch's
-        thousands of events, without a call per message and listener pair in between)."""
+        """``_emit`` of every message (a batch's thousands of events)."""
+        if self._listeners:
+            self._emit_all([(event, message, time_ms, None, None) for message in messages])
+
+    def _emit_all(self, events: Sequence[Event]) -> None:
+        """``_emit`` of every event, each listener taking them all in order (without a call per
+        event and listener pair in between)."""
         for listener in self._listeners:
-            for message in messages:
+            for event in events:
                 try:
-                    listener(event, message, time_ms, None, None)
+                    listener(*event)
                 except Exception:
                     log.exception("event listener failed")
 
@@ -309,9 +327,7 @@ class Engine:
         )
 
     def _after(self, txn: QueueTxn) -> None:
-        if self._listeners:  # a released batch has an event per message
-            for event in txn.events:
-                self._emit(*event)
+        self._emit_all(txn.events)  # a released batch has an event per message
         self.waiters.wake(txn.filled)
 
     # --- sending ------------------------------------------------------------------------------
@@ -353,6 +369,7 @@ class Engine:
         planned = checking.validate(
             now_ms=now, views=views, may_send=allowed.__getitem__, limits=self.limits
         )
+        await _pause(len(items))
         if failed:
             for index, named in enumerate(checking.row_destinations()):
                 if named is not None and named in failed:
@@ -365,6 +382,7 @@ class Engine:
         accepted: list[tuple[int, SendPlan, list[Message]]] = [
             (index, plan, messages) for (index, plan), messages in zip(plans, copies, strict=True)
         ]
+        await _pause(len(items))
         if accepted:
             if self.breakers.store.is_open and not await self._store_probe():
                 error = Unavailable(
