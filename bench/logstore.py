@@ -377,7 +377,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "year-write":
-        print(json.dumps(asyncio.run(_year_write(args.dir, args.n, args.span_days, args.year_fsync))))
+        print(
+            json.dumps(asyncio.run(_year_write(args.dir, args.n, args.span_days, args.year_fsync)))
+        )
         return
     if args.child == "year-open":
         print(json.dumps(asyncio.run(_year_open(args.dir))))
