@@ -62,16 +62,19 @@ def dedupe_hashes(topic: pa.Array, destination: pa.Array, message_id: pa.Array) 
     keys = pc.binary_join_element_wise(
         pc.fill_null(topic, ""), destination, message_id.cast(pa.string()), "\x1f"
     )
-    blake2b = hashlib.blake2b
+    # copying a fresh hasher costs less than making one per key (parameter parsing)
+    fresh = hashlib.blake2b(digest_size=8)
     data, bounds = _values(keys)
     valid = _valid(keys).tolist()
-    digests = b"".join(
-        [
-            blake2b(data[a:b], digest_size=8).digest() if ok else b"\0" * 8
-            for a, b, ok in zip(bounds[:-1], bounds[1:], valid, strict=True)
-        ]
-    )
-    values = np.frombuffer(digests, "<u8") & np.uint64((1 << 63) - 1)
+    digests = []
+    for a, b, ok in zip(bounds[:-1], bounds[1:], valid, strict=True):
+        if ok:
+            hasher = fresh.copy()
+            hasher.update(data[a:b])
+            digests.append(hasher.digest())
+        else:
+            digests.append(b"\0" * 8)
+    values = np.frombuffer(b"".join(digests), "<u8") & np.uint64((1 << 63) - 1)
     values = np.where((values == 0) & _valid(message_id), 1, values)
     return values.astype(np.int64)
 
