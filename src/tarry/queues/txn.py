@@ -149,11 +149,7 @@ class QueueTxn:
                     self.dead_letter(message, from_queue=queue, reason=DeathReason.MAXLEN)
                     return
                 self._drop_head(queue, ready - args.max_length + 1)
-        message.state = MessageState.READY
-        message.queue = queue
-        message.enqueued_at_ms = now
-        message.queue_expires_at_ms = expires
-        message.updated_at_ms = now
+        self._ready(message, queue, expires)
         if insert:
             # Gathered and written together (``flush``), before any read of the queue or any
             # other write of this transaction.
@@ -203,10 +199,7 @@ class QueueTxn:
                 continue
             self.filled.add(queue)
             seq = self.seq.next()
-            message.state = MessageState.READY
-            message.queue = queue
-            message.enqueued_at_ms = message.updated_at_ms = now
-            message.queue_expires_at_ms = expires
+            self._ready(message, queue, expires)
             plain.append(
                 (
                     message,
@@ -221,8 +214,15 @@ class QueueTxn:
                     ),
                 )
             )
-            self.events.append(("released", message, now, queue, None))
+            self.emit("released", message, queue)
         return refused
+
+    def _ready(self, message: Message, queue: str, expires: int | None) -> None:
+        """What entering ``queue`` now sets on a message (``enqueue``, ``enqueue_many``)."""
+        message.state = MessageState.READY
+        message.queue = queue
+        message.enqueued_at_ms = message.updated_at_ms = self.now_ms
+        message.queue_expires_at_ms = expires
 
     def released_before(self, message_ids: Sequence[str]) -> set[str]:
         """Separate queue database: which of these ids are already here (released before a

@@ -52,6 +52,7 @@ __all__ = [
     "RELEASED",
     "VERSION",
     "Damage",
+    "SHORT",
     "Record",
     "decode_message",
     "decode_messages",
@@ -290,6 +291,13 @@ def decode_message(payload: bytes) -> tuple[Message, int]:
     return message, dedupe_hash
 
 
+#: Why a read found no whole record where one was expected to end past the buffer: a memory
+#: map made before the record was appended (read again from a fresh map), or a torn tail.
+SHORT_HEADER = "short header"
+SHORT_RECORD = "short record"
+SHORT = frozenset({SHORT_HEADER, SHORT_RECORD})
+
+
 def _bad_header(version: int, kind: int, length: int) -> bool:
     return version != VERSION or not MESSAGE <= kind <= FAILED or not ID_LEN <= length <= MAX_RECORD
 
@@ -304,14 +312,14 @@ def decode_messages(buf: bytes | mmap.mmap, offsets: Sequence[int]) -> list[Mess
     head, fixed = _HEAD.unpack_from, _MSG.unpack_from
     for offset in offsets:
         if size - offset < HEADER:
-            out.append("short header")
+            out.append(SHORT_HEADER)
             continue
         version, kind, _, length, crc = head(buf, offset)
         end = offset + HEADER + length
         if _bad_header(version, kind, length):
             out.append("bad header")
         elif end > size:
-            out.append("short record")
+            out.append(SHORT_RECORD)
         elif _extend(_crc(buf[offset : offset + 8]), payload := buf[offset + HEADER : end]) != crc:
             out.append("checksum mismatch")
         elif kind != MESSAGE:
@@ -328,13 +336,13 @@ def decode_messages(buf: bytes | mmap.mmap, offsets: Sequence[int]) -> list[Mess
 def parse_record(buf: bytes | memoryview | mmap.mmap, offset: int) -> Record | str:
     """The record at ``offset`` of ``buf``, or why there is none (short / bad header / crc)."""
     if len(buf) - offset < HEADER:
-        return "short header"
+        return SHORT_HEADER
     version, kind, _, length, crc = _HEAD.unpack_from(buf, offset)
     if _bad_header(version, kind, length):
         return "bad header"
     end = offset + HEADER + length
     if end > len(buf):
-        return "short record"
+        return SHORT_RECORD
     payload = bytes(buf[offset + HEADER : end])
     if _extend(_crc(bytes(buf[offset : offset + 8])), payload) != crc:
         return "checksum mismatch"

@@ -23,7 +23,14 @@ from pathlib import Path
 
 from tarry.model.message import Message
 from tarry.store.log.partition import OFFSET_MASK, SEGMENT_SHIFT, Partition, split
-from tarry.store.log.record import HEADER, MAX_RECORD, Record, decode_messages, parse_record
+from tarry.store.log.record import (
+    HEADER,
+    MAX_RECORD,
+    SHORT,
+    Record,
+    decode_messages,
+    parse_record,
+)
 
 __all__ = ["SegmentFiles", "fsync_dir"]
 
@@ -158,7 +165,7 @@ class SegmentFiles:
                 if view is None:
                     continue
                 got = decode_messages(view, offsets)
-                short = [k for k, g in enumerate(got) if type(g) is str and g.startswith("short")]
+                short = [k for k, g in enumerate(got) if type(g) is str and g in SHORT]
                 if short:
                     view = self._map(path, len(view) + 1) or view
                     again = decode_messages(view, [offsets[k] for k in short])

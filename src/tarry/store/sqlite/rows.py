@@ -206,6 +206,12 @@ def is_plain(message: Message) -> bool:
     )
 
 
+# The state and the default choice a plain released message has, bound like the other shared
+# values so the enums stay the only spelling of them.
+_READY = MessageState.READY.value
+_DEAD_LETTER = Undeliverable.DEAD_LETTER.value
+
+
 def _released_sql(expires: bool, queue_expires: bool, count: int) -> str:
     sql = _RELEASED_SQL.get((expires, queue_expires, count))
     if sql is None:
@@ -217,7 +223,7 @@ def _released_sql(expires: bool, queue_expires: bool, count: int) -> str:
         sql = (
             f"INSERT INTO messages ({', '.join(names)}) "
             f"SELECT {', '.join(f'v.column{i + 1}' for i in range(len(varying)))}, "
-            "?, ?, 'ready', '{}', 'dead_letter', 1, ?, ?, ? "
+            "?, ?, ?, '{}', ?, 1, ?, ?, ? "
             f"FROM (VALUES {', '.join([row] * count)}) AS v"
         )
         _RELEASED_SQL[(expires, queue_expires, count)] = sql
@@ -241,7 +247,7 @@ def insert_released(
         if shape[1]:
             values += (queue_expires,)
         shapes.setdefault(shape, []).append(values)
-    shared = (queue, queue, now_ms, now_ms, now_ms)
+    shared = (queue, queue, _READY, _DEAD_LETTER, now_ms, now_ms, now_ms)
     for (expires, queue_expires), values_of in shapes.items():
         start = 0
         while start < len(values_of):
