@@ -377,6 +377,7 @@ async def _year_open(root: Path) -> dict[str, Any]:
         "restart_ready_s": round(time.perf_counter() - started, 3),
         "restart_cpu_s": round(time.process_time() - cpu, 3),
         "pending_after_restart": await store.count_scheduled(),
+        "clean_start": store.inspect().get("clean_start", False),
         "rss_mb_after_restart": round(rss_mb(os.getpid()), 1),
     }
 

@@ -120,6 +120,8 @@ class LogStore:
         self._snapshotting = False
         self._upkeeping: asyncio.Task[None] | None = None
         self.recovery_seconds = 0.0
+        #: The last start trusted a clean-close record (``clean.py``): no partition checked.
+        self.clean_start = False
 
     # --- lifecycle --------------------------------------------------------------------------
     async def open(self) -> None:
@@ -155,6 +157,7 @@ class LogStore:
         )
         if record is not None and not trusted:
             log.info("clean-close record %s does not match the snapshot loaded; checking", record)
+        self.clean_start = trusted
         for partition in self.partitions.values():
             replay(partition, self.state, build_index=partition.index is not None, trusted=trusted)
         adopt_imports(  # bulk imports (tarry pipeline import --into), all or nothing
@@ -166,12 +169,13 @@ class LogStore:
         self.recovery_seconds = time.perf_counter() - started
         log.info(
             "log store recovered %d partitions (%d pending) in %.3f s: snapshot %s, %d records "
-            "replayed",
+            "replayed, %s",
             len(self.partitions),
             sum(p.live for p in self.partitions.values()),
             self.recovery_seconds,
             manifest.seq if manifest else "none",
             self.state.replayed_records,
+            "after a clean close (files unchecked)" if trusted else "every partition checked",
         )
 
     async def close(self) -> None:
@@ -680,6 +684,7 @@ class LogStore:
             "index_bytes": sum(i.nbytes for i in indexed.values()),
             "write_groups": self.writer.groups,
             "damaged": list(self.state.damaged),
+            "clean_start": self.clean_start,
         }
 
     @property
