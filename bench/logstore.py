@@ -20,6 +20,8 @@ Parts (``--only`` runs one):
   ~950 messages per 5-minute partition, as 100M over a year does; the issue's case is
   ``--year-messages 100000000`` (365 days)): store RSS after a restart (goal ≤ 2 GB) and disk /
   raw message bytes (goal ≤ 1.5; raw = body + destination + id, 100-byte bodies).
+  ``--year-order due`` fills in due order (a batch falls in one or two partitions, JSON bodies):
+  fast enough to run the 100M case in under an hour; ``--year-dir`` keeps the store.
 """
 
 from __future__ import annotations
