@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tarry.errors import Unavailable
+from tarry.model.message import Message
 from tarry.store.log import LogStore
 from tarry.store.log.clean import CLEAN
 from tests.store.test_log_recovery import NOW, G, crash, message, opened
@@ -38,14 +39,20 @@ async def pending_ids(store: LogStore) -> list[str]:
     return sorted(ids)
 
 
+async def closed_cleanly(root: Path, partitions: int) -> list[Message]:
+    """One message in each of ``partitions`` partitions, stored, then a clean close."""
+    store = await opened(root)
+    batch = [message(NOW + 10 + i * G) for i in range(partitions)]
+    await store.store(batch)
+    await store.close()
+    return batch
+
+
 async def test_a_clean_restart_checks_no_partition_and_takes_the_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given messages over 20 partitions and a clean close
-    store = await opened(tmp_path)
-    batch = [message(NOW + 10 + i * G) for i in range(20)]
-    await store.store(batch)
-    await store.close()
+    batch = await closed_cleanly(tmp_path, 20)
     assert (tmp_path / CLEAN).exists()
     # When the store restarts
     stats = segment_stats(monkeypatch)
@@ -65,10 +72,7 @@ async def test_a_crash_after_a_clean_restart_checks_every_partition(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a clean close, a restart, more messages in the same partitions, and a crash
-    store = await opened(tmp_path)
-    first = [message(NOW + 10 + i * G) for i in range(5)]
-    await store.store(first)
-    await store.close()
+    first = await closed_cleanly(tmp_path, 5)
     store = await opened(tmp_path)
     second = [message(NOW + 20 + i * G) for i in range(5)]
     await store.store(second)
@@ -85,10 +89,7 @@ async def test_a_crash_after_a_clean_restart_checks_every_partition(
 
 async def test_a_stale_record_naming_an_older_snapshot_is_not_trusted(tmp_path: Path) -> None:
     # Given a record kept from a clean close, then a later snapshot, more messages and a crash
-    store = await opened(tmp_path)
-    first = [message(NOW + 10)]
-    await store.store(first)
-    await store.close()
+    first = await closed_cleanly(tmp_path, 1)
     stale = (tmp_path / CLEAN).read_bytes()
     store = await opened(tmp_path)
     second = [message(NOW + 10 + 3 * G), message(NOW + 20)]  # a new partition, an old one
@@ -111,10 +112,7 @@ async def test_a_record_whose_partitions_are_not_all_on_disk_is_not_trusted(
 ) -> None:
     # Given a record kept from a clean close over three partitions, messages appended to one
     # after a restart and a crash (same snapshot), and another partition's directory gone
-    store = await opened(tmp_path)
-    batch = [message(NOW + 10 + i * G) for i in range(3)]
-    await store.store(batch)
-    await store.close()
+    batch = await closed_cleanly(tmp_path, 3)
     record = (tmp_path / CLEAN).read_bytes()
     store = await opened(tmp_path)
     later = message(NOW + 20 + 2 * G)
@@ -135,10 +133,7 @@ async def test_a_record_whose_partitions_are_not_all_on_disk_is_not_trusted(
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
 async def test_a_damaged_record_is_ignored(tmp_path: Path, damage: str) -> None:
     # Given a clean close, then messages appended behind its back (as a crash would leave)
-    store = await opened(tmp_path)
-    batch = [message(NOW + 10 + i * G) for i in range(4)]
-    await store.store(batch)
-    await store.close()
+    batch = await closed_cleanly(tmp_path, 4)
     record = bytearray((tmp_path / CLEAN).read_bytes())
     store = await opened(tmp_path)
     later = [message(NOW + 30 + i * G) for i in range(4)]
