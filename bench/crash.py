@@ -2,7 +2,7 @@
 consumes; afterwards every message that got a 201 must have been delivered exactly once, none
 before its due time, none lost. Prints JSON.
 
-    .venv/bin/python bench/crash.py [--kills 50] [--store log] [--fsync batch]
+    .venv/bin/python bench/crash.py [--kills 50] [--store log] [--fsync batch] [--clean-every 0]
 
 The producer sends batches with a ``message_id`` per message and, like a real producer, resends
 a batch whose answer it never got (de-duplication keeps it single). The consumer long-polls,
@@ -160,6 +160,7 @@ def consume(server: Server, ledger: Ledger) -> None:
 def run(
     *,
     kills: int,
+    clean_every: int = 0,
     store: str = "log",
     fsync: str = "batch",
     data_dir: Path | None = None,
@@ -182,9 +183,12 @@ def run(
         thread.start()
     started = time.monotonic()
     try:
-        for _ in range(kills):
+        for restart in range(1, kills + 1):
             time.sleep(random.uniform(*gap_s))
-            server.kill()
+            if clean_every and restart % clean_every == 0:
+                server.stop()  # a clean stop under load: the log store records it (CLEAN)
+            else:
+                server.kill()
             server.start()
         time.sleep(0.5)
         ledger.stop_producing.set()
@@ -213,6 +217,7 @@ def run(
         )
         result = {
             "kills": kills,
+            "clean_stops": kills // clean_every if clean_every else 0,
             "store": store,
             "fsync": fsync,
             "seconds": round(time.monotonic() - started, 1),
@@ -241,10 +246,16 @@ def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--kills", type=int, default=50)
+    parser.add_argument(
+        "--clean-every",
+        type=int,
+        default=0,
+        help="make every Nth restart a clean stop (SIGTERM) instead of kill -9 (default: none)",
+    )
     parser.add_argument("--store", default="log", choices=["log", "sqlite"])
     parser.add_argument("--fsync", default="batch", choices=["batch", "always", "never"])
     args = parser.parse_args()
-    result = run(kills=args.kills, store=args.store, fsync=args.fsync)
+    result = run(kills=args.kills, clean_every=args.clean_every, store=args.store, fsync=args.fsync)
     print(json.dumps(result, indent=2))
     sys.exit(0 if result["ok"] else 1)
 

@@ -38,7 +38,7 @@ from tarry.model.ids import id_due_ms
 from tarry.model.message import Message
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
-from tarry.store.log import cleanup
+from tarry.store.log import clean, cleanup
 from tarry.store.log.adopt import adopt_imports
 from tarry.store.log.held import STATE_CODES, Failure, Group, Held, dedupe_hash
 from tarry.store.log.index import DueIndex
@@ -120,6 +120,8 @@ class LogStore:
         self._snapshotting = False
         self._upkeeping: asyncio.Task[None] | None = None
         self.recovery_seconds = 0.0
+        #: The last start trusted a clean-close record (``clean.py``): no partition checked.
+        self.clean_start = False
 
     # --- lifecycle --------------------------------------------------------------------------
     async def open(self) -> None:
@@ -148,8 +150,16 @@ class LogStore:
         ]
         self._seq = max(on_disk, default=0)
         sweep_orphans(self.root, manifest.seq if manifest else None)
+        record = clean.take(self.root)
+        trusted = record is not None and record.matches(
+            manifest.seq if manifest else None,
+            sum(1 for p in self.partitions.values() if p.sizes),
+        )
+        if record is not None and not trusted:
+            log.info("clean-close record %s does not match the snapshot loaded; checking", record)
+        self.clean_start = trusted
         for partition in self.partitions.values():
-            replay(partition, self.state, build_index=partition.index is not None)
+            replay(partition, self.state, build_index=partition.index is not None, trusted=trusted)
         adopt_imports(  # bulk imports (tarry pipeline import --into), all or nothing
             self.root,
             granularity_ms=self.granularity_ms,
@@ -159,12 +169,13 @@ class LogStore:
         self.recovery_seconds = time.perf_counter() - started
         log.info(
             "log store recovered %d partitions (%d pending) in %.3f s: snapshot %s, %d records "
-            "replayed",
+            "replayed, %s",
             len(self.partitions),
             sum(p.live for p in self.partitions.values()),
             self.recovery_seconds,
             manifest.seq if manifest else "none",
             self.state.replayed_records,
+            "after a clean close (files unchecked)" if trusted else "every partition checked",
         )
 
     async def close(self) -> None:
@@ -173,7 +184,16 @@ class LogStore:
         while not self.writer.idle:
             await asyncio.sleep(0.002)
         if self._opened and self.writer.broken is None:
-            await self.snapshot()
+            groups = self.writer.groups
+            manifest = await self.snapshot()
+            if manifest is not None and self.writer.idle and self.writer.groups == groups:
+                # Nothing written since the snapshot's capture, and nothing from now on: a
+                # restart may take its partition sizes without checking the files.
+                self.writer.seal()
+                written = sum(1 for p in self.partitions.values() if p.written)
+                await asyncio.get_running_loop().run_in_executor(
+                    self._executor, clean.mark, self.root, clean.CleanClose(self._seq, written)
+                )
         self._opened = False
         self.files.close()
         self._executor.shutdown(wait=True)
@@ -668,6 +688,7 @@ class LogStore:
             "index_bytes": sum(i.nbytes for i in indexed.values()),
             "write_groups": self.writer.groups,
             "damaged": list(self.state.damaged),
+            "clean_start": self.clean_start,
         }
 
     @property

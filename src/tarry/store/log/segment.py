@@ -32,7 +32,7 @@ from tarry.store.log.record import (
     parse_record,
 )
 
-__all__ = ["SegmentFiles", "fsync_dir"]
+__all__ = ["SegmentFiles", "fsync_dir", "sync_filesystem"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -55,6 +55,19 @@ def _load_syncfs() -> Callable[[int], int] | None:
 
 
 _syncfs = _load_syncfs()
+
+
+def sync_filesystem(path: Path) -> None:
+    """Make every write to the file system holding ``path`` durable (``syncfs``; ``sync``
+    where it is missing)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _syncfs is None or _syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
 #: More touched files than this in one group: one ``syncfs`` beats one ``fsync`` per file
 #: (messages spread over many future partitions).
 SYNCFS_ABOVE = 8

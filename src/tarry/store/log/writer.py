@@ -48,6 +48,7 @@ class GroupWriter:
         self.commit_interval_ms = commit_interval_ms
         self.segment_bytes = segment_bytes
         self.broken: BaseException | None = None
+        self.sealed = False
         self.groups = 0
         self._pending: list[_Entry] = []
         self._flushing = False
@@ -62,6 +63,12 @@ class GroupWriter:
             raise Unavailable(
                 f"the log store failed to write ({self.broken}); restart tarry to recover"
             )
+        if self.sealed:
+            raise Unavailable("the log store is closed; retry once tarry has restarted")
+
+    def seal(self) -> None:
+        """Refuse every later append (a clean close has recorded the files as final)."""
+        self.sealed = True
 
     async def append(
         self,
