@@ -331,12 +331,11 @@ def child(args: argparse.Namespace) -> None:
         input=Path(args.input),
         rejects_dir=out / "rejects",
         plan_dir=out / "plan" if args.child == "plan" else None,
-        sink=SinkSettings(url=args.url, batch_size=2_000) if args.child == "online" else None,
+        sink=SinkSettings(url=args.url) if args.child == "online" else None,
         log_sink=LogSinkSettings(import_area(data_dir), granularity, args.now)
         if offline and data_dir
         else None,
         partition_ms=granularity if offline else 3_600_000,
-        send_partitions=2 if args.child == "online" else None,
     )
     progress = cpu_progress(spark)
     summary = run_import(

@@ -4,12 +4,12 @@ fan out and partition → load into tarry → rejects and a summary.
 The Spark jobs, in order: (1) the destinations named (the catalog snapshot); (2) the rules;
 (3) de-duplication, an aggregation of the keys; (4) the sink; (5) the rejects. Two shapes:
 
-- offline (``--into``): map-only. The rules' narrow verdicts (row, key, code; the record only
-  of rejected rows) are kept for the counts, the repeated keys and the rejects; the later
-  repeats (few) go to every task, which checks its input again and writes its own segment files
-  (``sink_log``). No whole row is shuffled or kept.
-- online (``--to``) and the Parquet plan alone: the checked rows, whole, are kept (``persist``)
-  for the sends and the plan.
+- offline (``--into``) and online (``--to``): map-only. The rules' narrow verdicts (row, key,
+  code; the record only of rejected rows) are kept for the counts, the repeated keys and the
+  rejects; the later repeats (few) go to every task, which checks its input again and writes
+  its own segment files (``sink_log``) or posts its rows to the server (``sink_http``). No whole
+  row is shuffled or kept.
+- the Parquet plan alone: the checked rows, whole, are kept (``persist``) for the plan.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ import pyarrow as pa
 
 from tarry.errors import InvalidArgument
 from tarry.model.validate import DestinationView
+from tarry.pipeline import sink_http
 from tarry.pipeline.catalog import views_to_json
-from tarry.pipeline.dedupe import find_repeats, split_duplicates
+from tarry.pipeline.dedupe import Repeats, find_repeats, split_duplicates
 from tarry.pipeline.progress import SparkProgress
-from tarry.pipeline.sink_http import ALREADY_THERE, CREATED, SENT_DDL, SinkSettings, sender
+from tarry.pipeline.sink_http import SENT_DDL, SinkSettings, sender
 from tarry.pipeline.sink_log import (
     DUPLICATE_ROW,
     FILE,
@@ -72,8 +73,6 @@ class ImportOptions:
     plan_dir: Path | None = None
     partition_ms: int = 3_600_000
     max_message_bytes: int = 4 * 1024 * 1024
-    #: Spark partitions the online sink sends from (parallel connections to the server).
-    send_partitions: int | None = None
 
 
 def _rejects(frame: DataFrame) -> DataFrame:
@@ -103,6 +102,21 @@ def _write_plan(first: DataFrame, path: Path) -> None:
         .partitionBy("partition_ms")
         .parquet(str(path))
     )
+
+
+def _write_plan_without(
+    spark: SparkSession, frame: DataFrame, rules: ImportRules, dropped: DataFrame, path: Path
+) -> None:
+    """The plan of the accepted rows but ``dropped`` (a frame of ``_row``: later repeats, rows
+    the server refused), checked again from the input."""
+    from pyspark.sql import functions as F
+
+    checked = frame.mapInArrow(checker(rules), CHECKED_DDL)
+    _write_plan(checked.where(F.col("code").isNull()).join(dropped, ROW, "left_anti"), path)
+
+
+def _later_rows(spark: SparkSession, repeats: Repeats) -> DataFrame:
+    return spark.createDataFrame(pa.table({ROW: pa.array(repeats.rows, pa.int64())}))
 
 
 def _count_verdicts(checked: DataFrame, show: SparkProgress, summary: ImportSummary) -> int:
@@ -166,13 +180,9 @@ def _import_offline(
     else:
         summary.partitions = len({r["partition"] for r in reports if r["kind"] == SPAN})
     if options.plan_dir is not None:
-        later = spark.createDataFrame(pa.table({ROW: pa.array(repeats.rows, pa.int64())}))
-        checked = frame.mapInArrow(checker(rules), CHECKED_DDL)
         with show.phase("plan"):
-            _write_plan(
-                checked.where(F.col("code").isNull()).join(later, ROW, "left_anti"),
-                options.plan_dir,
-            )
+            later = _later_rows(spark, repeats)
+            _write_plan_without(spark, frame, rules, later, options.plan_dir)
     rejected = _rejects(verdict.where(F.col("code").isNotNull()))
     return rejected.unionByName(_rejects(written.where(F.col("kind") == DUPLICATE_ROW)))
 
@@ -226,6 +236,8 @@ def run_import(
         rejects = _import_offline(
             spark, frame, rules, options, options.log_sink, show, summary, kept
         )
+    elif options.sink is not None:
+        rejects = _import_online(spark, frame, rules, options, options.sink, show, summary, kept)
     else:
         rejects = _import_checked(frame, rules, options, show, summary, kept)
     with show.phase("rejects"):
@@ -238,6 +250,66 @@ def run_import(
     return summary
 
 
+def _import_online(
+    spark: SparkSession,
+    frame: DataFrame,
+    rules: ImportRules,
+    options: ImportOptions,
+    settings: SinkSettings,
+    show: SparkProgress,
+    summary: ImportSummary,
+    kept: list[Releasable],
+) -> DataFrame:
+    """The online sink, map-only like the offline one: the narrow verdicts (kept) give the
+    counts and the repeated keys; then every task checks its input again and posts its first
+    rows of each key (``sink_http``). Returns the rejects."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    verdict = frame.mapInArrow(verdicts(rules), VERDICT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+    kept.append(verdict)
+    valid = _count_verdicts(verdict, show, summary)
+    with show.phase("dedupe"):
+        repeats = find_repeats(verdict.where(F.col("code").isNull()))
+    shared = spark.sparkContext.broadcast(repeats)
+    kept.append(shared)
+    # Kept: the counts and the rejects read it, and running it again posts everything again.
+    sent = frame.mapInArrow(sender(settings, rules, lambda: shared.value), SENT_DDL).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    kept.append(sent)
+    with show.phase("sending"):
+        totals = (
+            sent.where(F.col("kind") != sink_http.DUPLICATE_ROW)
+            .groupBy("kind", "code")
+            .agg(F.sum("rows"), F.sum("copies"), F.count_distinct("partition"))
+            .collect()
+        )
+    refused_by_server = 0
+    for kind, code, rows, copies, partitions in totals:
+        if kind == sink_http.COUNT:
+            if code == sink_http.CREATED:
+                summary.created = int(rows)
+            else:
+                summary.already_there = int(rows)
+            summary.copies += int(copies)
+        elif kind == sink_http.SPAN:
+            summary.partitions = int(partitions)
+        elif kind == sink_http.REFUSED:  # rows the server refused for good are not imported
+            summary.rejected[code] = summary.rejected.get(code, 0) + int(rows)
+            refused_by_server += int(rows)
+    summary.duplicates = len(repeats)
+    summary.accepted = valid - summary.duplicates - refused_by_server
+    gone = sent.where(F.col("kind").isin(sink_http.REFUSED, sink_http.DUPLICATE_ROW))
+    if options.plan_dir is not None:
+        with show.phase("plan"):
+            dropped = _later_rows(spark, repeats).unionByName(
+                gone.where(F.col("kind") == sink_http.REFUSED).select(ROW)
+            )
+            _write_plan_without(spark, frame, rules, dropped, options.plan_dir)
+    return _rejects(verdict.where(F.col("code").isNotNull())).unionByName(_rejects(gone))
+
+
 def _import_checked(
     frame: DataFrame,
     rules: ImportRules,
@@ -246,8 +318,8 @@ def _import_checked(
     summary: ImportSummary,
     kept: list[Releasable],
 ) -> DataFrame:
-    """The online sink and the plan: the checked rows, whole, kept for the sends and the plan;
-    returns the rejects."""
+    """The plan alone: the checked rows, whole, kept for the plan and the counts; returns the
+    rejects."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -259,32 +331,11 @@ def _import_checked(
         first, repeats, marked = split_duplicates(checked.where(F.col("code").isNull()))
     kept.append(marked)
     rejects = _rejects(checked.where(F.col("code").isNotNull())).unionByName(_rejects(repeats))
-    imported = first
-    refused_by_server = 0
-    if options.sink is not None:
-        outgoing = first.select(ROW, "destination", "message_id", "record")
-        if options.send_partitions:
-            outgoing = outgoing.repartition(options.send_partitions)
-        sent = outgoing.mapInArrow(sender(options.sink), SENT_DDL).persist(
-            StorageLevel.MEMORY_AND_DISK
-        )
-        kept.append(sent)
-        with show.phase("sending"):
-            outcomes = {o: n for o, n in sent.groupBy("outcome").count().collect()}
-        summary.created = outcomes.pop(CREATED, 0)
-        summary.already_there = outcomes.pop(ALREADY_THERE, 0)
-        for code, n in outcomes.items():
-            summary.rejected[code] = summary.rejected.get(code, 0) + n
-            refused_by_server += n
-        if outcomes:  # rows the server refused for good are not imported
-            failed = sent.where(~F.col("outcome").isin(CREATED, ALREADY_THERE))
-            rejects = rejects.unionByName(_rejects(failed.withColumnRenamed("outcome", "code")))
-            imported = first.join(failed.select(ROW), ROW, "left_anti")
     if options.plan_dir is not None:
         with show.phase("plan"):
-            _write_plan(imported, options.plan_dir)
+            _write_plan(first, options.plan_dir)
     with show.phase("counting"):
-        totals = imported.agg(
+        totals = first.agg(
             F.count(F.lit(1)),
             F.sum(F.size("targets")),
             F.count_distinct("partition_ms"),
@@ -293,5 +344,5 @@ def _import_checked(
     summary.accepted = int(totals[0])
     summary.copies = int(totals[1] or 0)
     summary.partitions = int(totals[2])
-    summary.duplicates = valid - summary.accepted - refused_by_server
+    summary.duplicates = valid - summary.accepted
     return rejects

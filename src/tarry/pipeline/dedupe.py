@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from tarry.pipeline.sources import ROW
@@ -15,7 +16,7 @@ from tarry.pipeline.sources import ROW
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["DUPLICATE", "Repeats", "find_repeats", "split_duplicates"]
+__all__ = ["DUPLICATE", "Repeats", "duplicate_rejects", "find_repeats", "split_duplicates"]
 
 #: The code of a row dropped as a repeat (not an API error: the server answers a repeat with the
 #: first message, and so does the import).
@@ -51,6 +52,24 @@ class Repeats:
     @staticmethod
     def message(message_id: str, destination: str, first: int) -> str:
         return _MESSAGE % (message_id, destination, first)
+
+
+def duplicate_rejects(rows: pa.RecordBatch, first: I64) -> dict[str, pa.Array]:
+    """The reject columns (row, code, message, destination, message_id, record) of later
+    repeats of a key (checked rows; ``first``: the row each repeats)."""
+    destination, message_id = rows.column("destination"), rows.column("message_id")
+    messages = [
+        Repeats.message(m, d, int(f))
+        for m, d, f in zip(message_id.to_pylist(), destination.to_pylist(), first, strict=True)
+    ]
+    return {
+        ROW: rows.column(ROW),
+        "code": pa.array([DUPLICATE] * rows.num_rows, pa.string()),
+        "message": pa.array(messages, pa.string()),
+        "destination": destination,
+        "message_id": message_id,
+        "record": rows.column("record"),
+    }
 
 
 def _repeated(accepted: DataFrame) -> DataFrame:

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from tarry.model.ids import IdGenerator
 from tarry.pipeline.catalog import views_from_json
-from tarry.pipeline.dedupe import DUPLICATE, Repeats
+from tarry.pipeline.dedupe import Repeats, duplicate_rejects
 from tarry.pipeline.sources import ROW
 from tarry.pipeline.validation import ImportRules, check_batch
 from tarry.store.log.record_columns import MessageColumns, dedupe_hashes, encode_message_columns
@@ -217,7 +217,8 @@ def import_writer(
             accepted = np.asarray(checked.column("code").is_null().to_numpy(zero_copy_only=False))
             later = accepted & (first >= 0)
             if later.any():
-                yield _duplicates(checked.filter(pa.array(later)), first[later])
+                rows = checked.filter(pa.array(later))
+                yield _rows(DUPLICATE_ROW, duplicate_rejects(rows, first[later]), rows.num_rows)
             kept = checked.filter(pa.array(accepted & ~later))
             if kept.num_rows == 0:
                 continue
@@ -235,21 +236,3 @@ def import_writer(
             yield _rows(SPAN, {"partition": pa.array(sorted(spans), pa.int64())}, len(spans))
 
     return run
-
-
-def _duplicates(rows: pa.RecordBatch, first: np.ndarray) -> pa.RecordBatch:
-    """Reject rows for later repeats of a key (``first``: the row each repeats)."""
-    destination, message_id = rows.column("destination"), rows.column("message_id")
-    messages = [
-        Repeats.message(m, d, int(f))
-        for m, d, f in zip(message_id.to_pylist(), destination.to_pylist(), first, strict=True)
-    ]
-    columns = {
-        ROW: rows.column(ROW),
-        "code": pa.array([DUPLICATE] * rows.num_rows, pa.string()),
-        "message": pa.array(messages, pa.string()),
-        "destination": destination,
-        "message_id": message_id,
-        "record": rows.column("record"),
-    }
-    return _rows(DUPLICATE_ROW, columns, rows.num_rows)
