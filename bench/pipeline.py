@@ -428,6 +428,7 @@ def run_online(master: str, root: Path, args: Any) -> dict[str, Any]:
     """The online sink on ``master`` into a fresh ``tarry serve`` (its own data directory, so
     every run stores every row): the import's figures plus the server's CPU seconds."""
     name = f"online-{master[-2]}"
+    shutil.rmtree(root / f"{name}-data", ignore_errors=True)  # a kept one holds every row
     server, url = start_server(root / f"{name}-data")
     try:
         declare(url)
