@@ -43,6 +43,7 @@ from tarry.pipeline.summary import ImportSummary
 from tarry.pipeline.validation import CHECKED_DDL, VERDICT_DDL, ImportRules, checker, verdicts
 
 if TYPE_CHECKING:
+    from pyspark import Broadcast
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["ImportOptions", "REJECT_COLUMNS", "run_import"]
@@ -130,6 +131,30 @@ def _count_verdicts(checked: DataFrame, show: SparkProgress, summary: ImportSumm
     return valid
 
 
+def _verdicts_and_repeats(
+    spark: SparkSession,
+    frame: DataFrame,
+    rules: ImportRules,
+    show: SparkProgress,
+    summary: ImportSummary,
+    kept: list[Releasable],
+) -> tuple[DataFrame, int, Repeats, Broadcast[Repeats]]:
+    """The first half of both map-only sinks: the rules' narrow verdicts (kept; rows read and
+    rejected by code go into ``summary``), how many rows passed, and the later repeats found
+    from the keys alone, broadcast to the tasks that check the input again."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    verdict = frame.mapInArrow(verdicts(rules), VERDICT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+    kept.append(verdict)
+    valid = _count_verdicts(verdict, show, summary)
+    with show.phase("dedupe"):
+        repeats = find_repeats(verdict.where(F.col("code").isNull()))
+    shared = spark.sparkContext.broadcast(repeats)
+    kept.append(shared)
+    return verdict, valid, repeats, shared
+
+
 def _import_offline(
     spark: SparkSession,
     frame: DataFrame,
@@ -149,13 +174,9 @@ def _import_offline(
 
     from tarry.store.log.adopt import ImportManifest, write_manifest
 
-    verdict = frame.mapInArrow(verdicts(rules), VERDICT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
-    kept.append(verdict)
-    valid = _count_verdicts(verdict, show, summary)
-    with show.phase("dedupe"):
-        repeats = find_repeats(verdict.where(F.col("code").isNull()))
-    shared = spark.sparkContext.broadcast(repeats)
-    kept.append(shared)
+    verdict, valid, repeats, shared = _verdicts_and_repeats(
+        spark, frame, rules, show, summary, kept
+    )
     settings.area.mkdir(parents=True, exist_ok=True)
     # Kept: the rejects below read the repeats from it, and running it again writes new files.
     written = frame.mapInArrow(
@@ -266,13 +287,9 @@ def _import_online(
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    verdict = frame.mapInArrow(verdicts(rules), VERDICT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
-    kept.append(verdict)
-    valid = _count_verdicts(verdict, show, summary)
-    with show.phase("dedupe"):
-        repeats = find_repeats(verdict.where(F.col("code").isNull()))
-    shared = spark.sparkContext.broadcast(repeats)
-    kept.append(shared)
+    verdict, valid, repeats, shared = _verdicts_and_repeats(
+        spark, frame, rules, show, summary, kept
+    )
     # Kept: the counts and the rejects read it, and running it again posts everything again.
     sent = frame.mapInArrow(sender(settings, rules, lambda: shared.value), SENT_DDL).persist(
         StorageLevel.MEMORY_AND_DISK
