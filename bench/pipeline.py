@@ -14,7 +14,9 @@ catalog. Measured, each Spark run in a fresh process (the JVM's start-up is repo
    memory is freed before the Spark runs): the same rules through the same
    code as the Spark executors (``tarry.pipeline.validation.checker``, i.e. the model's
    column-wise rules), then dedupe → fan out → partition → sort → Parquet out;
-3. import, online sink on local[2]: ``--online-rows`` rows into the real server over HTTP;
+3. import, online sink on local[1] and local[2]: ``--online-rows`` rows over HTTP into a real
+   ``tarry serve`` (a fresh one per run, so each run stores every row), with that server's CPU
+   seconds beside the Spark tree's, and local[2] / local[1];
 4. ``tarry pipeline report`` over ``--events`` journal events on local[2] (target <= 60 s at 10M).
 
 ``--only offline`` (or any of baseline, offline, online, report) runs only those parts. Each
@@ -329,12 +331,11 @@ def child(args: argparse.Namespace) -> None:
         input=Path(args.input),
         rejects_dir=out / "rejects",
         plan_dir=out / "plan" if args.child == "plan" else None,
-        sink=SinkSettings(url=args.url, batch_size=2_000) if args.child == "online" else None,
+        sink=SinkSettings(url=args.url) if args.child == "online" else None,
         log_sink=LogSinkSettings(import_area(data_dir), granularity, args.now)
         if offline and data_dir
         else None,
         partition_ms=granularity if offline else 3_600_000,
-        send_partitions=2 if args.child == "online" else None,
     )
     progress = cpu_progress(spark)
     summary = run_import(
@@ -403,6 +404,44 @@ def run_child(
     return result
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def declare(url: str) -> list[dict[str, Any]]:
+    """The bench's queues, topic and subscriptions on the server at ``url``; their views."""
+    from tarry.client import Client
+    from tarry.pipeline.catalog import views_from_server, views_to_json
+
+    with Client(url) as client:
+        for name in QUEUES + SUBS:
+            client.declare_queue(name)
+        client.declare_topic(TOPIC)
+        for sub in SUBS:
+            client.subscribe(TOPIC, sub)
+        return views_to_json(views_from_server(client, QUEUES + [TOPIC, "bench.missing"]))
+
+
+def run_online(master: str, root: Path, args: Any) -> dict[str, Any]:
+    """The online sink on ``master`` into a fresh ``tarry serve`` (its own data directory, so
+    every run stores every row): the import's figures plus the server's CPU seconds."""
+    name = f"online-{master[-2]}"
+    shutil.rmtree(root / f"{name}-data", ignore_errors=True)  # a kept one holds every row
+    server, url = start_server(root / f"{name}-data")
+    try:
+        declare(url)
+        before = process_cpu_s(server.pid)
+        run = run_child("online", master, root / "online.parquet", root / name, url, args)
+        run["server_cpu_s"] = round(process_cpu_s(server.pid) - before, 1)
+        run["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    finally:
+        server.terminate()
+        server.wait(30)
+    return run
+
+
 def start_server(data: Path) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tarry.cli.main", "serve", "--port", "0", "--data", str(data)],
@@ -449,7 +488,6 @@ def main() -> None:
         child(args)
         return
     from tarry.client import Client
-    from tarry.pipeline.catalog import views_from_server, views_to_json
 
     root = Path(args.keep or tempfile.mkdtemp(prefix="tarry-bench-pipeline-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -473,13 +511,7 @@ def main() -> None:
     args.data_dir = root / "data"
     server, url = start_server(root / "data")
     try:
-        with Client(url) as client:
-            for name in QUEUES + SUBS:
-                client.declare_queue(name)
-            client.declare_topic(TOPIC)
-            for sub in SUBS:
-                client.subscribe(TOPIC, sub)
-            views = views_to_json(views_from_server(client, QUEUES + [TOPIC, "bench.missing"]))
+        views = declare(url)
         if "baseline" in parts:
             args.views = root / "views.json"
             args.views.write_text(json.dumps(views))
@@ -491,6 +523,7 @@ def main() -> None:
                 "offline", master, root / "input.parquet", root / f"offline-{master[-2]}", url, args
             )
             run["rows_per_s_incl_startup"] = round(args.rows / (run["seconds"] + run["startup_s"]))
+            run["load_average"] = [round(x, 2) for x in os.getloadavg()]
             result[f"offline_sink_{master}"] = run
         if "offline" in parts:
             one, two = result["offline_sink_local[1]"], result["offline_sink_local[2]"]
@@ -499,10 +532,11 @@ def main() -> None:
             result["local2_over_baseline"] = round(
                 two["rows_per_s"] / result["baseline_pyarrow"]["rows_per_s"], 2
             )
+        for master in ("local[1]", "local[2]") if "online" in parts else ():
+            result[f"online_sink_{master}"] = run_online(master, root, args)
         if "online" in parts:
-            result["online_sink_local[2]"] = run_child(
-                "online", "local[2]", root / "online.parquet", root / "online", url, args
-            )
+            one, two = result["online_sink_local[1]"], result["online_sink_local[2]"]
+            result["online_local2_over_local1"] = round(two["rows_per_s"] / one["rows_per_s"], 2)
         if "report" in parts:
             result["report_local[2]"] = run_child(
                 "report", "local[2]", root / "journal", root / "report", url, args

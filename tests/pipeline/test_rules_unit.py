@@ -123,28 +123,30 @@ def test_sink_retries_only_what_may_succeed_later() -> None:
         [{"error": {"code": "destination_full", "message": "full"}}],
         [{"id": "2", "duplicate": True}],
     ]
-    sent: list[list[bytes]] = []
+    sent: list[list[str]] = []
     slept: list[float] = []
 
-    def post(records: list[bytes]) -> list[dict[str, Any]]:
-        sent.append(records)
+    def post(records: pa.Array) -> list[dict[str, Any]]:
+        sent.append(records.to_pylist())
         answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer  # type: ignore[no-any-return]
 
     settings = SinkSettings(url="http://x", max_attempts=5, backoff_base_ms=100)
-    outcomes = send_all([b"a", b"b", b"c"], post, settings, slept.append)
+    outcomes = send_all(pa.array(["a", "b", "c"]), post, settings, slept.append)
     assert [o for o, _ in outcomes] == ["created", "already_there", "not_authorized"]
-    assert sent == [[b"a", b"b", b"c"], [b"a", b"b", b"c"], [b"b"], [b"b"]]
+    assert sent == [["a", "b", "c"], ["a", "b", "c"], ["b"], ["b"]]
     assert len(slept) == 3 and 0.07 <= slept[0] <= 0.13 and slept[2] > slept[0]
 
 
 def test_sink_gives_up_after_the_last_attempt() -> None:
-    def post(records: list[bytes]) -> list[dict[str, Any]]:
+    def post(records: pa.Array) -> list[dict[str, Any]]:
         return [{"error": {"code": "destination_full", "message": "full"}} for _ in records]
 
-    outcomes = send_all([b"a"], post, SinkSettings(url="x", max_attempts=3), lambda s: None)
+    outcomes = send_all(
+        pa.array(["a"]), post, SinkSettings(url="x", max_attempts=3), lambda s: None
+    )
     assert outcomes == [("destination_full", "full")]
 
 

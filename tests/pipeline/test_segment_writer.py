@@ -17,7 +17,8 @@ from tarry.model.message import Message, SendPlan
 from tarry.model.validate import DestinationView, TargetView, parse_send
 from tarry.pipeline.catalog import views_to_json
 from tarry.pipeline.dedupe import Repeats
-from tarry.pipeline.sink_log import DUPLICATE_ROW, FILE, LogSinkSettings, import_writer
+from tarry.pipeline.screen import DUPLICATE_ROW, REJECT, VERDICTS
+from tarry.pipeline.sink_log import FILE, LogSinkSettings, import_writer
 from tarry.pipeline.validation import ImportRules
 from tarry.store.log.held import dedupe_hash
 from tarry.store.log.record import Record, decode_message, scan
@@ -139,6 +140,11 @@ def test_writer_drops_repeats_and_rejects_and_sorts_each_file(tmp_path: Path) ->
     ]
     assert "repeats input row 0" in duplicates[0]["message"]
     assert orjson.loads(duplicates[0]["record"])["body"] == "again"
+    # And the row the rules refuse as a reject with its record; every row counted by verdict
+    [rejected] = [w for w in written if w["kind"] == REJECT]
+    assert (rejected["_row"], rejected["message_id"]) == (2, "x") and rejected["record"]
+    counted = {w["code"]: w["records"] for w in written if w["kind"] == VERDICTS}
+    assert counted == {None: 6, "unknown_destination": 1} and rejected["code"] in counted
     # And the files hold the kept rows once (no rejected row, no repeat), each sorted by due time
     files = [w for w in written if w["kind"] == FILE]
     assert len(files) == 2 and {f["partition"] for f in files} == {NOW // G}

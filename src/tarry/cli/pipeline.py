@@ -87,7 +87,9 @@ def pipeline() -> None:
     "--partition",
     help="Time partition width (default 1h; with --into the store's granularity, 5m).",
 )
-@click.option("--batch-size", default=1000, show_default=True, help="Messages per POST.")
+@click.option(
+    "--batch-size", default=5000, show_default=True, help="Messages per POST (server max 10,000)."
+)
 @click.option("--now", "now", help="The import's 'now' (RFC 3339 or epoch ms; default: now).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @_spark_options

@@ -2,22 +2,24 @@
 fan out and partition → load into tarry → rejects and a summary.
 
 The Spark jobs, in order: (1) the destinations named (the catalog snapshot); (2) the rules;
-(3) de-duplication, an aggregation of the keys; (4) the sink; (5) the rejects (offline, (2) and
-(3) are one job, over the possible repeats only). Two shapes:
+(3) de-duplication, an aggregation of the keys; (4) the sink; (5) the rejects (with a sink, (2)
+and (3) are one job over the possible repeats only, and the sink runs the rules on every row).
+Two shapes:
 
-- offline (``--into``): map-only, the rules run once per row. The rows that may share a key
-  are found from the raw key columns (their hashes, counted on the driver; no rules); the
-  rules run on those few to find the later repeats exactly, which go to every task; each task
-  then checks its input and writes its own segment files, its rejects and its counts
-  (``sink_log``). No whole row is shuffled, and only the few possible repeats are kept.
-- online (``--to``) and the Parquet plan alone: the checked rows, whole, are kept (``persist``)
-  for the sends and the plan.
+- offline (``--into``) and online (``--to``): map-only, the rules run once per row. The rows
+  that may share a key are found from the raw key columns (their hashes counted by Spark, no
+  rules); the rules run on those few to find the later repeats exactly, which go to every task;
+  each task then screens its input (``screen``: rejects and counts by verdict come back as its
+  output rows) and writes its own segment files (``sink_log``) or posts its first rows of each
+  key to the server (``sink_http``). No whole row is shuffled, and only the few possible
+  repeats are kept.
+- the Parquet plan alone: the checked rows, whole, are kept (``persist``) for the plan.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -26,16 +28,15 @@ import pyarrow as pa
 
 from tarry.errors import InvalidArgument
 from tarry.model.validate import DestinationView
+from tarry.pipeline import sink_http
 from tarry.pipeline.catalog import views_to_json
-from tarry.pipeline.dedupe import find_repeats, possible_repeats, split_duplicates
+from tarry.pipeline.dedupe import Repeats, find_repeats, possible_repeats, split_duplicates
 from tarry.pipeline.progress import SparkProgress
-from tarry.pipeline.sink_http import ALREADY_THERE, CREATED, SENT_DDL, SinkSettings, sender
+from tarry.pipeline.screen import DUPLICATE_ROW, REJECT, VERDICTS
+from tarry.pipeline.sink_http import SENT_DDL, SinkSettings, sender
 from tarry.pipeline.sink_log import (
-    COUNT,
-    DUPLICATE_ROW,
     FILE,
     FILE_FIELDS,
-    REJECT,
     SPAN,
     WRITTEN_DDL,
     LogSinkSettings,
@@ -46,6 +47,7 @@ from tarry.pipeline.summary import ImportSummary
 from tarry.pipeline.validation import CHECKED_DDL, VERDICT_DDL, ImportRules, checker, verdicts
 
 if TYPE_CHECKING:
+    from pyspark import Broadcast
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["ImportOptions", "REJECT_COLUMNS", "run_import"]
@@ -76,8 +78,6 @@ class ImportOptions:
     plan_dir: Path | None = None
     partition_ms: int = 3_600_000
     max_message_bytes: int = 4 * 1024 * 1024
-    #: Spark partitions the online sink sends from (parallel connections to the server).
-    send_partitions: int | None = None
 
 
 def _rejects(frame: DataFrame) -> DataFrame:
@@ -109,15 +109,70 @@ def _write_plan(first: DataFrame, path: Path) -> None:
     )
 
 
-def _count_verdicts(checked: DataFrame, show: SparkProgress, summary: ImportSummary) -> int:
-    """Runs the rules (the first action on ``checked``): rows read and rejected by code go into
-    ``summary``; returns how many rows passed."""
-    with show.phase("validating"):
-        by_code = {code: n for code, n in checked.groupBy("code").count().collect()}
+def _write_plan_without(
+    spark: SparkSession, frame: DataFrame, rules: ImportRules, dropped: DataFrame, path: Path
+) -> None:
+    """The plan of the accepted rows but ``dropped`` (a frame of ``_row``: later repeats, rows
+    the server refused), checked again from the input."""
+    from pyspark.sql import functions as F
+
+    checked = frame.mapInArrow(checker(rules), CHECKED_DDL)
+    _write_plan(checked.where(F.col("code").isNull()).join(dropped, ROW, "left_anti"), path)
+
+
+def _later_rows(spark: SparkSession, repeats: Repeats) -> DataFrame:
+    return spark.createDataFrame(pa.table({ROW: pa.array(repeats.rows, pa.int64())}))
+
+
+def _tally(counts: Iterable[tuple[str | None, int]], summary: ImportSummary) -> int:
+    """Rows by verdict (``code``, null: passed; a code may come several times, once per task):
+    rows read and rejected by code go into ``summary``; returns how many rows passed."""
+    by_code: dict[str | None, int] = {}
+    for code, n in counts:
+        by_code[code] = by_code.get(code, 0) + int(n)
     summary.rows_read = sum(by_code.values())
-    valid = int(by_code.pop(None, 0))
-    summary.rejected = dict(by_code)
+    valid = by_code.pop(None, 0)
+    summary.rejected = {code: n for code, n in by_code.items() if code is not None}
     return valid
+
+
+def _count_verdicts(checked: DataFrame, show: SparkProgress, summary: ImportSummary) -> int:
+    """Runs the rules (the first action on ``checked``) and counts them (``_tally``)."""
+    with show.phase("validating"):
+        return _tally(checked.groupBy("code").count().collect(), summary)
+
+
+def _later_repeats(
+    spark: SparkSession,
+    frame: DataFrame,
+    rules: ImportRules,
+    show: SparkProgress,
+    kept: list[Releasable],
+) -> tuple[Repeats, Broadcast[Repeats]]:
+    """The first half of both map-only sinks: the later repeats, found by the rules over the
+    possible repeats only (``dedupe``), and broadcast to the tasks that screen the input."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    with show.phase("dedupe"):
+        # Kept: find_repeats reads it twice (the key grouping and its semi-join).
+        verdict = (
+            possible_repeats(frame)
+            .mapInArrow(verdicts(rules), VERDICT_DDL)
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        kept.append(verdict)
+        repeats = find_repeats(verdict.where(F.col("code").isNull()))
+    shared = spark.sparkContext.broadcast(repeats)
+    kept.append(shared)
+    return repeats, shared
+
+
+def _sink_rejects(out: DataFrame, *kinds: str) -> DataFrame:
+    """The rejects a sink's tasks yielded: the screen's and the sink's own ``kinds``."""
+    from pyspark.sql import functions as F
+
+    return _rejects(out.where(F.col("kind").isin(REJECT, DUPLICATE_ROW, *kinds)))
 
 
 def _import_offline(
@@ -139,17 +194,7 @@ def _import_offline(
 
     from tarry.store.log.adopt import ImportManifest, write_manifest
 
-    with show.phase("dedupe"):
-        # Kept: find_repeats reads it twice (the hash grouping and its semi-join).
-        verdict = (
-            possible_repeats(frame)
-            .mapInArrow(verdicts(rules), VERDICT_DDL)
-            .persist(StorageLevel.MEMORY_AND_DISK)
-        )
-        kept.append(verdict)
-        repeats = find_repeats(verdict.where(F.col("code").isNull()))
-    shared = spark.sparkContext.broadcast(repeats)
-    kept.append(shared)
+    repeats, shared = _later_repeats(spark, frame, rules, show, kept)
     settings.area.mkdir(parents=True, exist_ok=True)
     # Kept: the rejects below read the repeats from it, and running it again writes new files.
     written = frame.mapInArrow(
@@ -163,13 +208,7 @@ def _import_offline(
             settings.area,
             ImportManifest(settings.area.name, settings.now_ms, settings.granularity_ms, files),
         )
-    by_code: dict[str | None, int] = {}
-    for r in reports:
-        if r["kind"] == COUNT:  # each task's rows by verdict (null: accepted)
-            by_code[r["code"]] = by_code.get(r["code"], 0) + int(r["records"])
-    summary.rows_read = sum(by_code.values())
-    valid = by_code.pop(None, 0)
-    summary.rejected = {code: n for code, n in by_code.items() if code is not None}
+    valid = _tally(((r["code"], r["records"]) for r in reports if r["kind"] == VERDICTS), summary)
     summary.files = len(files)
     summary.import_area = str(settings.area)
     summary.duplicates = len(repeats)
@@ -181,14 +220,10 @@ def _import_offline(
     else:
         summary.partitions = len({r["partition"] for r in reports if r["kind"] == SPAN})
     if options.plan_dir is not None:
-        later = spark.createDataFrame(pa.table({ROW: pa.array(repeats.rows, pa.int64())}))
-        checked = frame.mapInArrow(checker(rules), CHECKED_DDL)
         with show.phase("plan"):
-            _write_plan(
-                checked.where(F.col("code").isNull()).join(later, ROW, "left_anti"),
-                options.plan_dir,
-            )
-    return _rejects(written.where(F.col("kind").isin(REJECT, DUPLICATE_ROW)))
+            later = _later_rows(spark, repeats)
+            _write_plan_without(spark, frame, rules, later, options.plan_dir)
+    return _sink_rejects(written)
 
 
 def run_import(
@@ -240,6 +275,8 @@ def run_import(
         rejects = _import_offline(
             spark, frame, rules, options, options.log_sink, show, summary, kept
         )
+    elif options.sink is not None:
+        rejects = _import_online(spark, frame, rules, options, options.sink, show, summary, kept)
     else:
         rejects = _import_checked(frame, rules, options, show, summary, kept)
     with show.phase("rejects"):
@@ -252,6 +289,60 @@ def run_import(
     return summary
 
 
+def _import_online(
+    spark: SparkSession,
+    frame: DataFrame,
+    rules: ImportRules,
+    options: ImportOptions,
+    settings: SinkSettings,
+    show: SparkProgress,
+    summary: ImportSummary,
+    kept: list[Releasable],
+) -> DataFrame:
+    """The online sink, map-only like the offline one: the later repeats found beforehand go to
+    every task, which screens its input and posts its first rows of each key (``sink_http``);
+    the counts and the rejects are its output rows. Returns the rejects."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    repeats, shared = _later_repeats(spark, frame, rules, show, kept)
+    # Kept: the rejects read it, and running it again posts everything again.
+    sent = frame.mapInArrow(sender(settings, rules, lambda: shared.value), SENT_DDL).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    kept.append(sent)
+    with show.phase("sending"):
+        totals = (
+            sent.where(~F.col("kind").isin(REJECT, DUPLICATE_ROW))
+            .groupBy("kind", "code")
+            .agg(F.sum("rows"), F.sum("copies"), F.count_distinct("partition"))
+            .collect()
+        )
+    valid = _tally(((code, rows) for kind, code, rows, _, _ in totals if kind == VERDICTS), summary)
+    refused_by_server = 0
+    for kind, code, rows, copies, partitions in totals:
+        if kind == sink_http.COUNT:
+            if code == sink_http.CREATED:
+                summary.created = int(rows)
+            else:
+                summary.already_there = int(rows)
+            summary.copies += int(copies)
+        elif kind == sink_http.SPAN:
+            summary.partitions = int(partitions)
+        elif kind == sink_http.REFUSED:  # rows the server refused for good are not imported
+            summary.rejected[code] = summary.rejected.get(code, 0) + int(rows)
+            refused_by_server += int(rows)
+    summary.duplicates = len(repeats)
+    summary.accepted = valid - summary.duplicates - refused_by_server
+    if options.plan_dir is not None:
+        with show.phase("plan"):
+            dropped = _later_rows(spark, repeats).unionByName(
+                sent.where(F.col("kind") == sink_http.REFUSED).select(ROW)
+            )
+            _write_plan_without(spark, frame, rules, dropped, options.plan_dir)
+    return _sink_rejects(sent, sink_http.REFUSED)
+
+
 def _import_checked(
     frame: DataFrame,
     rules: ImportRules,
@@ -260,8 +351,8 @@ def _import_checked(
     summary: ImportSummary,
     kept: list[Releasable],
 ) -> DataFrame:
-    """The online sink and the plan: the checked rows, whole, kept for the sends and the plan;
-    returns the rejects."""
+    """The plan alone: the checked rows, whole, kept for the plan and the counts; returns the
+    rejects."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -273,32 +364,11 @@ def _import_checked(
         first, repeats, marked = split_duplicates(checked.where(F.col("code").isNull()))
     kept.append(marked)
     rejects = _rejects(checked.where(F.col("code").isNotNull())).unionByName(_rejects(repeats))
-    imported = first
-    refused_by_server = 0
-    if options.sink is not None:
-        outgoing = first.select(ROW, "destination", "message_id", "record")
-        if options.send_partitions:
-            outgoing = outgoing.repartition(options.send_partitions)
-        sent = outgoing.mapInArrow(sender(options.sink), SENT_DDL).persist(
-            StorageLevel.MEMORY_AND_DISK
-        )
-        kept.append(sent)
-        with show.phase("sending"):
-            outcomes = {o: n for o, n in sent.groupBy("outcome").count().collect()}
-        summary.created = outcomes.pop(CREATED, 0)
-        summary.already_there = outcomes.pop(ALREADY_THERE, 0)
-        for code, n in outcomes.items():
-            summary.rejected[code] = summary.rejected.get(code, 0) + n
-            refused_by_server += n
-        if outcomes:  # rows the server refused for good are not imported
-            failed = sent.where(~F.col("outcome").isin(CREATED, ALREADY_THERE))
-            rejects = rejects.unionByName(_rejects(failed.withColumnRenamed("outcome", "code")))
-            imported = first.join(failed.select(ROW), ROW, "left_anti")
     if options.plan_dir is not None:
         with show.phase("plan"):
-            _write_plan(imported, options.plan_dir)
+            _write_plan(first, options.plan_dir)
     with show.phase("counting"):
-        totals = imported.agg(
+        totals = first.agg(
             F.count(F.lit(1)),
             F.sum(F.size("targets")),
             F.count_distinct("partition_ms"),
@@ -307,5 +377,5 @@ def _import_checked(
     summary.accepted = int(totals[0])
     summary.copies = int(totals[1] or 0)
     summary.partitions = int(totals[2])
-    summary.duplicates = valid - summary.accepted - refused_by_server
+    summary.duplicates = valid - summary.accepted
     return rejects

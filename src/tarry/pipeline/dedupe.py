@@ -23,7 +23,14 @@ from tarry.pipeline.sources import ROW
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["DUPLICATE", "Repeats", "find_repeats", "possible_repeats", "split_duplicates"]
+__all__ = [
+    "DUPLICATE",
+    "Repeats",
+    "duplicate_rejects",
+    "find_repeats",
+    "possible_repeats",
+    "split_duplicates",
+]
 
 #: The code of a row dropped as a repeat (not an API error: the server answers a repeat with the
 #: first message, and so does the import).
@@ -61,6 +68,24 @@ class Repeats:
         return _MESSAGE % (message_id, destination, first)
 
 
+def duplicate_rejects(rows: pa.RecordBatch, first: I64) -> dict[str, pa.Array]:
+    """The reject columns (row, code, message, destination, message_id, record) of later
+    repeats of a key (checked rows; ``first``: the row each repeats)."""
+    destination, message_id = rows.column("destination"), rows.column("message_id")
+    messages = [
+        Repeats.message(m, d, int(f))
+        for m, d, f in zip(message_id.to_pylist(), destination.to_pylist(), first, strict=True)
+    ]
+    return {
+        ROW: rows.column(ROW),
+        "code": pa.array([DUPLICATE] * rows.num_rows, pa.string()),
+        "message": pa.array(messages, pa.string()),
+        "destination": destination,
+        "message_id": message_id,
+        "record": rows.column("record"),
+    }
+
+
 def _repeated(accepted: DataFrame) -> DataFrame:
     """The keys held by more than one accepted row: ``_first`` (the smallest row), ``_n``."""
     from pyspark.sql import functions as F
@@ -82,25 +107,25 @@ def possible_repeats(rows: DataFrame) -> DataFrame:
     the raw columns. A row without a message_id gets one derived from its content, which may
     also equal a given id with the same prefix: those rows are always kept.
 
-    The hashes (8 bytes a row) are counted on the driver: a sort there costs a third of the
-    CPU of Spark's aggregation over as many distinct keys (measured at 10M rows)."""
+    The hashes are counted by Spark's aggregation, not on the driver: 8 bytes a row there would
+    bound the input by the driver's memory and fetch every hash over the network on a cluster.
+    The repeated hashes (the few possible repeats) are broadcast back."""
     from pyspark.sql import functions as F
 
     if "message_id" not in rows.columns:
         return rows  # every key is derived from the content
     given = F.col("message_id")
     key_hash = F.xxhash64(*_KEY)
-    hashes = rows.where(given.isNotNull()).select(key_hash.alias("_hash")).toArrow()
-    ordered = np.sort(np.asarray(hashes.column("_hash").to_numpy(), np.int64))
-    repeated = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
-    marks = rows.sparkSession.createDataFrame(
-        pa.table(
-            {"_hash": pa.array(repeated, pa.int64()), "_repeated": np.ones(len(repeated), bool)}
-        )
+    repeated = (
+        rows.where(given.isNotNull())
+        .groupBy(key_hash.alias("_hash"))
+        .count()
+        .where("count > 1")
+        .select("_hash", F.lit(True).alias("_repeated"))
     )
     return (
         rows.withColumn("_hash", key_hash)
-        .join(F.broadcast(marks), "_hash", "left")
+        .join(F.broadcast(repeated), "_hash", "left")
         .where(
             F.col("_repeated").isNotNull()
             | given.isNull()

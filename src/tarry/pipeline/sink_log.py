@@ -5,24 +5,20 @@ import area, ``<data_dir>/log/imports/<import>/``, that the store adopts at its 
 whose layout is described there).
 
 The writer is map-only and the one pass of the rules over every row: each executor task reads
-its own share of the input, runs the model's rules on it (``validation.check_batch``), yields
-the rejected rows and the later repeats (``dedupe.Repeats``, found beforehand from the keys
-alone) as reject rows with the record the rejects dataset keeps, counts its rows by verdict,
-encodes the copies of the kept rows column-wise (``tarry.store.log.record_columns``: the same
-bytes as ``encode_message``) and keeps them in memory until ``flush_bytes``; then it sorts them
-by (time partition, due time) and writes one file per time partition it holds. So a partition
-gets several files (one per task and flush), each sorted by due time. Each file is reported with
-its name, size, CRC32C and record count; the driver writes ``IMPORT`` from those reports, so
-files of a failed task attempt are never named (and adoption deletes the whole area afterwards).
-The counts are output rows too, not accumulators, for the same reason: only the attempt that
-succeeded is counted.
+its own share of the input and screens it (``screen.Screen``: the rules, the rejects and the
+later repeats as reject rows, the counts by verdict), encodes the copies of the kept rows
+column-wise (``tarry.store.log.record_columns``: the same bytes as ``encode_message``) and keeps
+them in memory until ``flush_bytes``; then it sorts them by (time partition, due time) and writes
+one file per time partition it holds. So a partition gets several files (one per task and
+flush), each sorted by due time. Each file is reported with its name, size, CRC32C and record
+count; the driver writes ``IMPORT`` from those reports, so files of a failed task attempt are
+never named (and adoption deletes the whole area afterwards).
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,18 +30,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tarry.model.ids import IdGenerator
-from tarry.pipeline.catalog import views_from_json
-from tarry.pipeline.dedupe import DUPLICATE, Repeats
+from tarry.pipeline.dedupe import Repeats
+from tarry.pipeline.screen import VERDICTS, Screen
 from tarry.pipeline.sources import ROW
-from tarry.pipeline.validation import ImportRules, check_batch
+from tarry.pipeline.validation import ImportRules
 from tarry.store.log.record_columns import MessageColumns, dedupe_hashes, encode_message_columns
 
 __all__ = [
-    "COUNT",
-    "DUPLICATE_ROW",
     "FILE",
     "FILE_FIELDS",
-    "REJECT",
     "SPAN",
     "WRITTEN_DDL",
     "LogSinkSettings",
@@ -54,12 +47,10 @@ __all__ = [
 ]
 
 #: What the writer yields, one row each: a ``FILE`` written (name, partition number, bytes,
-#: crc, records), a ``REJECT`` (a row the rules refused: row, code, message, destination,
-#: message_id, record), a ``DUPLICATE_ROW`` (a later repeat, as a reject with the same fields),
-#: a ``SPAN`` (``partition``: the start of an import partition, ``partition_ms`` wide, that a
-#: kept row falls into), a ``COUNT`` (``records``: how many of the task's rows got the verdict
-#: ``code``, null for accepted, repeats included).
-FILE, REJECT, DUPLICATE_ROW, SPAN, COUNT = "file", "reject", "duplicate", "span", "count"
+#: crc, records), a ``SPAN`` (``partition``: the start of an import partition, ``partition_ms``
+#: wide, that a kept row falls into), and the screen's rows (``screen``: ``REJECT`` and
+#: ``DUPLICATE_ROW`` with the reject fields, ``VERDICTS`` with the count in ``records``).
+FILE, SPAN = "file", "span"
 WRITTEN_SCHEMA = pa.schema(
     [
         ("kind", pa.string()),
@@ -81,8 +72,6 @@ WRITTEN_DDL = ", ".join(
 )
 #: The fields of a ``FILE`` row, as the import manifest lists them.
 FILE_FIELDS = ("name", "partition", "bytes", "crc", "records")
-#: The fields of a ``REJECT`` or ``DUPLICATE_ROW`` row.
-REJECT_FIELDS = (ROW, "code", "message", "destination", "message_id", "record")
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,30 +200,17 @@ def import_writer(
     ``repeats`` gives the later rows of repeated keys (a broadcast variable's value)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        views = views_from_json(rules.views)
-        later_rows = repeats()
+        screen = Screen(rules, repeats(), every_record=False)
         ids = IdGenerator()
         held = _Held(settings, uuid.uuid4().hex[:12])
         reports: list[dict[str, Any]] = []
         spans: set[int] = set()
-        verdicts: Counter[str | None] = Counter()
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            first = later_rows.first_of(batch.column(ROW).to_numpy())
-            # the record only for the rejects: rejected rows (dropped here) and repeats
-            checked = check_batch(batch, rules, views, record_for=first >= 0)
-            code = checked.column("code")
-            accepted = np.asarray(code.is_null().to_numpy(zero_copy_only=False))
-            verdicts[None] += int(accepted.sum())
-            if not accepted.all():
-                refused = checked.filter(pa.array(~accepted))
-                verdicts.update(refused.column("code").to_pylist())
-                yield _rows(REJECT, _reject_columns(refused), refused.num_rows)
-            later = accepted & (first >= 0)
-            if later.any():
-                yield _duplicates(checked.filter(pa.array(later)), first[later])
-            kept = checked.filter(pa.array(accepted & ~later))
+            rejects, kept = screen.batch(batch)
+            for kind, columns, n in rejects:
+                yield _rows(kind, columns, n)
             if kept.num_rows == 0:
                 continue
             spans.update(pc.unique(kept.column("partition_ms")).to_pylist())
@@ -249,28 +225,7 @@ def import_writer(
             yield _rows(FILE, columns, len(reports))
         if spans:
             yield _rows(SPAN, {"partition": pa.array(sorted(spans), pa.int64())}, len(spans))
-        if verdicts:
-            counted = {
-                "code": pa.array(list(verdicts), pa.string()),
-                "records": pa.array(list(verdicts.values()), pa.int64()),
-            }
-            yield _rows(COUNT, counted, len(verdicts))
+        codes, counts = screen.verdicts()
+        yield _rows(VERDICTS, {"code": codes, "records": counts}, len(codes))
 
     return run
-
-
-def _reject_columns(rows: pa.RecordBatch) -> dict[str, Any]:
-    return {name: rows.column(name) for name in REJECT_FIELDS}
-
-
-def _duplicates(rows: pa.RecordBatch, first: np.ndarray) -> pa.RecordBatch:
-    """Reject rows for later repeats of a key (``first``: the row each repeats)."""
-    destination, message_id = rows.column("destination"), rows.column("message_id")
-    messages = [
-        Repeats.message(m, d, int(f))
-        for m, d, f in zip(message_id.to_pylist(), destination.to_pylist(), first, strict=True)
-    ]
-    columns = _reject_columns(rows)
-    columns["code"] = pa.array([DUPLICATE] * rows.num_rows, pa.string())
-    columns["message"] = pa.array(messages, pa.string())
-    return _rows(DUPLICATE_ROW, columns, rows.num_rows)
