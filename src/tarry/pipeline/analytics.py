@@ -27,14 +27,14 @@ pending messages counted per minute of falling due, not from the pending message
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tarry.errors import InvalidArgument
 from tarry.pipeline.progress import SparkProgress
 from tarry.pipeline.report_html import render_report
+from tarry.pipeline.session import session_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -299,22 +299,6 @@ def _rows(frame: DataFrame) -> list[dict[str, Any]]:
     return [row.asDict() for row in frame.collect()]
 
 
-@contextmanager
-def _settings(spark: SparkSession, values: Mapping[str, str]) -> Iterator[None]:
-    """Session settings for the duration of a block, then the previous values again."""
-    before = {key: spark.conf.get(key, None) for key in values}
-    for key, value in values.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, previous in before.items():
-            if previous is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, previous)
-
-
 def run_report(
     spark: SparkSession,
     paths: Sequence[Path],
@@ -326,7 +310,7 @@ def run_report(
     """Read the journals, write every table as Parquet and ``report.html``; return a summary."""
     cores = spark.sparkContext.defaultParallelism
     settings = {**_READ_SETTINGS, "spark.sql.files.minPartitionNum": str(_TASKS_PER_CORE * cores)}
-    with _settings(spark, settings):
+    with session_settings(spark, settings):
         return _run_report(spark, paths, out_dir, now_ms=now_ms, progress=progress)
 
 

@@ -33,6 +33,7 @@ from tarry.pipeline.catalog import views_to_json
 from tarry.pipeline.dedupe import Repeats, find_repeats, possible_repeats, split_duplicates
 from tarry.pipeline.progress import SparkProgress
 from tarry.pipeline.screen import DUPLICATE_ROW, REJECT, VERDICTS
+from tarry.pipeline.session import session_settings
 from tarry.pipeline.sink_http import SENT_DDL, SinkSettings, sender
 from tarry.pipeline.sink_log import (
     FILE,
@@ -154,7 +155,10 @@ def _later_repeats(
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    with show.phase("dedupe"):
+    # Nearly every key hash is distinct: the partial aggregation before the shuffle saves no
+    # rows and costs 40 % of the job's CPU (13.3 against 8.3 CPU s at 10M rows, local[2]).
+    one_phase = {"spark.sql.execution.bypassPartialAggregation": "true"}
+    with show.phase("dedupe"), session_settings(spark, one_phase):
         # Kept: find_repeats reads it twice (the key grouping and its semi-join).
         verdict = (
             possible_repeats(frame)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +26,7 @@ from tarry.errors import Unavailable
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SparkSettings", "spark_session", "stop_session"]
+__all__ = ["SparkSettings", "session_settings", "spark_session", "stop_session"]
 
 _QUIET_LOG4J = """\
 rootLogger.level = error
@@ -117,3 +119,20 @@ def stop_session() -> None:
     active = SparkSession.getActiveSession()
     if active is not None:
         active.stop()
+
+
+@contextmanager
+def session_settings(spark: SparkSession, values: Mapping[str, str]) -> Iterator[None]:
+    """Session settings for the duration of a block, then the previous values again (a query is
+    planned with the settings of the moment it runs or is ``persist``ed)."""
+    before = {key: spark.conf.get(key, None) for key in values}
+    for key, value in values.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, previous in before.items():
+            if previous is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, previous)
