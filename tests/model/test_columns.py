@@ -246,3 +246,31 @@ def test_large_strings_are_column_wise_too(kind: pa.DataType) -> None:
     got = check_columns(batch, now_ms=NOW, views=VIEWS)
     assert not got.by_row.any()
     assert got.code.to_pylist() == [None, "unknown_destination"]
+
+
+def test_a_batch_with_refused_rows_is_freed_after_its_check() -> None:
+    # Given a batch where one row names an invalid destination and one fails one at a time
+    import gc
+
+    n = 20_000
+    names = ["q"] * n
+    names[0], names[1] = "bad name!", "q"
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "destination": pa.array(names),
+            "body": pa.array([f"body {i}" for i in range(n)]),
+            "delay_ms": pa.array([1_000] * n, pa.int64()),
+            "headers": pa.array(['{"k": "v"}'] + [None] * (n - 1)),
+        }
+    )
+    gc.collect()
+    before = pa.total_allocated_bytes()
+    # When it is checked several times and the results dropped
+    for _ in range(5):
+        checked = check_columns(batch, now_ms=NOW, views=VIEWS)
+        assert checked.code[0].as_py() == "invalid_argument"
+        del checked
+    gc.collect()
+    # Then nothing of those checks stays in memory (a refusal kept its traceback, whose frames
+    # held the columns, in an object array the collector cannot traverse)
+    assert pa.total_allocated_bytes() - before < 64 * 1024

@@ -132,7 +132,10 @@ class _Marks:
 
     def refuse(self, where: np.ndarray, error: TarryError) -> None:
         hit = where & ~self.decided
-        self.error[hit] = error
+        # Without its traceback: the frames it holds reach this object array, a cycle the
+        # garbage collector cannot see through (numpy does not traverse object arrays), so
+        # every batch with a refused row stayed in memory for good.
+        self.error[hit] = error.with_traceback(None)
         self.decided |= hit
 
     def codes(self) -> tuple[pa.Array, pa.Array]:
@@ -427,7 +430,7 @@ class _OneAtATime:
                     limits=self.limits,
                 )
             except TarryError as exc:
-                marks.error[i] = exc
+                marks.error[i] = exc.with_traceback(None)  # see _Marks.refuse
                 continue
             got = out.rows
             got["destination"][i] = name
