@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.state import MessageState
@@ -213,6 +215,32 @@ async def test_cancel_and_reschedule_survive_a_restart(tmp_path: Path) -> None:
     assert await store.fetch_due(NOW + G, limit=10, lease_ms=10) == []
     [due] = await store.fetch_due(NOW + 3 * G, limit=10, lease_ms=10)
     assert due.id == moved.id
+    assert await store.check() == []
+    await store.close()
+
+
+@pytest.mark.parametrize("how", ["crash", "closed"])
+async def test_a_failed_message_waits_out_its_back_off_across_a_restart(
+    tmp_path: Path, how: str
+) -> None:
+    # Given a message whose delivery failed, to be tried again 5 s later, and no snapshot since
+    # (a snapshot indexes a held message at its retry time; the log has only the FAILED marker)
+    store = await opened(tmp_path, snapshot_interval_ms=10**15)
+    m = message(NOW + 10)
+    await store.store([m])
+    await store.fetch_due(NOW + 10, limit=1, lease_ms=30_000)
+    assert await store.record_failure(m.id, error="refused", retry_at_ms=NOW + 5_000) == 1
+    # When the store restarts before then: from the log alone, or from the closing snapshot
+    if how == "crash":
+        await crash(store)
+    else:
+        await store.close()
+    store = await opened(tmp_path)
+    # Then it is not tried again before its retry time, and keeps its count and error
+    assert await store.fetch_due(NOW + 4_999, limit=10, lease_ms=10) == []
+    assert await store.next_due_time() == NOW + 5_000
+    [again] = await store.fetch_due(NOW + 5_000, limit=10, lease_ms=10)
+    assert (again.id, again.failures, again.last_error) == (m.id, 1, "refused")
     assert await store.check() == []
     await store.close()
 

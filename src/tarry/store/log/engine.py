@@ -40,7 +40,7 @@ from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.log import clean, cleanup
 from tarry.store.log.adopt import adopt_imports
-from tarry.store.log.held import STATE_CODES, Group, Held, dedupe_hash
+from tarry.store.log.held import STATE_CODES, Failure, Group, Held, dedupe_hash
 from tarry.store.log.index import DueIndex
 from tarry.store.log.locate import Located, list_page, locate
 from tarry.store.log.partition import Partition, split
@@ -370,9 +370,12 @@ class LogStore:
         for held, message in zip(helds, self._read_messages(helds), strict=True):
             if message is None:
                 continue
-            failures = self.state.failures.get(message.id)
-            if failures:
-                message.failures, message.last_error = failures
+            failure = self.state.failures.get(message.id)
+            if failure is not None:
+                if failure.retry_at_ms > now_ms:  # a back-off that outlived a restart
+                    self._wait(message.id, held, failure.retry_at_ms)
+                    continue
+                message.failures, message.last_error = failure.attempts, failure.error
             held.destination, held.until = message.destination, now_ms + lease_ms
             self._claims[message.id] = held
             out.append(message)
@@ -536,11 +539,12 @@ class LogStore:
         held = self._claims.pop(message_id, None)
         if held is None:
             return 0
-        count = self.state.failures.get(message_id, (0, ""))[0] + 1
+        before = self.state.failures.get(message_id)
+        count = (before.attempts if before else 0) + 1
         marker = encode_marker(
             FAILED, message_id, held.pos, retry_at_ms, failures=count, error=error[:2000]
         )
-        self.state.failures[message_id] = (count, error[:2000])
+        self.state.failures[message_id] = Failure(count, error[:2000], retry_at_ms)
         self._wait(message_id, held, retry_at_ms)
         await self.writer.append([(self.partitions[held.number], marker)], durable=False)
         return count

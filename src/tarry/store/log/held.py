@@ -1,18 +1,20 @@
 """Small value types and codes of the log store: ``Held`` (a pending message outside its
-partition's index), ``Group`` (what one ``store`` call appends to one partition), the numeric
+partition's index), ``Failure`` (a message's failed attempts and when it may be tried again),
+``Group`` (what one ``store`` call appends to one partition), the numeric
 codes of end states in RELEASED markers, and the de-duplication hash."""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.store.log.partition import Partition
 from tarry.store.sqlite.rows import dedupe_key
 
-__all__ = ["STATE_CODES", "Group", "Held", "dedupe_hash", "state_of_code"]
+__all__ = ["STATE_CODES", "Failure", "Group", "Held", "dedupe_hash", "state_of_code"]
 
 #: End state → the number a RELEASED marker stores (stable: append new states at the end).
 STATE_CODES = {s: i for i, s in enumerate(MessageState)}
@@ -30,6 +32,16 @@ def dedupe_hash(message: Message) -> int:
         return 0
     value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
     return (value & ((1 << 63) - 1)) or 1
+
+
+class Failure(NamedTuple):
+    """What a FAILED marker records: kept in the state and the snapshot's manifest, so a
+    restart neither forgets the count nor retries before the back-off ends."""
+
+    attempts: int
+    error: str
+    #: 0 in manifests written before the retry time was kept: try again at once, as then.
+    retry_at_ms: int = 0
 
 
 @dataclass(slots=True)

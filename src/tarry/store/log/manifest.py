@@ -5,7 +5,8 @@ File layout: ``MAGIC`` (8 bytes) · version:u32 · crc32c:u32 of the body · bod
 ``{"seq", "created_ms", "parts": [{"name", "bytes", "crc"}], "partitions": {number:
 {"sizes", "total", "finished"}}, "indexed": {number: [first_part, part_count, entries]},
 "dedupe": [first_part, part_count, entries], "scheduled": {destination: n}, "failures": {id:
-[count, error]}, "forwards": {id: due_ms}}``.
+[count, error, retry_at_ms]}, "forwards": {id: due_ms}}`` (a failure of two items, from an
+older tarry, retries at once).
 """
 
 from __future__ import annotations

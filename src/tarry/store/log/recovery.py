@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tarry.store.log.held import Failure
 from tarry.store.log.index import DueIndex
 from tarry.store.log.manifest import Manifest, ManifestError
 from tarry.store.log.partition import Partition, position
@@ -48,7 +49,7 @@ class Recovered:
     manifest: Manifest | None = None
     dedupe: dict[int, str] = field(default_factory=dict)
     scheduled: Counter[str] = field(default_factory=Counter)
-    failures: dict[str, tuple[int, str]] = field(default_factory=dict)
+    failures: dict[str, Failure] = field(default_factory=dict)
     forwards: dict[str, int] = field(default_factory=dict)
     #: Damaged files, one line each: what ``health`` and ``tarry store verify`` report.
     damaged: list[str] = field(default_factory=list)
@@ -91,7 +92,10 @@ def load_snapshot(root: Path, partitions: dict[int, Partition], out: Recovered) 
                 partition.index = DueIndex(*indexes[number])
         out.dedupe = dict(zip(hashes.tolist(), (i.decode() for i in ids.tolist()), strict=True))
         out.scheduled = Counter(manifest.scheduled)
-        out.failures = {k: (int(v[0]), str(v[1])) for k, v in manifest.failures.items()}
+        out.failures = {
+            k: Failure(int(v[0]), str(v[1]), int(v[2]) if len(v) > 2 else 0)
+            for k, v in manifest.failures.items()
+        }
         out.forwards = dict(manifest.forwards)
         # Applied: keep the manifest's name and parts, not its per-partition copy.
         manifest.partitions, manifest.failures, manifest.forwards = {}, {}, {}
@@ -236,7 +240,7 @@ def replay(
                 if kind == MOVED:
                     out.forwards[item.id] = value
             elif kind == FAILED:
-                out.failures[item.id] = item.failure()
+                out.failures[item.id] = Failure(*item.failure(), item.marker()[1])
         sizes.append(size)
     if not index_only:
         partition.sizes = sizes
