@@ -177,3 +177,60 @@ def test_offline_import_drops_repeats_across_tasks_and_sorts_each_file(
     assert sorted(json.loads(r["record"])["body"] for r in plan) == sorted(
         f"row {i}" for i in range(150)
     )
+
+
+def test_offline_import_keeps_the_first_accepted_row_of_each_key_given_or_derived(
+    spark: Any, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tarry.model.validate import DestinationView, TargetView
+    from tarry.pipeline.bulk_import import ImportOptions, run_import
+    from tarry.pipeline.records import decode_row, derived_message_id
+    from tarry.pipeline.sink_log import LogSinkSettings
+
+    # Given a key first held by a refused row, rows without a message_id (derived from their
+    # content), a given id equal to a derived one, and the same id for another destination
+    now, width = 1_800_000_000_000, 60_000
+    derived = derived_message_id(decode_row({"destination": "q", "body": "x", "delay_ms": 1000}))
+    rows: list[dict[str, Any]] = [
+        {"destination": "q", "message_id": "a", "delay_ms": 5000, "ttl_ms": 1},  # expiry_error
+        {"destination": "q", "message_id": "a", "delay_ms": 2000},  # the first accepted "a"
+        {"destination": "q", "message_id": "a", "delay_ms": 3000},  # repeats row 1
+        {"destination": "q", "body": "x", "delay_ms": 1000},  # derived id
+        {"destination": "q", "body": "x", "delay_ms": 1000},  # repeats row 3
+        {"destination": "q", "message_id": derived, "delay_ms": 4000},  # repeats row 3
+        {"destination": "r", "message_id": "a", "delay_ms": 2000},  # another key
+        {"destination": "q", "message_id": "b", "delay_ms": 2000},
+    ]
+    schema = pa.schema(
+        [("destination", pa.string()), ("message_id", pa.string()), ("body", pa.string())]
+        + [("delay_ms", pa.int64()), ("ttl_ms", pa.int64())]
+    )
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "in.parquet")
+    area = tmp_path / "data" / "log" / "imports" / "import-test"
+    options = ImportOptions(
+        input=tmp_path / "in.parquet",
+        rejects_dir=tmp_path / "rejects",
+        log_sink=LogSinkSettings(area=area, granularity_ms=width, now_ms=now),
+        partition_ms=width,
+    )
+    views = {name: DestinationView(name, "queue", (TargetView(name),)) for name in ("q", "r")}
+    # When imported offline
+    summary = run_import(spark, options, now_ms=now, resolve_views=lambda _: views)
+    # Then the first accepted row of each key is imported and every later one is a duplicate
+    # naming it (one input split: the rows' ids are their positions)
+    assert (summary.rows_read, summary.accepted, summary.duplicates) == (8, 4, 3)
+    assert summary.rejected == {"expiry_error": 1} and summary.copies == 4
+    rejects = sorted(pq.read_table(tmp_path / "rejects").to_pylist(), key=lambda r: r["row"])
+    assert [(r["row"], r["code"], r["message_id"]) for r in rejects] == [
+        (0, "expiry_error", "a"),
+        (2, "duplicate", "a"),
+        (4, "duplicate", derived),
+        (5, "duplicate", derived),
+    ]
+    assert ["repeats input row 1" in rejects[1]["message"]] + [
+        "repeats input row 3" in r["message"] for r in rejects[2:]
+    ] == [True, True, True]
+    assert all(r["record"] for r in rejects)

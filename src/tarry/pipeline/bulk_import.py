@@ -2,12 +2,14 @@
 fan out and partition → load into tarry → rejects and a summary.
 
 The Spark jobs, in order: (1) the destinations named (the catalog snapshot); (2) the rules;
-(3) de-duplication, an aggregation of the keys; (4) the sink; (5) the rejects. Two shapes:
+(3) de-duplication, an aggregation of the keys; (4) the sink; (5) the rejects (offline, (2) and
+(3) are one job, over the possible repeats only). Two shapes:
 
-- offline (``--into``): map-only. The rules' narrow verdicts (row, key, code; the record only
-  of rejected rows) are kept for the counts, the repeated keys and the rejects; the later
-  repeats (few) go to every task, which checks its input again and writes its own segment files
-  (``sink_log``). No whole row is shuffled or kept.
+- offline (``--into``): map-only, the rules run once per row. The rows that may share a key
+  are found from the raw key columns (a hash aggregation in the JVM, no rules); the rules run
+  on those few to find the later repeats exactly, which go to every task; each task then checks
+  its input and writes its own segment files, its rejects and its counts (``sink_log``). No
+  whole row is shuffled, and only the few possible repeats are kept.
 - online (``--to``) and the Parquet plan alone: the checked rows, whole, are kept (``persist``)
   for the sends and the plan.
 """
@@ -25,13 +27,15 @@ import pyarrow as pa
 from tarry.errors import InvalidArgument
 from tarry.model.validate import DestinationView
 from tarry.pipeline.catalog import views_to_json
-from tarry.pipeline.dedupe import find_repeats, split_duplicates
+from tarry.pipeline.dedupe import find_repeats, possible_repeats, split_duplicates
 from tarry.pipeline.progress import SparkProgress
 from tarry.pipeline.sink_http import ALREADY_THERE, CREATED, SENT_DDL, SinkSettings, sender
 from tarry.pipeline.sink_log import (
+    COUNT,
     DUPLICATE_ROW,
     FILE,
     FILE_FIELDS,
+    REJECT,
     SPAN,
     WRITTEN_DDL,
     LogSinkSettings,
@@ -126,18 +130,22 @@ def _import_offline(
     summary: ImportSummary,
     kept: list[Releasable],
 ) -> DataFrame:
-    """The offline sink, map-only: the rules' narrow verdicts (kept) give the counts and the
-    repeated keys; then every task checks its input again and writes its own sorted segment
-    files (``sink_log``), so no row is shuffled whole. Writes ``IMPORT`` last; returns the
-    rejects."""
+    """The offline sink, map-only: the rules run on the possible repeats (kept) to find the
+    later ones; then every task checks its input and writes its own sorted segment files, its
+    rejects and its counts (``sink_log``), so no row is shuffled whole. Writes ``IMPORT`` last;
+    returns the rejects."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from tarry.store.log.adopt import ImportManifest, write_manifest
 
-    verdict = frame.mapInArrow(verdicts(rules), VERDICT_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+    # Kept: find_repeats reads it twice (the hash grouping and its semi-join).
+    verdict = (
+        possible_repeats(frame)
+        .mapInArrow(verdicts(rules), VERDICT_DDL)
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
     kept.append(verdict)
-    valid = _count_verdicts(verdict, show, summary)
     with show.phase("dedupe"):
         repeats = find_repeats(verdict.where(F.col("code").isNull()))
     shared = spark.sparkContext.broadcast(repeats)
@@ -149,12 +157,19 @@ def _import_offline(
     ).persist(StorageLevel.MEMORY_AND_DISK)
     kept.append(written)
     with show.phase("segments"):
-        reports = written.where(F.col("kind") != DUPLICATE_ROW).collect()
+        reports = written.where(~F.col("kind").isin(REJECT, DUPLICATE_ROW)).collect()
         files = [{k: r[k] for k in FILE_FIELDS} for r in reports if r["kind"] == FILE]
         write_manifest(
             settings.area,
             ImportManifest(settings.area.name, settings.now_ms, settings.granularity_ms, files),
         )
+    by_code: dict[str | None, int] = {}
+    for r in reports:
+        if r["kind"] == COUNT:  # each task's rows by verdict (null: accepted)
+            by_code[r["code"]] = by_code.get(r["code"], 0) + int(r["records"])
+    summary.rows_read = sum(by_code.values())
+    valid = by_code.pop(None, 0)
+    summary.rejected = {code: n for code, n in by_code.items() if code is not None}
     summary.files = len(files)
     summary.import_area = str(settings.area)
     summary.duplicates = len(repeats)
@@ -173,8 +188,7 @@ def _import_offline(
                 checked.where(F.col("code").isNull()).join(later, ROW, "left_anti"),
                 options.plan_dir,
             )
-    rejected = _rejects(verdict.where(F.col("code").isNotNull()))
-    return rejected.unionByName(_rejects(written.where(F.col("kind") == DUPLICATE_ROW)))
+    return _rejects(written.where(F.col("kind").isin(REJECT, DUPLICATE_ROW)))
 
 
 def run_import(

@@ -1,5 +1,11 @@
 """De-duplication by (destination, message_id), the server's idempotency key: the first row in
-input order is imported; every later one becomes a ``duplicate`` reject naming the kept row."""
+input order is imported; every later one becomes a ``duplicate`` reject naming the kept row.
+
+Only accepted rows count, and an accepted row's key is its destination and message_id as read
+(or, without a message_id, one derived from its content). So the rows that can share a key are
+found from the raw key columns alone (``possible_repeats``, in the JVM); the rules then run on
+those few only before ``find_repeats`` compares the accepted ones' keys exactly.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,13 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow.compute as pc
 
+from tarry.pipeline.records import DERIVED_PREFIX
 from tarry.pipeline.sources import ROW
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["DUPLICATE", "Repeats", "find_repeats", "split_duplicates"]
+__all__ = ["DUPLICATE", "Repeats", "find_repeats", "possible_repeats", "split_duplicates"]
 
 #: The code of a row dropped as a repeat (not an API error: the server answers a repeat with the
 #: first message, and so does the import).
@@ -62,6 +69,39 @@ def _repeated(accepted: DataFrame) -> DataFrame:
         .groupBy(*_KEY)
         .agg(F.min(ROW).alias("_first"), F.count(F.lit(1)).alias("_n"))
         .where("_n > 1")
+    )
+
+
+def possible_repeats(rows: DataFrame) -> DataFrame:
+    """The input ``rows`` that may share their key with another accepted row: a superset of the
+    rows ``find_repeats`` needs, found without the rules (column pruning reads only the key).
+
+    An accepted row's key is its destination and message_id as read (both text: the rules
+    refuse other types), so two accepted rows with the same given key share the 64-bit hash of
+    the raw columns. A row without a message_id gets one derived from its content, which may
+    also equal a given id with the same prefix: those rows are always kept."""
+    from pyspark.sql import functions as F
+
+    if "message_id" not in rows.columns:
+        return rows  # every key is derived from the content
+    given = F.col("message_id")
+    key_hash = F.xxhash64(*_KEY)
+    repeated = (
+        rows.where(given.isNotNull())
+        .groupBy(key_hash.alias("_hash"))
+        .count()
+        .where("count > 1")
+        .select("_hash", F.lit(True).alias("_repeated"))
+    )
+    return (
+        rows.withColumn("_hash", key_hash)
+        .join(F.broadcast(repeated), "_hash", "left")
+        .where(
+            F.col("_repeated").isNotNull()
+            | given.isNull()
+            | given.cast("string").startswith(DERIVED_PREFIX)
+        )
+        .drop("_hash", "_repeated")
     )
 
 

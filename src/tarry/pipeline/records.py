@@ -18,7 +18,10 @@ import orjson
 from tarry.client._base import body_fields
 from tarry.errors import InvalidArgument
 
-__all__ = ["decode_row", "derived_message_id", "record_json"]
+__all__ = ["DERIVED_PREFIX", "decode_row", "derived_message_id", "record_json"]
+
+#: How every derived message_id begins (a given one may begin so too).
+DERIVED_PREFIX = "imp-"
 
 _INT_FIELDS = ("delay_ms", "ttl_ms")
 _BOOL_FIELDS = ("retain", "persistent")
@@ -76,7 +79,7 @@ def derived_message_id(data: Mapping[str, Any]) -> str:
     same import again finds the messages the first run stored (the server de-duplicates on
     (destination, message_id))."""
     content = record_json({k: v for k, v in data.items() if k != "message_id"})
-    return "imp-" + hashlib.blake2b(content, digest_size=16).hexdigest()
+    return DERIVED_PREFIX + hashlib.blake2b(content, digest_size=16).hexdigest()
 
 
 def _default(value: Any) -> Any:

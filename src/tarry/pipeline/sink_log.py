@@ -4,22 +4,25 @@ import area, ``<data_dir>/log/imports/<import>/``, that the store adopts at its 
 (``tarry.store.log.adopt``: all or nothing, every file verified against the import manifest,
 whose layout is described there).
 
-The writer is map-only: each executor task reads its own share of the input, runs the model's
-rules on it again (``validation.check_batch``: cheaper than keeping or shuffling the checked
-rows), drops the rejected rows and the later repeats (``dedupe.Repeats``, found beforehand from
-the keys alone), encodes the copies column-wise (``tarry.store.log.record_columns``: the same
+The writer is map-only and the one pass of the rules over every row: each executor task reads
+its own share of the input, runs the model's rules on it (``validation.check_batch``), yields
+the rejected rows and the later repeats (``dedupe.Repeats``, found beforehand from the keys
+alone) as reject rows with the record the rejects dataset keeps, counts its rows by verdict,
+encodes the copies of the kept rows column-wise (``tarry.store.log.record_columns``: the same
 bytes as ``encode_message``) and keeps them in memory until ``flush_bytes``; then it sorts them
 by (time partition, due time) and writes one file per time partition it holds. So a partition
 gets several files (one per task and flush), each sorted by due time. Each file is reported with
 its name, size, CRC32C and record count; the driver writes ``IMPORT`` from those reports, so
 files of a failed task attempt are never named (and adoption deletes the whole area afterwards).
-The repeats come out as reject rows too, with the record the rejects dataset keeps.
+The counts are output rows too, not accumulators, for the same reason: only the attempt that
+succeeded is counted.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +41,10 @@ from tarry.pipeline.validation import ImportRules, check_batch
 from tarry.store.log.record_columns import MessageColumns, dedupe_hashes, encode_message_columns
 
 __all__ = [
+    "COUNT",
     "DUPLICATE_ROW",
     "FILE",
+    "REJECT",
     "FILE_FIELDS",
     "SPAN",
     "WRITTEN_DDL",
@@ -49,10 +54,12 @@ __all__ = [
 ]
 
 #: What the writer yields, one row each: a ``FILE`` written (name, partition number, bytes,
-#: crc, records), a ``DUPLICATE_ROW`` (a reject: row, code, message, destination, message_id,
-#: record), a ``SPAN`` (``partition``: the start of an import partition, ``partition_ms`` wide,
-#: that a kept row falls into).
-FILE, DUPLICATE_ROW, SPAN = "file", "duplicate", "span"
+#: crc, records), a ``REJECT`` (a row the rules refused: row, code, message, destination,
+#: message_id, record), a ``DUPLICATE_ROW`` (a later repeat, as a reject with the same fields),
+#: a ``SPAN`` (``partition``: the start of an import partition, ``partition_ms`` wide, that a
+#: kept row falls into), a ``COUNT`` (``records``: how many of the task's rows got the verdict
+#: ``code``, null for accepted, repeats included).
+FILE, REJECT, DUPLICATE_ROW, SPAN, COUNT = "file", "reject", "duplicate", "span", "count"
 WRITTEN_SCHEMA = pa.schema(
     [
         ("kind", pa.string()),
@@ -208,13 +215,20 @@ def import_writer(
         held = _Held(settings, uuid.uuid4().hex[:12])
         reports: list[dict[str, Any]] = []
         spans: set[int] = set()
+        verdicts: Counter[str | None] = Counter()
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             first = later_rows.first_of(batch.column(ROW).to_numpy())
             # the record only for the rejects: rejected rows (dropped here) and repeats
             checked = check_batch(batch, rules, views, record_for=first >= 0)
-            accepted = np.asarray(checked.column("code").is_null().to_numpy(zero_copy_only=False))
+            code = checked.column("code")
+            accepted = np.asarray(code.is_null().to_numpy(zero_copy_only=False))
+            verdicts[None] += int(accepted.sum())
+            if not accepted.all():
+                refused = checked.filter(pa.array(~accepted))
+                verdicts.update(refused.column("code").to_pylist())
+                yield _rows(REJECT, _reject_columns(refused), refused.num_rows)
             later = accepted & (first >= 0)
             if later.any():
                 yield _duplicates(checked.filter(pa.array(later)), first[later])
@@ -233,8 +247,22 @@ def import_writer(
             yield _rows(FILE, columns, len(reports))
         if spans:
             yield _rows(SPAN, {"partition": pa.array(sorted(spans), pa.int64())}, len(spans))
+        if verdicts:
+            counted = {
+                "code": pa.array(list(verdicts), pa.string()),
+                "records": pa.array(list(verdicts.values()), pa.int64()),
+            }
+            yield _rows(COUNT, counted, len(verdicts))
 
     return run
+
+
+#: The fields of a reject, as the rejects dataset keeps them (with ``kind``'s row as ``row``).
+REJECT_FIELDS = (ROW, "code", "message", "destination", "message_id", "record")
+
+
+def _reject_columns(rows: pa.RecordBatch) -> dict[str, Any]:
+    return {name: rows.column(name) for name in REJECT_FIELDS}
 
 
 def _duplicates(rows: pa.RecordBatch, first: np.ndarray) -> pa.RecordBatch:
@@ -244,12 +272,7 @@ def _duplicates(rows: pa.RecordBatch, first: np.ndarray) -> pa.RecordBatch:
         Repeats.message(m, d, int(f))
         for m, d, f in zip(message_id.to_pylist(), destination.to_pylist(), first, strict=True)
     ]
-    columns = {
-        ROW: rows.column(ROW),
-        "code": pa.array([DUPLICATE] * rows.num_rows, pa.string()),
-        "message": pa.array(messages, pa.string()),
-        "destination": destination,
-        "message_id": message_id,
-        "record": rows.column("record"),
-    }
+    columns = _reject_columns(rows)
+    columns["code"] = pa.array([DUPLICATE] * rows.num_rows, pa.string())
+    columns["message"] = pa.array(messages, pa.string())
     return _rows(DUPLICATE_ROW, columns, rows.num_rows)

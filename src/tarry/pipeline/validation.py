@@ -66,7 +66,7 @@ CHECKED_DDL = (
     "report string, discard boolean, persistent boolean"
 )
 #: ``verdicts``' narrow rows: the rules' answer without the message itself (``record``, the
-#: input row as JSON, only for rejected rows, which the rejects dataset keeps).
+#: input row as JSON, only for rejected rows).
 VERDICT_COLUMNS = (ROW, "destination", "message_id", "code", "message", "record")
 VERDICT_SCHEMA = pa.schema([CHECKED_SCHEMA.field(name) for name in VERDICT_COLUMNS])
 VERDICT_DDL = (
@@ -251,8 +251,9 @@ def checker(rules: ImportRules) -> Callable[[Iterator[pa.RecordBatch]], Iterator
 
 def verdicts(rules: ImportRules) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function for ``DataFrame.mapInArrow``: input batches in, ``VERDICT_SCHEMA`` batches
-    out, one row per input row. Narrow on purpose: what the counts, the de-duplication and the
-    rejects need, cheap to keep; the offline sink runs the rules again where it writes."""
+    out, one row per input row. Narrow on purpose: what the de-duplication of the offline sink
+    needs of the possible repeats (``dedupe.possible_repeats``), cheap to keep; the sink runs
+    the rules again where it writes."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         views = views_from_json(rules.views)
