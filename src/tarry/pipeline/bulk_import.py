@@ -139,14 +139,14 @@ def _import_offline(
 
     from tarry.store.log.adopt import ImportManifest, write_manifest
 
-    # Kept: find_repeats reads it twice (the hash grouping and its semi-join).
-    verdict = (
-        possible_repeats(frame)
-        .mapInArrow(verdicts(rules), VERDICT_DDL)
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    )
-    kept.append(verdict)
     with show.phase("dedupe"):
+        # Kept: find_repeats reads it twice (the hash grouping and its semi-join).
+        verdict = (
+            possible_repeats(frame)
+            .mapInArrow(verdicts(rules), VERDICT_DDL)
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        kept.append(verdict)
         repeats = find_repeats(verdict.where(F.col("code").isNull()))
     shared = spark.sparkContext.broadcast(repeats)
     kept.append(shared)
