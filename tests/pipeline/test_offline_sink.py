@@ -234,3 +234,35 @@ def test_offline_import_keeps_the_first_accepted_row_of_each_key_given_or_derive
         "repeats input row 3" in r["message"] for r in rejects[2:]
     ] == [True, True, True]
     assert all(r["record"] for r in rejects)
+
+
+def test_offline_import_without_a_message_id_column_drops_identical_rows(
+    spark: Any, tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    from tarry.model.validate import DestinationView, TargetView
+    from tarry.pipeline.bulk_import import ImportOptions, run_import
+    from tarry.pipeline.sink_log import LogSinkSettings
+
+    # Given CSV rows with no message_id column, two of them the same
+    now, width = 1_800_000_000_000, 60_000
+    (tmp_path / "in.csv").write_text("destination,delay_ms,body\nq,1000,x\nq,1000,y\nq,1000,x\n")
+    options = ImportOptions(
+        input=tmp_path / "in.csv",
+        rejects_dir=tmp_path / "rejects",
+        log_sink=LogSinkSettings(
+            area=tmp_path / "data" / "log" / "imports" / "import-test",
+            granularity_ms=width,
+            now_ms=now,
+        ),
+        partition_ms=width,
+    )
+    view = {"q": DestinationView("q", "queue", (TargetView("q"),))}
+    # When imported offline
+    summary = run_import(spark, options, now_ms=now, resolve_views=lambda _: view)
+    # Then the repeat of the first row (same content, so the same derived id) is dropped
+    assert (summary.rows_read, summary.accepted, summary.duplicates) == (3, 2, 1)
+    [reject] = pq.read_table(tmp_path / "rejects").to_pylist()
+    assert reject["code"] == "duplicate" and reject["message_id"].startswith("imp-")
+    assert json.loads(reject["record"])["body"] == "x"
