@@ -6,10 +6,10 @@ The Spark jobs, in order: (1) the destinations named (the catalog snapshot); (2)
 (3) are one job, over the possible repeats only). Two shapes:
 
 - offline (``--into``): map-only, the rules run once per row. The rows that may share a key
-  are found from the raw key columns (a hash aggregation in the JVM, no rules); the rules run
-  on those few to find the later repeats exactly, which go to every task; each task then checks
-  its input and writes its own segment files, its rejects and its counts (``sink_log``). No
-  whole row is shuffled, and only the few possible repeats are kept.
+  are found from the raw key columns (their hashes, counted on the driver; no rules); the
+  rules run on those few to find the later repeats exactly, which go to every task; each task
+  then checks its input and writes its own segment files, its rejects and its counts
+  (``sink_log``). No whole row is shuffled, and only the few possible repeats are kept.
 - online (``--to``) and the Parquet plan alone: the checked rows, whole, are kept (``persist``)
   for the sends and the plan.
 """

@@ -3,8 +3,8 @@ input order is imported; every later one becomes a ``duplicate`` reject naming t
 
 Only accepted rows count, and an accepted row's key is its destination and message_id as read
 (or, without a message_id, one derived from its content). So the rows that can share a key are
-found from the raw key columns alone (``possible_repeats``, in the JVM); the rules then run on
-those few only before ``find_repeats`` compares the accepted ones' keys exactly.
+found from the raw key columns alone (``possible_repeats``, without the rules); the rules then
+run on those few only before ``find_repeats`` compares the accepted ones' keys exactly.
 """
 
 from __future__ import annotations

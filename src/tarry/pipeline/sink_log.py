@@ -44,8 +44,8 @@ __all__ = [
     "COUNT",
     "DUPLICATE_ROW",
     "FILE",
-    "REJECT",
     "FILE_FIELDS",
+    "REJECT",
     "SPAN",
     "WRITTEN_DDL",
     "LogSinkSettings",
@@ -81,6 +81,8 @@ WRITTEN_DDL = ", ".join(
 )
 #: The fields of a ``FILE`` row, as the import manifest lists them.
 FILE_FIELDS = ("name", "partition", "bytes", "crc", "records")
+#: The fields of a ``REJECT`` or ``DUPLICATE_ROW`` row.
+REJECT_FIELDS = (ROW, "code", "message", "destination", "message_id", "record")
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,10 +257,6 @@ def import_writer(
             yield _rows(COUNT, counted, len(verdicts))
 
     return run
-
-
-#: The fields of a reject, as the rejects dataset keeps them (with ``kind``'s row as ``row``).
-REJECT_FIELDS = (ROW, "code", "message", "destination", "message_id", "record")
 
 
 def _reject_columns(rows: pa.RecordBatch) -> dict[str, Any]:
