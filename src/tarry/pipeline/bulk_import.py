@@ -111,7 +111,7 @@ def _write_plan(first: DataFrame, path: Path) -> None:
 
 
 def _write_plan_without(
-    spark: SparkSession, frame: DataFrame, rules: ImportRules, dropped: DataFrame, path: Path
+    frame: DataFrame, rules: ImportRules, dropped: DataFrame, path: Path
 ) -> None:
     """The plan of the accepted rows but ``dropped`` (a frame of ``_row``: later repeats, rows
     the server refused), checked again from the input."""
@@ -226,7 +226,7 @@ def _import_offline(
     if options.plan_dir is not None:
         with show.phase("plan"):
             later = _later_rows(spark, repeats)
-            _write_plan_without(spark, frame, rules, later, options.plan_dir)
+            _write_plan_without(frame, rules, later, options.plan_dir)
     return _sink_rejects(written)
 
 
@@ -343,7 +343,7 @@ def _import_online(
             dropped = _later_rows(spark, repeats).unionByName(
                 sent.where(F.col("kind") == sink_http.REFUSED).select(ROW)
             )
-            _write_plan_without(spark, frame, rules, dropped, options.plan_dir)
+            _write_plan_without(frame, rules, dropped, options.plan_dir)
     return _sink_rejects(sent, sink_http.REFUSED)
 
 

@@ -21,7 +21,15 @@ from tarry.pipeline.dedupe import Repeats, duplicate_rejects
 from tarry.pipeline.sources import ROW
 from tarry.pipeline.validation import ImportRules, check_batch
 
-__all__ = ["DUPLICATE_ROW", "REJECT", "REJECT_FIELDS", "VERDICTS", "Screen"]
+__all__ = [
+    "DUPLICATE_ROW",
+    "REJECT",
+    "REJECT_FIELDS",
+    "VERDICTS",
+    "Screen",
+    "kind_rows",
+    "spark_ddl",
+]
 
 #: Kinds of a sink's output rows shared by both sinks: a ``REJECT`` (a row the rules refused),
 #: a ``DUPLICATE_ROW`` (a later repeat), a ``VERDICTS`` count (the task's rows with the verdict
@@ -31,6 +39,19 @@ REJECT, DUPLICATE_ROW, VERDICTS = "reject", "duplicate", "verdicts"
 REJECT_FIELDS = (ROW, "code", "message", "destination", "message_id", "record")
 
 Rejects = tuple[str, dict[str, Any], int]
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """The Spark DDL of a sink's output schema (its fields are text or 64-bit integers)."""
+    return ", ".join(f"{f.name} {'string' if f.type == pa.string() else 'long'}" for f in schema)
+
+
+def kind_rows(schema: pa.Schema, kind: str, columns: dict[str, Any], n: int) -> pa.RecordBatch:
+    """A batch of ``schema`` (a sink's output rows) of ``n`` rows of one ``kind``; the columns
+    not given are null."""
+    data = {f.name: columns.get(f.name, pa.nulls(n, f.type)) for f in schema}
+    data["kind"] = pa.array([kind] * n, pa.string())
+    return pa.RecordBatch.from_pydict(data, schema=schema)
 
 
 class Screen:

@@ -36,7 +36,7 @@ from tarry.client._base import auth_headers, raise_for_error, unreachable
 from tarry.dispatch.backoff import compute_backoff_ms
 from tarry.errors import TarryError, Unavailable
 from tarry.pipeline.dedupe import Repeats
-from tarry.pipeline.screen import VERDICTS, Screen
+from tarry.pipeline.screen import VERDICTS, Screen, kind_rows, spark_ddl
 from tarry.pipeline.sources import ROW
 from tarry.pipeline.validation import ImportRules
 
@@ -67,9 +67,7 @@ SENT_SCHEMA = pa.schema(
         ("record", pa.string()),
     ]
 )
-SENT_DDL = ", ".join(
-    f"{f.name} {'string' if f.type == pa.string() else 'long'}" for f in SENT_SCHEMA
-)
+SENT_DDL = spark_ddl(SENT_SCHEMA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +147,7 @@ def send_all(
 
 
 def _rows(kind: str, columns: dict[str, Any], n: int) -> pa.RecordBatch:
-    """A ``SENT_SCHEMA`` batch of ``n`` rows of one kind (columns not given are null)."""
-    data = {f.name: columns.get(f.name, pa.nulls(n, f.type)) for f in SENT_SCHEMA}
-    data["kind"] = pa.array([kind] * n, pa.string())
-    return pa.RecordBatch.from_pydict(data, schema=SENT_SCHEMA)
+    return kind_rows(SENT_SCHEMA, kind, columns, n)
 
 
 def _reported(

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from tarry.model.ids import IdGenerator
 from tarry.pipeline.dedupe import Repeats
-from tarry.pipeline.screen import VERDICTS, Screen
+from tarry.pipeline.screen import VERDICTS, Screen, kind_rows, spark_ddl
 from tarry.pipeline.sources import ROW
 from tarry.pipeline.validation import ImportRules
 from tarry.store.log.record_columns import MessageColumns, dedupe_hashes, encode_message_columns
@@ -67,9 +67,7 @@ WRITTEN_SCHEMA = pa.schema(
         ("record", pa.string()),
     ]
 )
-WRITTEN_DDL = ", ".join(
-    f"{f.name} {'string' if f.type == pa.string() else 'long'}" for f in WRITTEN_SCHEMA
-)
+WRITTEN_DDL = spark_ddl(WRITTEN_SCHEMA)
 #: The fields of a ``FILE`` row, as the import manifest lists them.
 FILE_FIELDS = ("name", "partition", "bytes", "crc", "records")
 
@@ -186,10 +184,7 @@ class _Held:
 
 
 def _rows(kind: str, columns: dict[str, Any], n: int) -> pa.RecordBatch:
-    """A ``WRITTEN_SCHEMA`` batch of ``n`` rows of one kind (columns not given are null)."""
-    data = {f.name: columns.get(f.name, pa.nulls(n, f.type)) for f in WRITTEN_SCHEMA}
-    data["kind"] = pa.array([kind] * n, pa.string())
-    return pa.RecordBatch.from_pydict(data, schema=WRITTEN_SCHEMA)
+    return kind_rows(WRITTEN_SCHEMA, kind, columns, n)
 
 
 def import_writer(
