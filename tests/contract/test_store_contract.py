@@ -136,6 +136,30 @@ async def test_a_repeated_message_id_for_the_same_destination_stores_nothing_new
     assert outcomes[1].message.id == first.id
 
 
+async def test_a_rerun_of_a_whole_batch_returns_each_kept_message_as_get_reads_it(store) -> None:
+    # More repeats than the log store finds one by one, some cancelled and some moved to a
+    # later partition since: the batch's answer must agree with ``get`` for every one.
+    first = [message(1000 + i, message_id=f"m-{i}") for i in range(30)]
+    await store.store(first)
+    for m in first[:5]:
+        await store.cancel(m.id, now_ms=NOW)
+    for m in first[5:10]:
+        await store.reschedule(m.id, deliver_at_ms=NOW + 600_000, now_ms=NOW)
+    rerun = [message(1000 + i, message_id=f"m-{i}") for i in range(30)]
+    outcomes = await store.store([*rerun, message(0, message_id="m-3")])
+    assert not any(o.created for o in outcomes)
+    assert [o.message.id for o in outcomes] == [m.id for m in first] + [first[3].id]
+    for outcome in outcomes:
+        kept = await store.get(outcome.message.id)
+        assert kept is not None
+        assert (outcome.message.state, outcome.message.deliver_at_ms) == (
+            kept.state,
+            kept.deliver_at_ms,
+        )
+    assert {o.message.state for o in outcomes[:5]} == {MessageState.CANCELLED}
+    assert {o.message.deliver_at_ms for o in outcomes[5:10]} == {NOW + 600_000}
+
+
 async def test_cancel_ends_a_scheduled_message_and_refuses_twice(store) -> None:
     m = message(1000)
     await store.store([m])

@@ -42,7 +42,7 @@ from tarry.store.log import clean, cleanup
 from tarry.store.log.adopt import adopt_imports
 from tarry.store.log.held import STATE_CODES, Failure, Group, Held, dedupe_hash
 from tarry.store.log.index import DueIndex
-from tarry.store.log.locate import Located, list_page, locate
+from tarry.store.log.locate import Located, list_page, locate, locate_many
 from tarry.store.log.partition import Partition, split
 from tarry.store.log.record import (
     CANCELLED,
@@ -229,19 +229,26 @@ class LogStore:
         keyed: list[tuple[int, Message]] = []
         dedupe = self.state.dedupe
         granularity = self.granularity_ms
-        for message in messages:
-            key = 0
-            if message.message_id is not None:
-                key = dedupe_hash(message)
+        keys = [dedupe_hash(m) if m.message_id is not None else 0 for m in messages]
+        kept_ids = [dedupe[key] for key in keys if key in dedupe]
+        # Repeats of pending messages are read back in one pass over each partition they name,
+        # before the loop: a rerun of an import repeats a whole batch.
+        kept = await self._locate_many(kept_ids) if kept_ids else {}
+        looked = set(kept_ids)
+        for message, key in zip(messages, keys, strict=True):
             if key:
                 writing = self._unwritten.get(key)
                 if writing is not None:  # the same key earlier in this or a concurrent batch
                     outcomes.append(StoreOutcome(replace(writing), False))
                     continue
                 if key in dedupe:
-                    kept = await self.get(dedupe[key])
-                    if kept is not None:
-                        outcomes.append(StoreOutcome(kept, False))
+                    kept_id = dedupe[key]
+                    if kept_id in kept:
+                        found: Message | None = kept[kept_id].message
+                    else:  # gone since, or named by a batch written while we looked
+                        found = None if kept_id in looked else await self.get(kept_id)
+                    if found is not None:
+                        outcomes.append(StoreOutcome(found, False))
                         continue
                 self._unwritten[key] = message
                 keyed.append((key, message))
@@ -557,6 +564,11 @@ class LogStore:
         if found is None:
             raise NotFound(f"no message with id {message_id}")
         return found
+
+    async def _locate_many(self, message_ids: builtins.list[str]) -> dict[str, Located]:
+        return await asyncio.get_running_loop().run_in_executor(
+            None, locate_many, self, message_ids
+        )
 
     def _refuse_claimed(self, message_id: str) -> None:
         if message_id in self._claims or message_id in self._leaving:

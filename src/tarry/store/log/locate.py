@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,13 +29,14 @@ from tarry.store.log.record import (
     decode_message,
     parse_record,
     scan,
+    scan_ids,
 )
 from tarry.store.sqlite.store import decode_cursor, page
 
 if TYPE_CHECKING:
     from tarry.store.log.engine import LogStore
 
-__all__ = ["Located", "list_page", "locate", "scan_partition"]
+__all__ = ["Located", "list_page", "locate", "locate_many", "scan_partition"]
 
 
 @dataclass
@@ -55,52 +56,94 @@ def _segments(partition: Partition) -> Iterator[tuple[int, bytes]]:
             continue
 
 
-def _records_of(partition: Partition, message_id: str) -> Iterator[tuple[int, Record]]:
-    needle = message_id.encode("ascii")
+#: Up to this many ids wanted in one partition, each is found with ``bytes.find``; more, and
+#: one ``scan`` of the partition's records is cheaper than a pass over its bytes per id.
+_FIND_MAX = 8
+
+
+def _records_of(partition: Partition, ids: set[str]) -> dict[str, list[tuple[int, Record]]]:
+    """Every record of each of ``ids`` in ``partition``, in log order (positions with them)."""
+    found: dict[str, list[tuple[int, Record]]] = {}
+    needles = {message_id.encode("ascii") for message_id in ids}
     for segment, data in _segments(partition):
-        at = data.find(needle)
-        while at >= 0:
-            got = parse_record(data, at - HEADER) if at >= HEADER else None
-            if isinstance(got, Record) and got.id == message_id:
-                yield position(segment, at - HEADER), got
-            at = data.find(needle, at + 1)
+        if len(ids) <= _FIND_MAX:
+            for message_id in ids:
+                needle = message_id.encode("ascii")
+                at = data.find(needle)
+                while at >= 0:
+                    got = parse_record(data, at - HEADER) if at >= HEADER else None
+                    if isinstance(got, Record) and got.id == message_id:
+                        found.setdefault(message_id, []).append(
+                            (position(segment, at - HEADER), got)
+                        )
+                    at = data.find(needle, at + 1)
+            continue
+        for record in scan_ids(data, needles):
+            found.setdefault(record.id, []).append((position(segment, record.offset), record))
+    return found
+
+
+@dataclass
+class _Trail:
+    """What one partition's records of an id say, read in log order."""
+
+    found: tuple[int, Record] | None = None
+    state: MessageState = MessageState.SCHEDULED
+    moved_to: int | None = None
+    failures: tuple[int, str] | None = None
+
+    def follow(self, pos: int, record: Record) -> None:
+        if record.kind == FAILED:
+            self.failures = record.failure()
+        elif record.kind == MESSAGE:
+            self.found, self.state, self.moved_to = (pos, record), MessageState.SCHEDULED, None
+        elif record.kind == RELEASED:
+            self.state = state_of_code(record.marker()[1])
+        elif record.kind == CANCELLED:
+            self.state = MessageState.CANCELLED
+        elif record.kind == MOVED:
+            self.moved_to = record.marker()[1]
+
+    def located(self, partition: Partition, pos: int, record: Record) -> Located:
+        message, _ = decode_message(record.payload)
+        message.state = self.state
+        if self.failures:
+            message.failures, message.last_error = self.failures
+        return Located(partition, pos, message.deliver_at_ms, message)
+
+
+def locate_many(store: LogStore, message_ids: Iterable[str]) -> dict[str, Located]:
+    """Each of ``message_ids`` that the store holds, found with one read of each partition the
+    ids name (a batch of repeated sends costs a pass per partition, not one per message)."""
+    granularity = store.granularity_ms
+    wanted: dict[int, set[str]] = {}
+    for message_id in message_ids:
+        due = id_due_ms(message_id)
+        if due is not None:
+            wanted.setdefault(due // granularity, set()).add(message_id)
+    located: dict[str, Located] = {}
+    for _ in range(1000):  # a chain of reschedules, never a loop
+        if not wanted:
+            break
+        moved: dict[int, set[str]] = {}
+        for number, ids in wanted.items():
+            partition = store.partitions.get(number)
+            if partition is None:
+                continue
+            for message_id, records in _records_of(partition, ids).items():
+                trail = _Trail()
+                for pos, record in records:
+                    trail.follow(pos, record)
+                if trail.moved_to is not None and trail.moved_to // granularity != number:
+                    moved.setdefault(trail.moved_to // granularity, set()).add(message_id)
+                elif trail.found is not None:
+                    located[message_id] = trail.located(partition, *trail.found)
+        wanted = moved
+    return located
 
 
 def locate(store: LogStore, message_id: str) -> Located | None:
-    due = id_due_ms(message_id)
-    if due is None:
-        return None
-    number = due // store.granularity_ms
-    for _ in range(1000):  # a chain of reschedules, never a loop
-        partition = store.partitions.get(number)
-        if partition is None:
-            return None
-        found: tuple[int, Record] | None = None
-        state = MessageState.SCHEDULED
-        moved_to: int | None = None
-        failures: tuple[int, str] | None = None
-        for pos, record in _records_of(partition, message_id):
-            if record.kind == FAILED:
-                failures = record.failure()
-            elif record.kind == MESSAGE:
-                found, state, moved_to = (pos, record), MessageState.SCHEDULED, None
-            elif record.kind == RELEASED:
-                state = state_of_code(record.marker()[1])
-            elif record.kind == CANCELLED:
-                state = MessageState.CANCELLED
-            elif record.kind == MOVED:
-                moved_to = record.marker()[1]
-        if moved_to is not None and moved_to // store.granularity_ms != number:
-            number = moved_to // store.granularity_ms
-            continue
-        if found is None:
-            return None
-        message, _ = decode_message(found[1].payload)
-        message.state = state
-        if failures:
-            message.failures, message.last_error = failures
-        return Located(partition, found[0], message.deliver_at_ms, message)
-    return None
+    return locate_many(store, (message_id,)).get(message_id)
 
 
 def scan_partition(store: LogStore, partition: Partition) -> list[Message]:
