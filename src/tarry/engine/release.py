@@ -32,7 +32,7 @@ from tarry.model.state import MessageState
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import StoreOutcome
 from tarry.store.sql import id_column, id_key
-from tarry.store.sqlite.rows import SELECT_SQL, dedupe_key, from_row
+from tarry.store.sqlite.rows import SELECT_SQL, dedupe_key, from_row, kept_by_dedupe_key
 from tarry.store.sqlite.store import list_rows, page
 
 if TYPE_CHECKING:
@@ -63,16 +63,7 @@ async def store_sends(engine: Engine, accepted: Accepted, now_ms: int) -> list[S
         return await engine.store.store(messages)  # nothing to de-duplicate or to record aside
     released: dict[str, Message] = {}
     if keys:
-
-        def look(conn: sqlite3.Connection) -> dict[str, Message]:
-            found = {}
-            for key in keys:
-                row = conn.execute(f"{SELECT_SQL} WHERE dedupe_key = ?", (key,)).fetchone()
-                if row is not None:
-                    found[key] = from_row(row)
-            return found
-
-        released = await engine.qdb.read(look)
+        released = await engine.qdb.read(lambda conn: kept_by_dedupe_key(conn, keys))
     fresh = [m for m in messages if dedupe_key(m) not in released]
     # A message a native route already handed to its broker (state delivered) is finished: its
     # record goes straight to the queue database, never into the delayed store to fall due.

@@ -21,6 +21,7 @@ __all__ = [
     "insert_released",
     "insert_rows",
     "is_plain",
+    "kept_by_dedupe_key",
     "to_insert",
 ]
 
@@ -269,6 +270,24 @@ def dedupe_key(message: Message) -> str | None:
     if message.message_id is None or message.deaths:
         return None
     return f"{message.topic or ''}\x1f{message.destination}\x1f{message.message_id}"
+
+
+#: Keys looked up per statement (well under SQLite's bound on parameters).
+_KEYS_PER_LOOKUP = 500
+_DEDUPE_AT = COLUMNS.index("dedupe_key")
+
+
+def kept_by_dedupe_key(conn: SqlConnection, keys: Iterable[str]) -> dict[str, Message]:
+    """The kept message of each of ``keys`` (``dedupe_key``) that a row holds: one statement
+    per 500 keys, not one per key (a batch of repeats is a rerun's every message)."""
+    wanted = list(keys)
+    found: dict[str, Message] = {}
+    for start in range(0, len(wanted), _KEYS_PER_LOOKUP):
+        chunk = wanted[start : start + _KEYS_PER_LOOKUP]
+        marks = ", ".join("?" * len(chunk))
+        for row in conn.execute(f"{SELECT_SQL} WHERE dedupe_key IN ({marks})", chunk):
+            found[row[_DEDUPE_AT]] = from_row(row)
+    return found
 
 
 _STATES = {state.value: state for state in MessageState}

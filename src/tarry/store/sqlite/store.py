@@ -9,6 +9,7 @@ import base64
 import builtins
 import sqlite3
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,7 +22,14 @@ from tarry.model.state import TERMINAL, MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.sql import SqlConnection, row_lock
 from tarry.store.sqlite.database import Database
-from tarry.store.sqlite.rows import SELECT_SQL, dedupe_key, from_row, insert_rows, to_insert
+from tarry.store.sqlite.rows import (
+    SELECT_SQL,
+    dedupe_key,
+    from_row,
+    insert_rows,
+    kept_by_dedupe_key,
+    to_insert,
+)
 
 __all__ = ["SQLiteStore", "decode_cursor", "encode_cursor", "insert_messages", "list_rows", "page"]
 
@@ -221,14 +229,15 @@ def insert_messages(conn: SqlConnection, messages: Sequence[Message]) -> list[St
     if not any(m.message_id for m in messages):
         insert_rows(conn, [to_insert(m) for m in messages])
         return [StoreOutcome(m, True) for m in messages]
+    keys = [dedupe_key(m) for m in messages]
+    kept = kept_by_dedupe_key(conn, {k for k in keys if k is not None})
     outcomes = []
-    for message in messages:
-        key = dedupe_key(message)
+    for message, key in zip(messages, keys, strict=True):
         if key is not None:
-            row = conn.execute(f"{SELECT_SQL} WHERE dedupe_key = ?", (key,)).fetchone()
-            if row is not None:
-                outcomes.append(StoreOutcome(from_row(row), False))
+            if key in kept:
+                outcomes.append(StoreOutcome(replace(kept[key]), False))
                 continue
+            kept[key] = message  # a repeat later in this batch gets this one
         conn.execute(*to_insert(message))
         outcomes.append(StoreOutcome(message, True))
     return outcomes
