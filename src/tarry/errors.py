@@ -66,7 +66,15 @@ class TarryError(Exception):
             _REGISTRY[cls.code] = cls
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message}
+        """The error body: code, message, and any details (fields a client can act on, such as
+        the ``max_batch`` a refused batch exceeded)."""
+        return {**self.details, "code": self.code, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, error: dict[str, Any]) -> TarryError:
+        """The error an error body (``to_dict``) describes, as its registered class."""
+        details = {k: v for k, v in error.items() if k not in ("code", "message")}
+        return error_class_for(str(error["code"]))(str(error["message"]), **details)
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from tarry.client import Client
+from tarry.errors import InvalidArgument
 from tarry.model.time import SystemClock
 from tarry.pipeline.catalog import views_from_server, views_to_json
 from tarry.pipeline.dedupe import Repeats
@@ -116,3 +117,35 @@ def test_sender_posts_first_rows_reports_the_rest_and_a_rerun_stores_nothing_twi
         again = _send(server.url, rules)
         assert _totals(again[COUNT]) == {"already_there": (5, 6)}
         assert http.get("/v1/stats").json()["messages"]["scheduled"] == 6
+
+
+def test_sender_sends_in_parts_that_fit_a_server_with_a_smaller_max_batch(
+    make_server: Any,
+) -> None:
+    # Given a server that takes at most 3 messages a post, and a sink set to post 5
+    server = make_server("[server]\nmax_batch = 3\n")
+    _setup(server.url)
+    with Client(server.url) as client:
+        views = views_to_json(views_from_server(client, ["q", "t", "one"]))
+    rules = ImportRules(now_ms=SystemClock().now_ms(), views=tuple(views))
+    settings = SinkSettings(url=server.url, batch_size=5, in_flight=2, max_attempts=2)
+    repeats = Repeats(np.array([4], np.int64), np.array([0], np.int64))
+
+    # When the sender runs, Then every row is imported as with a server that takes 5
+    out = pa.Table.from_batches(list(sender(settings, rules, lambda: repeats)(iter(_batches()))))
+    rows = out.to_pylist()
+    assert _totals([r for r in rows if r["kind"] == COUNT]) == {"created": (5, 6)}
+    [refused] = [r for r in rows if r["kind"] == REFUSED]
+    assert refused["code"] == "destination_full"  # not "a batch holds at most 3 messages"
+
+
+def test_a_refused_batch_tells_its_limit_to_the_client(make_server: Any) -> None:
+    server = make_server("[server]\nmax_batch = 3\n")
+    _setup(server.url)
+    with Client(server.url) as client:
+        try:
+            client.send_batch([{"destination": "q", "body": str(i)} for i in range(4)])
+        except InvalidArgument as exc:
+            assert exc.details == {"max_batch": 3} and "at most 3" in exc.message
+        else:
+            raise AssertionError("a batch over max_batch was accepted")

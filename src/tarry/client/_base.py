@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from tarry.client._types import MessageInfo, Page, QueueInfo, Received, Scheduled
-from tarry.errors import TarryError, Unavailable, error_class_for
+from tarry.errors import TarryError, Unavailable
 from tarry.model.time import parse_duration_ms, parse_instant_ms
 
 __all__ = ["Call", "body_fields", "raise_for_error"]
@@ -64,11 +64,10 @@ def raise_for_error(response: httpx.Response) -> None:
     if response.status_code < 400:
         return
     try:
-        error = response.json()["error"]
-        code, message = error["code"], error["message"]
+        error = TarryError.from_dict(response.json()["error"])
     except Exception:
         raise TarryError(f"HTTP {response.status_code}: {response.text[:200]}") from None
-    raise error_class_for(code)(message)
+    raise error
 
 
 def unreachable(url: str, exc: Exception) -> Unavailable:
@@ -88,7 +87,7 @@ def read_batch(data: dict[str, Any]) -> list[Scheduled | TarryError]:
     out: list[Scheduled | TarryError] = []
     for item in data["results"]:
         if "error" in item:
-            out.append(error_class_for(item["error"]["code"])(item["error"]["message"]))
+            out.append(TarryError.from_dict(item["error"]))
         else:
             out.append(Scheduled.from_json(item))
     return out

@@ -331,7 +331,10 @@ def check_batch_size(items: Sequence[Any], *, limit: int = 10_000) -> None:
     if not items:
         raise InvalidArgument("messages must hold at least one message")
     if len(items) > limit:
-        raise InvalidArgument(f"a batch holds at most {limit} messages, got {len(items)}")
+        raise InvalidArgument(
+            f"a batch holds at most {limit} messages, got {len(items)}: send it in parts",
+            max_batch=limit,
+        )
 
 
 def validate_reschedule(data: Mapping[str, Any], *, now_ms: int, expires_at_ms: int | None) -> int:

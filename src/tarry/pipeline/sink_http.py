@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from tarry.client._base import auth_headers, raise_for_error, unreachable
 from tarry.dispatch.backoff import compute_backoff_ms
-from tarry.errors import TarryError, Unavailable
+from tarry.errors import InvalidArgument, TarryError, Unavailable
 from tarry.pipeline.dedupe import Repeats
 from tarry.pipeline.screen import VERDICTS, Screen, kind_rows, spark_ddl
 from tarry.pipeline.sources import ROW
@@ -74,7 +74,8 @@ SENT_DDL = spark_ddl(SENT_SCHEMA)
 class SinkSettings:
     url: str
     token: str | None = None
-    #: Messages per POST (the server takes at most ``server.max_batch``, 10,000 by default).
+    #: Messages per POST (the server takes at most ``server.max_batch``, 10,000 by default; a
+    #: post it refuses for its size alone is sent again in parts of its ``max_batch``).
     batch_size: int = 5_000
     #: Posts a task keeps going while it checks the next rows.
     in_flight: int = 2
@@ -89,7 +90,25 @@ Post = Callable[[pa.Array], list[dict[str, Any]]]
 
 
 def _poster(settings: SinkSettings, http: httpx.Client) -> Post:
+    #: Records per request: the server's ``max_batch`` once it refused a larger post for it.
+    limit = settings.batch_size
+
     def post(records: pa.Array) -> list[dict[str, Any]]:
+        nonlocal limit
+        while True:
+            size = max(1, min(limit, len(records)))
+            try:
+                results: list[dict[str, Any]] = []
+                for start in range(0, len(records), size):
+                    results += post_once(records.slice(start, size))
+                return results
+            except InvalidArgument as exc:
+                max_batch = exc.details.get("max_batch")
+                if not isinstance(max_batch, int) or not 0 < max_batch < size:
+                    raise
+                limit = max_batch  # refused for its size alone: sent again in parts that fit
+
+    def post_once(records: pa.Array) -> list[dict[str, Any]]:
         # the records joined column-wise: no Python object per row on the way out
         rows = pa.ListArray.from_arrays(pa.array([0, len(records)], pa.int32()), records)
         body = b'{"messages":[' + pc.binary_join(rows, ",")[0].as_py().encode() + b"]}"

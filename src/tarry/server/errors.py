@@ -1,5 +1,6 @@
-"""One exception handler: every error leaves as ``{"error": {"code", "message"}}`` with the
-status of its code. Foreign errors (validation, routing, bugs) are translated here, once."""
+"""One exception handler: every error leaves as ``{"error": {"code", "message"}}`` (and the
+error's details, if any) with the status of its code. Foreign errors (validation, routing,
+bugs) are translated here, once."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def error_response(status: int, code: str, message: str) -> JSON:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TarryError)
     async def tarry_error(_: Request, exc: TarryError) -> JSON:
-        return error_response(exc.http_status, exc.code, exc.message)
+        return JSON({"error": exc.to_dict()}, status_code=exc.http_status)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSON:
