@@ -148,21 +148,27 @@ def part_http(tmp: Path, scale: float) -> dict[str, Any]:
     return out
 
 
-async def _release_rate(tmp: Path, store: str, count: int) -> tuple[float, float]:
-    """(messages/s, CPU µs per message of the whole process: every thread, the queue
-    database's and the log writer's too, so a shared machine's load shows less in it)."""
+async def _bench_engine(data_dir: Path, store: str) -> Engine:
+    """A started in-process engine on ``store`` with the queue ``bench``, journal off."""
     config = load_config(
         None,
         {
-            "server": {"data_dir": str(tmp / f"release-{store}")},
+            "server": {"data_dir": str(data_dir)},
             "store": {"engine": store},
             "journal": {"enabled": False},
         },
     )
     engine = Engine.from_config(config)
     await engine.start(background=False)
+    await engine.declare_queue("bench", {})
+    return engine
+
+
+async def _release_rate(tmp: Path, store: str, count: int) -> tuple[float, float]:
+    """(messages/s, CPU µs per message of the whole process: every thread, the queue
+    database's and the log writer's too, so a shared machine's load shows less in it)."""
+    engine = await _bench_engine(tmp / f"release-{store}", store)
     try:
-        await engine.declare_queue("bench", {})
         # Steady state: the due partition is indexed before its messages arrive.
         await engine.store.next_due_time()
         batch = messages(count, lambda i, now: now - 1000 + i % 500)
@@ -194,18 +200,8 @@ def part_release(tmp: Path, scale: float) -> dict[str, Any]:
 
 
 async def _rerun_rates(tmp: Path, store: str, count: int) -> dict[str, float]:
-    config = load_config(
-        None,
-        {
-            "server": {"data_dir": str(tmp / f"rerun-{store}")},
-            "store": {"engine": store},
-            "journal": {"enabled": False},
-        },
-    )
-    engine = Engine.from_config(config)
-    await engine.start(background=False)
+    engine = await _bench_engine(tmp / f"rerun-{store}", store)
     try:
-        await engine.declare_queue("bench", {})
         step = 600_000 / count
         items = [
             {
