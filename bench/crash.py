@@ -3,6 +3,7 @@ consumes; afterwards every message that got a 201 must have been delivered exact
 before its due time, none lost. Prints JSON.
 
     .venv/bin/python bench/crash.py [--kills 50] [--store log] [--fsync batch] [--clean-every 0]
+        [--plain]
 
 The producer sends batches with a ``message_id`` per message and, like a real producer, resends
 a batch whose answer it never got (de-duplication keeps it single). The consumer long-polls,
@@ -81,7 +82,8 @@ class Server:
 @dataclass
 class Ledger:
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: message_id → (tarry id, deliver_at) for every send answered with 201.
+    #: body (the message_id, when sent with one) → (tarry id, deliver_at) for every send
+    #: answered with 201.
     accepted: dict[str, tuple[str, int]] = field(default_factory=dict)
     #: tarry id → receptions (received_at_ms, redelivered flag).
     received: dict[str, list[tuple[float, bool]]] = field(default_factory=dict)
@@ -92,7 +94,12 @@ class Ledger:
     stop_consuming: threading.Event = field(default_factory=threading.Event)
 
 
-def produce(server: Server, ledger: Ledger, batch_size: int, max_delay_ms: int) -> None:
+def produce(
+    server: Server, ledger: Ledger, batch_size: int, max_delay_ms: int, plain: bool = False
+) -> None:
+    """With ``plain`` the sends carry no ``message_id`` (the release path of plain messages),
+    so an unanswered batch is not sent again (that would schedule copies): it is dropped, and
+    what of it the server kept shows up as unknown ids, checked for repeats only."""
     sequence = 0
     with httpx.Client(timeout=10) as client:
         while not ledger.stop_producing.is_set():
@@ -100,26 +107,33 @@ def produce(server: Server, ledger: Ledger, batch_size: int, max_delay_ms: int) 
                 {
                     "destination": QUEUE,
                     "body": f"m{sequence + i}",
-                    "message_id": f"m{sequence + i}",
                     "delay_ms": random.randint(0, max_delay_ms),
                 }
                 for i in range(batch_size)
             ]
-            while True:  # resend until answered: the server may be down or restarting
+            if not plain:
+                for item in batch:
+                    item["message_id"] = item["body"]
+            response = None
+            while response is None:  # resend until answered: the server may be restarting
                 try:
                     response = client.post(
                         server.url + "/v1/messages/batch", json={"messages": batch}
                     )
                     response.raise_for_status()
-                    break
                 except httpx.HTTPError:
+                    response = None
                     if ledger.stop_producing.is_set():
                         return
                     time.sleep(0.05)
+                    if plain:
+                        break
+            sequence += batch_size
+            if response is None:
+                continue
             with ledger.lock:
                 for item, result in zip(batch, response.json()["results"], strict=True):
-                    ledger.accepted[item["message_id"]] = (result["id"], result["deliver_at"])
-            sequence += batch_size
+                    ledger.accepted[item["body"]] = (result["id"], result["deliver_at"])
             time.sleep(0.01)
 
 
@@ -168,6 +182,7 @@ def run(
     max_delay_ms: int = 2000,
     gap_s: tuple[float, float] = (0.3, 1.5),
     drain_timeout_s: float = 60.0,
+    plain: bool = False,
 ) -> dict[str, Any]:
     owned = tempfile.TemporaryDirectory() if data_dir is None else None
     directory = data_dir or Path(owned.name if owned else ".")
@@ -176,7 +191,7 @@ def run(
     httpx.put(f"{server.url}/v1/queues/{QUEUE}", json={}, timeout=10).raise_for_status()
     ledger = Ledger()
     threads = [
-        threading.Thread(target=produce, args=(server, ledger, batch_size, max_delay_ms)),
+        threading.Thread(target=produce, args=(server, ledger, batch_size, max_delay_ms, plain)),
         threading.Thread(target=consume, args=(server, ledger)),
     ]
     for thread in threads:
@@ -220,6 +235,7 @@ def run(
             "clean_stops": kills // clean_every if clean_every else 0,
             "store": store,
             "fsync": fsync,
+            "plain": plain,
             "seconds": round(time.monotonic() - started, 1),
             "accepted": len(due),
             "received_distinct": len(set(ledger.received) & set(due)),
@@ -254,8 +270,20 @@ def main() -> None:
     )
     parser.add_argument("--store", default="log", choices=["log", "sqlite"])
     parser.add_argument("--fsync", default="batch", choices=["batch", "always", "never"])
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="send without message_id (plain messages: their own release path); unanswered "
+        "batches are dropped, not resent",
+    )
     args = parser.parse_args()
-    result = run(kills=args.kills, clean_every=args.clean_every, store=args.store, fsync=args.fsync)
+    result = run(
+        kills=args.kills,
+        clean_every=args.clean_every,
+        store=args.store,
+        fsync=args.fsync,
+        plain=args.plain,
+    )
     print(json.dumps(result, indent=2))
     sys.exit(0 if result["ok"] else 1)
 
