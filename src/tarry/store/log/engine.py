@@ -34,7 +34,6 @@ import numpy as np
 
 from tarry.engine.types import MessageQuery
 from tarry.errors import NotCancellable, NotFound, Unavailable
-from tarry.model.ids import id_due_ms
 from tarry.model.message import Message
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
@@ -42,7 +41,7 @@ from tarry.store.log import clean, cleanup
 from tarry.store.log.adopt import adopt_imports
 from tarry.store.log.held import STATE_CODES, Failure, Group, Held, dedupe_hash
 from tarry.store.log.index import DueIndex
-from tarry.store.log.locate import Located, list_page, locate, locate_many
+from tarry.store.log.locate import Located, list_page, locate_many
 from tarry.store.log.partition import Partition, split
 from tarry.store.log.record import (
     CANCELLED,
@@ -558,9 +557,7 @@ class LogStore:
 
     # --- by id ------------------------------------------------------------------------------
     async def _locate(self, message_id: str) -> Located:
-        if id_due_ms(message_id) is None:
-            raise NotFound(f"no message with id {message_id}")
-        found = await asyncio.get_running_loop().run_in_executor(None, locate, self, message_id)
+        found = (await self._locate_many([message_id])).get(message_id)
         if found is None:
             raise NotFound(f"no message with id {message_id}")
         return found

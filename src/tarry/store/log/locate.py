@@ -36,7 +36,7 @@ from tarry.store.sqlite.store import decode_cursor, page
 if TYPE_CHECKING:
     from tarry.store.log.engine import LogStore
 
-__all__ = ["Located", "list_page", "locate", "locate_many", "scan_partition"]
+__all__ = ["Located", "list_page", "locate_many", "scan_partition"]
 
 
 @dataclass
@@ -57,29 +57,26 @@ def _segments(partition: Partition) -> Iterator[tuple[int, bytes]]:
 
 
 #: Up to this many ids wanted in one partition, each is found with ``bytes.find``; more, and
-#: one ``scan`` of the partition's records is cheaper than a pass over its bytes per id.
+#: one ``scan_ids`` walk over the partition's record headers is cheaper than a pass per id.
 _FIND_MAX = 8
 
 
 def _records_of(partition: Partition, ids: set[str]) -> dict[str, list[tuple[int, Record]]]:
     """Every record of each of ``ids`` in ``partition``, in log order (positions with them)."""
     found: dict[str, list[tuple[int, Record]]] = {}
-    needles = {message_id.encode("ascii") for message_id in ids}
+    needles = {message_id.encode("ascii"): message_id for message_id in ids}
     for segment, data in _segments(partition):
-        if len(ids) <= _FIND_MAX:
-            for message_id in ids:
-                needle = message_id.encode("ascii")
-                at = data.find(needle)
-                while at >= 0:
-                    got = parse_record(data, at - HEADER) if at >= HEADER else None
-                    if isinstance(got, Record) and got.id == message_id:
-                        found.setdefault(message_id, []).append(
-                            (position(segment, at - HEADER), got)
-                        )
-                    at = data.find(needle, at + 1)
+        if len(needles) > _FIND_MAX:
+            for record in scan_ids(data, needles.keys()):
+                found.setdefault(record.id, []).append((position(segment, record.offset), record))
             continue
-        for record in scan_ids(data, needles):
-            found.setdefault(record.id, []).append((position(segment, record.offset), record))
+        for needle, message_id in needles.items():
+            at = data.find(needle)
+            while at >= 0:
+                got = parse_record(data, at - HEADER) if at >= HEADER else None
+                if isinstance(got, Record) and got.id == message_id:
+                    found.setdefault(message_id, []).append((position(segment, at - HEADER), got))
+                at = data.find(needle, at + 1)
     return found
 
 
@@ -104,7 +101,10 @@ class _Trail:
         elif record.kind == MOVED:
             self.moved_to = record.marker()[1]
 
-    def located(self, partition: Partition, pos: int, record: Record) -> Located:
+    def located(self, partition: Partition) -> Located | None:
+        if self.found is None:
+            return None
+        pos, record = self.found
         message, _ = decode_message(record.payload)
         message.state = self.state
         if self.failures:
@@ -136,14 +136,10 @@ def locate_many(store: LogStore, message_ids: Iterable[str]) -> dict[str, Locate
                     trail.follow(pos, record)
                 if trail.moved_to is not None and trail.moved_to // granularity != number:
                     moved.setdefault(trail.moved_to // granularity, set()).add(message_id)
-                elif trail.found is not None:
-                    located[message_id] = trail.located(partition, *trail.found)
+                elif (found := trail.located(partition)) is not None:
+                    located[message_id] = found
         wanted = moved
     return located
-
-
-def locate(store: LogStore, message_id: str) -> Located | None:
-    return locate_many(store, (message_id,)).get(message_id)
 
 
 def scan_partition(store: LogStore, partition: Partition) -> list[Message]:

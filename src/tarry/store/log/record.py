@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -365,7 +365,7 @@ def scan(buf: bytes, start: int = 0) -> Iterator[Record | Damage]:
         offset = resume
 
 
-def scan_ids(buf: bytes, ids: frozenset[bytes] | set[bytes]) -> Iterator[Record]:
+def scan_ids(buf: bytes, ids: Collection[bytes]) -> Iterator[Record]:
     """The records of ``ids`` (ASCII), in log order: a walk over the headers that checks only
     those records whole (a partition's other records cost a header read, not a checksum);
     damage is passed over as ``scan`` does."""
