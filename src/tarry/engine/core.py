@@ -696,7 +696,15 @@ class Engine:
         )
 
     async def list_queues(self) -> list[QueueInfo]:
-        return [await self.queue_info(name) for name in sorted(self.catalog.queues)]
+        """Every queue, by name; one that expires or is deleted while the list is read (each
+        ``queue_info`` awaits the queue database) is left out, not a 404 for the whole list."""
+        infos = []
+        for name in sorted(self.catalog.queues):
+            try:
+                infos.append(await self.queue_info(name))
+            except NotFound:
+                continue
+        return infos
 
     async def delete_queue(self, name: str) -> None:
         if name not in self.catalog.queues:
