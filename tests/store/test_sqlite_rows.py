@@ -71,6 +71,9 @@ def test_a_row_with_every_column_set_round_trips(conn: sqlite3.Connection) -> No
         queue_expires_at_ms=NOW + 2,
         redelivered=True,
         delivery_count=3,
+        sent_at_ms=NOW - 1,
+        deliver_at_ms=NOW + 3,
+        updated_at_ms=NOW + 4,
     )
     message.expires_at_ms = NOW + 5
     conn.execute(*to_insert(message, seq=7, receipt="r-1", visible_at_ms=NOW + 9))
