@@ -27,6 +27,11 @@ Parts:
   flight) against uvicorn serving (a) an app that answers without reading the body and (b)
   one that parses the batch with orjson, checks each item's three fields, and appends and
   fsyncs its records as ``schedule`` does, answering an id per item (goal ≥ 50k msg/s).
+- ``requests``: server CPU per request, one at a time, of requests that do next to nothing
+  (a receive from an empty queue, a queue's info, an ack of an unknown receipt, a batch of
+  one message) against a real ``tarry serve``, and of a GET against uvicorn's unread app. A
+  steady load pays these per release round, not per message: this is what the steady goal's
+  consumers and producers cost on top of their messages here.
 """
 
 from __future__ import annotations
@@ -48,12 +53,13 @@ from pathlib import Path
 from typing import Any
 
 import google_crc32c
+import httpx
 import numpy as np
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from foundation import batch_schedule  # noqa: E402
+from foundation import batch_schedule, start_server  # noqa: E402
 
 from tarry.model.ids import IdGenerator  # noqa: E402
 from tarry.model.message import Message  # noqa: E402
@@ -294,6 +300,17 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _wait_for_port(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
 def part_http(tmp: Path, count: int) -> dict[str, Any]:
     out: dict[str, Any] = {"messages": count}
     for name, log_path in (("unread", None), ("floor", str(tmp / "http.log"))):
@@ -303,13 +320,7 @@ def part_http(tmp: Path, count: int) -> dict[str, Any]:
             stderr=subprocess.DEVNULL,
         )
         try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.05)
+            _wait_for_port(port)
             server_cpu, client_cpu = _cpu_s(server.pid), time.process_time()
             result = asyncio.run(batch_schedule(f"http://127.0.0.1:{port}", count, BATCH, 2))
             out[name] = {
@@ -327,9 +338,55 @@ def part_http(tmp: Path, count: int) -> dict[str, Any]:
     return out
 
 
+async def _request_costs(url: str, pid: int, calls: dict[str, Any], count: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    async with httpx.AsyncClient(base_url=url) as client:
+        for name, call in calls.items():
+            for _ in range(50):  # warm-up: first-call imports and caches
+                (await call(client)).raise_for_status()
+            before = _cpu_s(pid)
+            for _ in range(count):
+                (await call(client)).raise_for_status()
+            out[name] = round((_cpu_s(pid) - before) / count * 1e6)
+    return out
+
+
+_TARRY_CALLS: dict[str, Any] = {
+    "receive_from_empty": lambda c: c.post("/v1/queues/q/receive", json={"max": 10}),
+    "queue_info": lambda c: c.get("/v1/queues/q"),
+    "ack_unknown_receipt": lambda c: c.post("/v1/queues/q/ack", json={"receipts": ["r"]}),
+    "send_batch_of_one": lambda c: c.post(
+        "/v1/messages/batch",
+        json={"messages": [{"destination": "q", "body": "x", "delay_ms": 3_600_000}]},
+    ),
+}
+
+
+def part_requests(tmp: Path, count: int) -> dict[str, Any]:
+    proc, url = start_server(tmp / "requests", "log")
+    try:
+        httpx.put(f"{url}/v1/queues/q", json={}).raise_for_status()
+        tarry = asyncio.run(_request_costs(url, proc.pid, _TARRY_CALLS, count))
+    finally:
+        proc.terminate()
+        proc.wait()
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(port), "--log", ""], stderr=subprocess.DEVNULL
+    )
+    try:
+        _wait_for_port(port)
+        calls = {"get": lambda c: c.get("/")}
+        bare = asyncio.run(_request_costs(f"http://127.0.0.1:{port}", server.pid, calls, count))
+    finally:
+        server.terminate()
+        server.wait()
+    return {"requests": count, "tarry_server_cpu_us": tarry, "uvicorn_unread_server_cpu_us": bare}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--only", choices=["python", "schedule", "release", "http"])
+    parser.add_argument("--only", choices=["python", "schedule", "release", "http", "requests"])
     parser.add_argument("--messages", type=int, default=500_000, help="per part (http: / 5)")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--log", help=argparse.SUPPRESS)
@@ -341,7 +398,7 @@ def main() -> None:
             floor_app(args.log or None), host="127.0.0.1", port=args.serve, log_level="warning"
         )
         return
-    parts = [args.only] if args.only else ["python", "schedule", "release", "http"]
+    parts = [args.only] if args.only else ["python", "schedule", "release", "http", "requests"]
     out: dict[str, Any] = {"cpus": os.cpu_count(), "load_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="tarry-floor-") as name:
         tmp = Path(name)
@@ -352,6 +409,8 @@ def main() -> None:
                 out["schedule"] = part_schedule(tmp, args.messages)
             elif part == "release":
                 out["release"] = release(tmp, args.messages)
+            elif part == "requests":
+                out["requests"] = part_requests(tmp, 1000)
             else:
                 out["http"] = part_http(tmp, max(BATCH, args.messages // 5 // BATCH * BATCH))
     out["load_after"] = os.getloadavg()[0]
