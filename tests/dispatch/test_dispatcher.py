@@ -276,3 +276,41 @@ async def test_a_store_failing_while_the_loop_plans_its_sleep_does_not_end_the_l
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+class _LaggingClock(ManualClock):
+    """A clock whose ``now_ms`` lags its true time by ``lag_ms`` (as flooring to the
+    millisecond lags by up to 1 ms); ``seconds_until`` counts from the true time."""
+
+    def __init__(self, lag_ms: float) -> None:
+        super().__init__()
+        self.lag_ms = lag_ms
+
+    def seconds_until(self, at_ms: int) -> float:
+        return (at_ms - self.now_ms() - self.lag_ms) / 1000
+
+
+async def test_the_dispatcher_plans_its_sleep_from_the_clock_s_true_time_not_its_whole_ms() -> None:
+    # Given a clock whose true time is 9,999 ms past what now_ms tells
+    clock = _LaggingClock(lag_ms=9_999)
+    harness = Harness()
+    harness.dispatcher._clock = clock
+    # When the dispatcher sleeps until now_ms + 10,000
+    started = asyncio.get_running_loop().time()
+    await harness.dispatcher._sleep_until(clock.now_ms() + 10_000)
+    # Then it sleeps the 1 ms the true time leaves, not 10 s
+    assert asyncio.get_running_loop().time() - started < 5
+
+
+def test_the_system_clock_counts_seconds_until_a_millisecond_at_full_precision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from tarry.model import time as tarry_time
+
+    monkeypatch.setattr(tarry_time, "time", SimpleNamespace(time_ns=lambda: 100_900_000))
+    clock = tarry_time.SystemClock()
+    assert clock.now_ms() == 100  # 100.9 ms
+    assert clock.seconds_until(101) == pytest.approx(0.0001)
+    assert clock.seconds_until(100) == pytest.approx(-0.0009)

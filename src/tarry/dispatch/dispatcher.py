@@ -150,10 +150,10 @@ class Dispatcher:
 
     async def _sleep_until(self, wake_ms: int) -> None:
         self._planned_ms = wake_ms
-        delay_ms = wake_ms - self._clock.now_ms()
-        if delay_ms > 0:
+        delay = self._clock.seconds_until(wake_ms)
+        if delay > 0:
             try:
-                await asyncio.wait_for(self._wake.wait(), delay_ms / 1000)
+                await asyncio.wait_for(self._wake.wait(), delay)
             except TimeoutError:
                 pass
         self._planned_ms = None

@@ -30,12 +30,21 @@ class Clock(Protocol):
 
     def now_ms(self) -> int: ...
 
+    def seconds_until(self, at_ms: int) -> float:
+        """Seconds from now until millisecond ``at_ms`` begins (negative once it has), at the
+        clock's full precision: a sleep planned from ``now_ms`` alone, which drops the current
+        millisecond's fraction, wakes up to 1 ms late."""
+        ...
+
 
 class SystemClock:
     """The machine's wall clock, in epoch milliseconds."""
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
+
+    def seconds_until(self, at_ms: int) -> float:
+        return (at_ms * 1_000_000 - time.time_ns()) / 1e9
 
 
 class ManualClock:
@@ -46,6 +55,9 @@ class ManualClock:
 
     def now_ms(self) -> int:
         return self._now_ms
+
+    def seconds_until(self, at_ms: int) -> float:
+        return (at_ms - self._now_ms) / 1000
 
     def set(self, now_ms: int) -> None:
         self._now_ms = now_ms
