@@ -500,17 +500,15 @@ class Engine:
                     expires_at_ms=plan.expires_at_ms,
                     destination=plan.request.destination,
                 )
-            else:
+            else:  # positional, in field order: a batch makes thousands
                 result = SendResult(
-                    id=first.id,
-                    state=first.state.value,
-                    deliver_at_ms=first.deliver_at_ms,
-                    expires_at_ms=first.expires_at_ms,
-                    created=created,
-                    destination=plan.request.destination,
-                    copies=tuple((o.message.id, o.message.destination) for o in stored)
-                    if topic
-                    else (),
+                    first.id,
+                    first.state.value,
+                    first.deliver_at_ms,
+                    first.expires_at_ms,
+                    created,
+                    destination,
+                    tuple((o.message.id, o.message.destination) for o in stored) if topic else (),
                 )
             outcomes.append((result, created))
         return outcomes
