@@ -301,9 +301,14 @@ class Engine:
                 log.exception("event listener failed")
 
     def _emit_each(self, event: str, messages: Sequence[Message], time_ms: int) -> None:
-        """``_emit`` of every message (a batch's thousands of events)."""
-        if self._listeners:
-            self._emit_all([(event, message, time_ms, None, None) for message in messages])
+        """``_emit`` of every message (a batch's thousands of events), each listener taking
+        them all in order, without an event tuple per message."""
+        for listener in self._listeners:
+            for message in messages:
+                try:
+                    listener(event, message, time_ms, None, None)
+                except Exception:
+                    log.exception("event listener failed")
 
     def _emit_all(self, events: Sequence[Event]) -> None:
         """``_emit`` of every event, each listener taking them all in order (without a call per
