@@ -483,11 +483,9 @@ class Engine:
     ) -> list[tuple[SendResult, bool]]:
         """One (result, created) per accepted plan from the outcomes of all its messages."""
         outcomes: list[tuple[SendResult, bool]] = []
-        start = 0
         topics: dict[str, bool] = {}  # per destination, not per send
-        for _, plan, messages in accepted:
-            stored = everything[start : start + len(messages)]
-            start += len(messages)
+        per_send = release.per_send(accepted, everything)
+        for (_, plan, _), stored in zip(accepted, per_send, strict=True):
             if len(stored) == 1:  # a queue's one message (no generator for the common case)
                 created = stored[0].created
             else:
