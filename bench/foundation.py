@@ -65,6 +65,12 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], p: float) -> float:
     if not values:
         return float("nan")
@@ -72,7 +78,11 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-async def batch_schedule(url: str, total: int, batch: int, concurrency: int) -> dict[str, float]:
+async def batch_schedule(
+    url: str, total: int, batch: int, concurrency: int, *, server_pid: int | None = None
+) -> dict[str, float]:
+    """``total`` messages in batches of ``batch``, ``concurrency`` requests in flight; with
+    ``server_pid``, also the server's CPU seconds while they were sent."""
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         await client.put("/v1/queues/bench.batch", json={})
         # Encoded before the clock starts: the producer's own JSON work is not the server's
@@ -86,9 +96,13 @@ async def batch_schedule(url: str, total: int, batch: int, concurrency: int) -> 
                     ]
                 }
             )
-            for i in range(total // batch)
+            for i in range(-1, total // batch)
         ]
         headers = {"content-type": "application/json"}
+        # One batch before the clock: the first one pays one-time costs (pyarrow imports
+        # pandas, when installed, on its first array: ~0.4 s here), not the steady rate's.
+        warm_up = await client.post("/v1/messages/batch", content=bodies.pop(0), headers=headers)
+        warm_up.raise_for_status()
         queue: asyncio.Queue[bytes] = asyncio.Queue()
         for body in bodies:
             queue.put_nowait(body)
@@ -99,13 +113,18 @@ async def batch_schedule(url: str, total: int, batch: int, concurrency: int) -> 
                 response = await client.post("/v1/messages/batch", content=body, headers=headers)
                 response.raise_for_status()
 
-        started = time.perf_counter()
+        server = cpu_s(server_pid) if server_pid is not None else 0.0
+        started, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        server = cpu_s(server_pid) - server if server_pid is not None else float("nan")
     return {
         "messages": total,
         "seconds": round(elapsed, 3),
         "messages_per_s": round(total / elapsed),
+        # The producer's own CPU while sending (it shares the machine with the server).
+        "client_cpu_s": round(cpu, 3),
+        "server_cpu_s": round(server, 3),
     }
 
 

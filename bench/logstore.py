@@ -44,7 +44,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from foundation import batch_schedule, journal_lateness, rss_mb, start_server, steady  # noqa: E402
+from foundation import (  # noqa: E402
+    batch_schedule,
+    cpu_s,
+    journal_lateness,
+    rss_mb,
+    start_server,
+    steady,
+)
 
 from tarry.config import load_config  # noqa: E402
 from tarry.engine.core import Engine  # noqa: E402
@@ -116,18 +123,14 @@ async def part_schedule(tmp: Path, scale: float) -> dict[str, Any]:
     }
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _serve(tmp: Path, name: str, store: str, work: Any) -> dict[str, Any]:
+    """``work(url, pid)`` against a fresh ``tarry serve`` on ``store``, with the CPU seconds
+    the server and this process spent meanwhile (``server_cpu_s``, ``bench_cpu_s``)."""
     proc, url = start_server(tmp / name, store)
-    server_before, bench_before = _cpu_s(proc.pid), time.process_time()
+    server_before, bench_before = cpu_s(proc.pid), time.process_time()
     try:
-        result: dict[str, Any] = asyncio.run(work(url))
-        result["server_cpu_s"] = round(_cpu_s(proc.pid) - server_before, 2)
+        result: dict[str, Any] = asyncio.run(work(url, proc.pid))
+        result.setdefault("server_cpu_s", round(cpu_s(proc.pid) - server_before, 2))
         result["bench_cpu_s"] = round(time.process_time() - bench_before, 2)
         result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     finally:
@@ -141,9 +144,18 @@ def part_http(tmp: Path, scale: float) -> dict[str, Any]:
     out: dict[str, Any] = {"messages": total}
     for store in ("log", "sqlite"):
         result = _serve(
-            tmp, f"http-{store}", store, lambda url: batch_schedule(url, total, 1000, 2)
+            tmp,
+            f"http-{store}",
+            store,
+            lambda url, pid: batch_schedule(url, total, 1000, 2, server_pid=pid),
         )
         out[f"{store}_messages_per_s"] = result["messages_per_s"]
+        # The client shares the cores with the server: CPU per 1,000 messages of each side
+        # (while the batches were sent) says where the time went when msg/s alone is blurred
+        # by the machine's load.
+        out[f"{store}_server_cpu_s_per_1000"] = round(result["server_cpu_s"] / total * 1000, 4)
+        out[f"{store}_client_cpu_s_per_1000"] = round(result["client_cpu_s"] / total * 1000, 4)
+        out[f"{store}_load_average"] = result["load_average"]
     out["ratio_log_to_sqlite"] = ratio(out["log_messages_per_s"], out["sqlite_messages_per_s"])
     return out
 
@@ -244,7 +256,7 @@ def part_steady(tmp: Path, scale: float, stores: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"rate_per_s": rate, "seconds": seconds, "max_delay_ms": max_delay}
     for store in stores:
         name = f"steady-{store}"
-        result = _serve(tmp, name, store, lambda url: steady(url, rate, seconds, max_delay))
+        result = _serve(tmp, name, store, lambda url, _: steady(url, rate, seconds, max_delay))
         result["server_released"] = journal_lateness(tmp / name, "released")
         if result["received"]:
             per_k = 1000 / result["received"]

@@ -115,6 +115,8 @@ _PLAIN = st.fixed_dictionaries(
         "delay_ms": st.integers(-1, 10**6),
         "ttl_ms": st.integers(-1, 10**6),
         "message_id": st.text(max_size=3),
+        "correlation_id": st.text(max_size=3),
+        "deliver_at": st.integers(NOW - 10, NOW + 10**6),
         "group_id": st.just("g"),
     },
 )

@@ -301,9 +301,14 @@ class Engine:
                 log.exception("event listener failed")
 
     def _emit_each(self, event: str, messages: Sequence[Message], time_ms: int) -> None:
-        """``_emit`` of every message (a batch's thousands of events)."""
-        if self._listeners:
-            self._emit_all([(event, message, time_ms, None, None) for message in messages])
+        """``_emit`` of every message (a batch's thousands of events), each listener taking
+        them all in order, without an event tuple per message."""
+        for listener in self._listeners:
+            for message in messages:
+                try:
+                    listener(event, message, time_ms, None, None)
+                except Exception:
+                    log.exception("event listener failed")
 
     def _emit_all(self, events: Sequence[Event]) -> None:
         """``_emit`` of every event, each listener taking them all in order (without a call per
@@ -478,11 +483,9 @@ class Engine:
     ) -> list[tuple[SendResult, bool]]:
         """One (result, created) per accepted plan from the outcomes of all its messages."""
         outcomes: list[tuple[SendResult, bool]] = []
-        start = 0
         topics: dict[str, bool] = {}  # per destination, not per send
-        for _, plan, messages in accepted:
-            stored = everything[start : start + len(messages)]
-            start += len(messages)
+        per_send = release.per_send(accepted, everything)
+        for (_, plan, _), stored in zip(accepted, per_send, strict=True):
             if len(stored) == 1:  # a queue's one message (no generator for the common case)
                 created = stored[0].created
             else:
@@ -500,17 +503,15 @@ class Engine:
                     expires_at_ms=plan.expires_at_ms,
                     destination=plan.request.destination,
                 )
-            else:
+            else:  # positional, in field order: a batch makes thousands
                 result = SendResult(
-                    id=first.id,
-                    state=first.state.value,
-                    deliver_at_ms=first.deliver_at_ms,
-                    expires_at_ms=first.expires_at_ms,
-                    created=created,
-                    destination=plan.request.destination,
-                    copies=tuple((o.message.id, o.message.destination) for o in stored)
-                    if topic
-                    else (),
+                    first.id,
+                    first.state.value,
+                    first.deliver_at_ms,
+                    first.expires_at_ms,
+                    created,
+                    destination,
+                    tuple((o.message.id, o.message.destination) for o in stored) if topic else (),
                 )
             outcomes.append((result, created))
         return outcomes

@@ -21,9 +21,9 @@ from __future__ import annotations
 import heapq
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from tarry.engine.types import MessageQuery
 from tarry.errors import DeliveryFailed, NotCancellable, TarryError
@@ -42,6 +42,7 @@ __all__ = [
     "get_released",
     "give_up",
     "list_merged",
+    "per_send",
     "refuse_if_released",
     "release",
     "release_now",
@@ -51,6 +52,19 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Accepted = list[tuple[int, SendPlan, list[Message]]]
+T = TypeVar("T")
+
+
+def per_send(accepted: Accepted, everything: Sequence[T]) -> Iterator[Sequence[T]]:
+    """``everything`` (one item per message of ``accepted``, in order) split per send."""
+    if len(everything) == len(accepted):  # one message a send (no topic in the batch)
+        for item in everything:
+            yield (item,)
+        return
+    start = 0
+    for _, _, messages in accepted:
+        yield everything[start : start + len(messages)]
+        start += len(messages)
 
 
 async def store_sends(engine: Engine, accepted: Accepted, now_ms: int) -> list[StoreOutcome]:
@@ -96,11 +110,8 @@ async def release_now(
 ) -> QueueTxn | None:
     """Release at once the created messages of ``accepted`` that are not delayed and go to a
     local queue. Returns the transaction whose events the caller tells after ``scheduled``."""
-    start = 0
     now_local: list[Message] = []
-    for _, plan, batch in accepted:
-        mine = outcomes[start : start + len(batch)]
-        start += len(batch)
+    for (_, plan, _), mine in zip(accepted, per_send(accepted, outcomes), strict=True):
         if not plan.delayed:
             now_local += [
                 o.message

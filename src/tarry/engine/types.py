@@ -22,7 +22,8 @@ __all__ = [
 MayAccess = Callable[[str], bool]
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a batch makes one per send (see SendPlan).
+@dataclass(slots=True)
 class SendResult:
     """The answer to one accepted send."""
 
