@@ -109,17 +109,26 @@ async def part_schedule(tmp: Path, scale: float) -> dict[str, Any]:
     batch = messages(count, lambda i, now: now + 3_600_000 + i % 60_000)
     log_store = LogStore(tmp / "sched-log")
     await log_store.open()
+    cpu = time.process_time()
     log_s = await _store_all(log_store, batch)
+    log_cpu = time.process_time() - cpu
     await log_store.close()
     sqlite_store = SQLiteStore(tmp / "sched.db")
     await sqlite_store.open()
+    cpu = time.process_time()
     sqlite_s = await _store_all(sqlite_store, batch)
+    sqlite_cpu = time.process_time() - cpu
     await sqlite_store.close()
     return {
         "messages": count,
         "log_messages_per_s": round(count / log_s),
         "sqlite_messages_per_s": round(count / sqlite_s),
         "ratio_log_to_sqlite": ratio(sqlite_s, log_s),
+        # CPU of every thread of the process (the writer's too): steadier than msg/s on a
+        # shared machine.
+        "log_cpu_us_per_message": round(log_cpu / count * 1e6, 2),
+        "sqlite_cpu_us_per_message": round(sqlite_cpu / count * 1e6, 2),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 

@@ -1,17 +1,25 @@
-"""The log store's marker codec: a batch of markers framed at once reads back marker by
-marker, each record checked (version, length, CRC) as any reader checks it."""
+"""The log store's record codec: a batch of markers framed at once reads back marker by
+marker, each record checked (version, length, CRC) as any reader checks it; a batch of
+messages encodes byte for byte as each message alone."""
 
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from tarry.model.ids import IdGenerator
+from tarry.model.message import Message, Report, Undeliverable
 from tarry.store.log.record import (
     HEADER,
+    MESSAGE,
     RELEASED,
     Record,
+    _flagged_payload,
     _frame,
+    decode_message,
     encode_markers,
+    encode_message,
+    encode_messages,
     scan,
     scan_ids,
 )
@@ -47,3 +55,41 @@ def test_scan_ids_finds_only_the_ids_asked_for_and_passes_over_damage() -> None:
     assert [r.id for r in scan_ids(buf, wanted)] == [entries[1][0], entries[4][0]]
     # A wanted id whose record is torn at the end of the log is not returned either.
     assert [r.id for r in scan_ids(records[4][:-3], {entries[4][0].encode()})] == []
+
+
+def test_a_batch_of_messages_encodes_as_each_message_through_the_general_framing() -> None:
+    # Given plain messages and messages with every kind of optional field (an empty topic
+    # is absent, as a plain message has it)
+    ids = IdGenerator()
+
+    def message(i: int, **fields: Any) -> Message:
+        return Message(
+            id=ids.new(1_700_000_000_000 + i),
+            destination=["q", "ünïcode-q", ""][i % 3],
+            body=b"b" * (i % 5),
+            sent_at_ms=1_700_000_000_000,
+            deliver_at_ms=1_700_000_000_000 + i,
+            expires_at_ms=None if i % 2 else 1_700_000_100_000,
+            **{"headers": {}, **fields},
+        )
+
+    batch = [
+        message(0),
+        message(1, headers={"h": "v"}),
+        message(2, topic=""),
+        message(3, topic="t", message_id="m", correlation_id="c", reply_to="r"),
+        message(4, report=frozenset({Report.EXPIRATION})),
+        message(5, persistent=False),
+        message(6, on_undeliverable=Undeliverable.DISCARD),
+        message(7),
+        message(8),
+    ]
+    hashes = [0, 0, 0, 0, 0, 0, 0, 12345, 0]
+    # When they are encoded in one batch
+    records = encode_messages(batch, hashes)
+    # Then each record is the general framing of the message, and one message alone encodes
+    # the same
+    general = [_frame(MESSAGE, _flagged_payload(m, h)) for m, h in zip(batch, hashes, strict=True)]
+    assert records == general
+    assert records == [encode_message(m, h) for m, h in zip(batch, hashes, strict=True)]
+    assert [decode_message(r[HEADER:])[0].id for r in records] == [m.id for m in batch]

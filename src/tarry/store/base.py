@@ -58,8 +58,12 @@ T = TypeVar("T")
 __all__ = ["DelayedStore", "QueueDatabase", "StoreOutcome"]
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__, which
+# cost 0.3 µs of the ~2 µs a stored message takes in the log store (one outcome per message).
+@dataclass(slots=True)
 class StoreOutcome:
+    """What ``DelayedStore.store`` did with one message (read-only by convention)."""
+
     message: Message
     #: False when an earlier message with the same (destination, message_id) was returned.
     created: bool

@@ -26,7 +26,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,8 @@ from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.log import clean, cleanup
 from tarry.store.log.adopt import adopt_imports
-from tarry.store.log.held import STATE_CODES, Failure, Group, Held, dedupe_hash
+from tarry.store.log.batch import group_records
+from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash
 from tarry.store.log.index import DueIndex
 from tarry.store.log.locate import Located, list_page, locate_many
 from tarry.store.log.partition import Partition, split
@@ -54,6 +54,7 @@ from tarry.store.log.record import (
     encode_marker,
     encode_markers,
     encode_message,
+    encode_messages,
 )
 from tarry.store.log.recovery import Recovered, load_snapshot, replay, snapshot_root, sweep_orphans
 from tarry.store.log.segment import SegmentFiles
@@ -217,18 +218,83 @@ class LogStore:
 
     # --- storing ----------------------------------------------------------------------------
     async def store(self, messages: Sequence[Message]) -> list[StoreOutcome]:
-        """Batch-shaped: one pass encodes the records and groups them by partition; each
-        partition gets one contiguous append (one reservation, one write in the group commit)
-        and its index one ``add`` per batch."""
+        """Batch-shaped: the records are encoded in one pass and grouped by partition
+        (``batch.py``); each group gets one contiguous append (one reservation, one write in
+        the group commit) and its partition's index one ``add`` of arrays."""
         self._check()
+        keys = [dedupe_hash(m) if m.message_id is not None else 0 for m in messages]
+        accepted: Sequence[Message]
+        if any(keys):
+            outcomes, accepted, hashes, keyed = await self._admit(messages, keys)
+        else:  # nothing to de-duplicate: every message is new
+            outcomes = [StoreOutcome(m, True) for m in messages]
+            accepted, hashes, keyed = messages, keys, []
+        if not accepted:
+            return outcomes
+        order = group_records(
+            accepted,
+            encode_messages(accepted, hashes),
+            granularity_ms=self.granularity_ms,
+            segment_bytes=self.writer.segment_bytes,
+            partition_of=lambda number, first: self._partition(
+                number, now_ms=max(self._now_ms, first.sent_at_ms)
+            ),
+        )
+        dedupe = self.state.dedupe
+
+        def on_written(positions: list[int]) -> None:
+            for key, message in keyed:
+                dedupe[key] = message.id
+                self._unwritten.pop(key, None)
+            scheduled = self.state.scheduled
+            for group, base in zip(order, positions, strict=True):
+                partition, batch = group.partition, group.messages
+                partition.total += len(batch)
+                if len({m.destination for m in batch}) == 1:
+                    scheduled[batch[0].destination] += len(batch)
+                else:
+                    scheduled.update(m.destination for m in batch)
+                if partition.index is None:
+                    continue
+                # One contiguous blob in one segment: positions are base + record offsets.
+                poss = group.offsets + base
+                partition.index.add(group.dues, poss)
+                sent_now = [i for i, m in enumerate(batch) if m.deliver_at_ms <= m.sent_at_ms]
+                for i in sent_now:  # sent without delay: released at once
+                    m = batch[i]
+                    self._recent[m.id] = Held(
+                        partition.number, int(poss[i]), m.deliver_at_ms, m.destination
+                    )
+            if len(self._recent) > _RECENT_MAX:
+                self._recent.clear()
+            self._changes += len(accepted)
+
+        items = [(g.partition, b"".join(g.records)) for g in order]
+        try:
+            await self.writer.append(items, durable=True, on_written=on_written)
+        except BaseException:
+            for key, message in keyed:
+                if self._unwritten.get(key) is message:
+                    del self._unwritten[key]
+            raise
+        return outcomes
+
+    async def _admit(
+        self, messages: Sequence[Message], keys: builtins.list[int]
+    ) -> tuple[
+        builtins.list[StoreOutcome],
+        builtins.list[Message],
+        builtins.list[int],
+        builtins.list[tuple[int, Message]],
+    ]:
+        """De-duplication of a batch with keys (``keys``: each message's hash, 0 for none):
+        the outcome of each message, the messages to write with their hashes, and the keyed
+        ones among them (now in ``_unwritten``)."""
         outcomes: list[StoreOutcome] = []
-        groups: dict[int, Group] = {}
-        order: list[Group] = []
-        segment_bytes = self.writer.segment_bytes
+        accepted: list[Message] = []
+        hashes: list[int] = []
         keyed: list[tuple[int, Message]] = []
         dedupe = self.state.dedupe
-        granularity = self.granularity_ms
-        keys = [dedupe_hash(m) if m.message_id is not None else 0 for m in messages]
         kept_ids = [dedupe[key] for key in keys if key in dedupe]
         # Repeats of pending messages are read back in one pass over each partition they name,
         # before the loop: a rerun of an import repeats a whole batch.
@@ -251,57 +317,10 @@ class LogStore:
                         continue
                 self._unwritten[key] = message
                 keyed.append((key, message))
-            number = message.deliver_at_ms // granularity
-            record = encode_message(message, key)
-            group = groups.get(number)
-            if group is None or (group.size + len(record) > segment_bytes and group.records):
-                # A group never spans segments: a full one is closed, a new one started.
-                now = max(self._now_ms, message.sent_at_ms)
-                group = groups[number] = Group(self._partition(number, now_ms=now))
-                order.append(group)
-            group.records.append(record)
-            group.messages.append(message)
-            group.size += len(record)
+            accepted.append(message)
+            hashes.append(key)
             outcomes.append(StoreOutcome(message, True))
-        if not order:
-            return outcomes
-
-        def on_written(positions: list[int]) -> None:
-            for key, message in keyed:
-                dedupe[key] = message.id
-                self._unwritten.pop(key, None)
-            scheduled = self.state.scheduled
-            for group, base in zip(order, positions, strict=True):
-                partition, batch = group.partition, group.messages
-                partition.total += len(batch)
-                if len({m.destination for m in batch}) == 1:
-                    scheduled[batch[0].destination] += len(batch)
-                else:
-                    scheduled.update(m.destination for m in batch)
-                if partition.index is None:
-                    continue
-                # One contiguous blob in one segment: positions are base + running lengths.
-                poss = [base, *(base + o for o in accumulate(len(r) for r in group.records[:-1]))]
-                dues = [m.deliver_at_ms for m in batch]
-                partition.index.add(dues, poss)
-                recent = self._recent
-                number = partition.number
-                for m, pos in zip(batch, poss, strict=True):
-                    if m.deliver_at_ms <= m.sent_at_ms:  # sent without delay: released at once
-                        recent[m.id] = Held(number, pos, m.deliver_at_ms, m.destination)
-            if len(self._recent) > _RECENT_MAX:
-                self._recent.clear()
-            self._changes += len(messages)
-
-        items = [(g.partition, b"".join(g.records)) for g in order]
-        try:
-            await self.writer.append(items, durable=True, on_written=on_written)
-        except BaseException:
-            for key, message in keyed:
-                if self._unwritten.get(key) is message:
-                    del self._unwritten[key]
-            raise
-        return outcomes
+        return outcomes, accepted, hashes, keyed
 
     # --- due messages -----------------------------------------------------------------------
     def _load(self, partition: Partition) -> None:

@@ -1,20 +1,18 @@
 """Small value types and codes of the log store: ``Held`` (a pending message outside its
 partition's index), ``Failure`` (a message's failed attempts and when it may be tried again),
-``Group`` (what one ``store`` call appends to one partition), the numeric
-codes of end states in RELEASED markers, and the de-duplication hash."""
+the numeric codes of end states in RELEASED markers, and the de-duplication hash."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from tarry.model.message import Message
 from tarry.model.state import MessageState
-from tarry.store.log.partition import Partition
 from tarry.store.sqlite.rows import dedupe_key
 
-__all__ = ["STATE_CODES", "Failure", "Group", "Held", "dedupe_hash", "state_of_code"]
+__all__ = ["STATE_CODES", "Failure", "Held", "dedupe_hash", "state_of_code"]
 
 #: End state → the number a RELEASED marker stores (stable: append new states at the end).
 STATE_CODES = {s: i for i, s in enumerate(MessageState)}
@@ -42,16 +40,6 @@ class Failure(NamedTuple):
     error: str
     #: 0 in manifests written before the retry time was kept: try again at once, as then.
     retry_at_ms: int = 0
-
-
-@dataclass(slots=True)
-class Group:
-    """The records one ``store`` call appends to one partition."""
-
-    partition: Partition
-    records: list[bytes] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
-    size: int = 0
 
 
 @dataclass(slots=True)

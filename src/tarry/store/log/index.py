@@ -41,11 +41,15 @@ class DueIndex:
         """Bytes the arrays hold (the ``dead`` set aside, which only holds changes)."""
         return int(self._due.nbytes + self._pos.nbytes) + 16 * len(self._in_due)
 
-    def add(self, due: Sequence[int], pos: Sequence[int]) -> None:
-        self._in_due.extend(due)
-        self._in_pos.extend(pos)
-        low = min(due) if len(due) else None
-        if low is not None and (self._in_min is None or low < self._in_min):
+    def add(self, due: I64 | Sequence[int], pos: I64 | Sequence[int]) -> None:
+        """Index entries (due time, record position): a stored batch's arrays at once."""
+        dues = np.asarray(due, np.int64)
+        if not len(dues):
+            return
+        self._in_due.frombytes(dues.tobytes())
+        self._in_pos.frombytes(np.asarray(pos, np.int64).tobytes())
+        low = int(dues.min())
+        if self._in_min is None or low < self._in_min:
             self._in_min = low
         if len(self._in_due) > max(65_536, (len(self._due) - self._head) // 8):
             self._merge()

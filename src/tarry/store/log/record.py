@@ -59,6 +59,7 @@ __all__ = [
     "encode_marker",
     "encode_markers",
     "encode_message",
+    "encode_messages",
     "parse_record",
     "scan",
     "scan_ids",
@@ -133,26 +134,60 @@ def _frame(kind: int, payload: bytes) -> bytes:
 def encode_message(message: Message, dedupe_hash: int = 0) -> bytes:
     """A MESSAGE record: fixed fields packed, optional ones only when present (small records
     keep the disk near the raw message size)."""
+    return encode_messages([message], [dedupe_hash])[0]
+
+
+def encode_messages(messages: Sequence[Message], hashes: Sequence[int]) -> list[bytes]:
+    """The MESSAGE record of each message (``hashes``: their de-duplication hashes, 0 for
+    none), in one loop with the packers bound (a stored batch's records without a call per
+    record). A plain message (every optional field at its default) is packed in one go, and
+    its header with the header's CRC is worked out once per payload length, as
+    ``encode_markers`` does: a batch mostly shares one, so a record costs one CRC call."""
+    out: list[bytes] = []
+    append = out.append
+    pack, u32, extend, discard = _MSG.pack, _U32.pack, _extend, Undeliverable.DISCARD
+    framing: dict[int, tuple[bytes, int]] = {}
+    for message, dedupe_hash in zip(messages, hashes, strict=True):
+        if (
+            dedupe_hash
+            or message.headers
+            or message.topic
+            or message.message_id
+            or message.correlation_id
+            or message.reply_to
+            or message.report
+            or not message.persistent
+            or message.on_undeliverable is discard
+        ):
+            append(_frame(MESSAGE, _flagged_payload(message, dedupe_hash)))
+            continue
+        destination = message.destination.encode("utf-8")
+        expires = message.expires_at_ms
+        payload = (
+            message.id.encode("ascii")
+            + pack(
+                message.deliver_at_ms,
+                message.sent_at_ms,
+                -1 if expires is None else expires,
+                0,
+                len(destination),
+            )
+            + destination
+            + message.body
+        )
+        frame = framing.get(len(payload))
+        if frame is None:
+            header = _HEAD8.pack(VERSION, MESSAGE, 0, len(payload))
+            frame = framing[len(payload)] = (header, _crc(header))
+        header, crc = frame
+        append(header + u32(extend(crc, payload)) + payload)
+    return out
+
+
+def _flagged_payload(message: Message, dedupe_hash: int) -> bytes:
+    """The payload of a MESSAGE record with optional fields (flags say which are present)."""
     destination = message.destination.encode("utf-8")
     expires = -1 if message.expires_at_ms is None else message.expires_at_ms
-    if not (
-        dedupe_hash
-        or message.headers
-        or message.topic
-        or message.message_id
-        or message.correlation_id
-        or message.reply_to
-        or message.report
-        or not message.persistent
-        or message.on_undeliverable is Undeliverable.DISCARD
-    ):  # the common case, packed in one go
-        return _frame(
-            MESSAGE,
-            message.id.encode("ascii")
-            + _MSG.pack(message.deliver_at_ms, message.sent_at_ms, expires, 0, len(destination))
-            + destination
-            + message.body,
-        )
     flags = 0
     parts = []
     if dedupe_hash:
@@ -178,7 +213,7 @@ def encode_message(message: Message, dedupe_hash: int = 0) -> bytes:
         flags |= _DISCARD
     if not message.persistent:
         flags |= _TRANSIENT
-    payload = b"".join(
+    return b"".join(
         (
             message.id.encode("ascii"),
             _MSG.pack(message.deliver_at_ms, message.sent_at_ms, expires, flags, len(destination)),
@@ -187,7 +222,6 @@ def encode_message(message: Message, dedupe_hash: int = 0) -> bytes:
             message.body,
         )
     )
-    return _frame(MESSAGE, payload)
 
 
 def encode_marker(

@@ -255,6 +255,6 @@ def replay(
         if gone:
             keep = ~np.isin(poss, np.array(gone, dtype=np.int64))
             dues, poss = dues[keep], poss[keep]
-        partition.index.add(dues.tolist(), poss.tolist())
+        partition.index.add(dues, poss)
     if gone:
         partition.index.drop_positions(np.array(gone, dtype=np.int64))
