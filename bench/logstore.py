@@ -10,7 +10,8 @@ Parts (``--only`` runs one):
   (goal ≥ 300k/s).
 - ``http``: batch scheduling over HTTP against a real ``tarry serve`` (goal ≥ 50k/s).
 - ``release``: releasing due messages into a local queue through the engine's dispatcher
-  (goal ≥ 100k/s).
+  (goal ≥ 100k/s), with the event listeners ``tarry serve`` attaches (metrics, journal) and
+  without any.
 - ``steady``: 10,000 msg/s × scale with delays 1–60 s × scale over HTTP: lateness p99 (goal
   ≤ 5 ms), client-side and server-side (journal).
 - ``rerun``: 50,000 × scale sends with a ``message_id`` (due in 1 h, over 10 minutes: two or
@@ -58,6 +59,7 @@ from tarry.engine.core import Engine  # noqa: E402
 from tarry.model.ids import IdGenerator  # noqa: E402
 from tarry.model.message import Message  # noqa: E402
 from tarry.model.time import SystemClock  # noqa: E402
+from tarry.server.app import create_app  # noqa: E402
 from tarry.store.log import LogStore  # noqa: E402
 from tarry.store.log.index import DueIndex  # noqa: E402
 from tarry.store.sqlite import SQLiteStore  # noqa: E402
@@ -169,31 +171,41 @@ def part_http(tmp: Path, scale: float) -> dict[str, Any]:
     return out
 
 
-async def _bench_engine(data_dir: Path, store: str) -> Engine:
-    """A started in-process engine on ``store`` with the queue ``bench``, journal off."""
+async def _bench_engine(data_dir: Path, store: str, *, listeners: bool = False) -> Engine:
+    """A started in-process engine on ``store`` with the queue ``bench``. With ``listeners``
+    it has the event listeners ``tarry serve`` gives it by default (the metrics, and the
+    journal, flushed as the server flushes it); without, neither (journal off)."""
     config = load_config(
         None,
         {
             "server": {"data_dir": str(data_dir)},
             "store": {"engine": store},
-            "journal": {"enabled": False},
+            "journal": {"enabled": listeners},
         },
     )
     engine = Engine.from_config(config)
+    if listeners:
+        create_app(config, engine=engine)  # attaches the metrics, as for ``tarry serve``
     await engine.start(background=False)
+    if engine.journal is not None:
+        engine._spawn(engine.journal.run)  # the flush loop ``start(background=True)`` runs
     await engine.declare_queue("bench", {})
     return engine
 
 
-async def _release_rate(tmp: Path, store: str, count: int) -> tuple[float, float]:
+async def _release_rate(
+    tmp: Path, store: str, count: int, *, listeners: bool
+) -> tuple[float, float]:
     """(messages/s, CPU µs per message of the whole process: every thread, the queue
     database's and the log writer's too, so a shared machine's load shows less in it)."""
-    engine = await _bench_engine(tmp / f"release-{store}", store)
+    name = f"release-{store}-{'server' if listeners else 'bare'}"
+    engine = await _bench_engine(tmp / name, store, listeners=listeners)
     try:
         # Steady state: the due partition is indexed before its messages arrive.
         await engine.store.next_due_time()
         batch = messages(count, lambda i, now: now - 1000 + i % 500)
         await _store_all(engine.store, batch)
+        del batch  # as in a server, the released messages are not kept alive elsewhere
         started, cpu = time.perf_counter(), time.process_time()
         while await engine.dispatcher.run_once():
             pass
@@ -206,18 +218,21 @@ async def _release_rate(tmp: Path, store: str, count: int) -> tuple[float, float
 
 
 def part_release(tmp: Path, scale: float) -> dict[str, Any]:
+    """Each store twice: with the listeners ``tarry serve`` attaches (metrics and journal:
+    the figure that counts) and bare (no listener; what the release path alone costs)."""
     count = int(500_000 * scale)
-    log_rate, log_cpu = asyncio.run(_release_rate(tmp, "log", count))
-    sqlite_rate, sqlite_cpu = asyncio.run(_release_rate(tmp, "sqlite", count))
-    return {
-        "messages": count,
-        "log_messages_per_s": round(log_rate),
-        "sqlite_messages_per_s": round(sqlite_rate),
-        "ratio_log_to_sqlite": ratio(log_rate, sqlite_rate),
-        "log_cpu_us_per_message": round(log_cpu, 2),
-        "sqlite_cpu_us_per_message": round(sqlite_cpu, 2),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
+    out: dict[str, Any] = {"messages": count}
+    for store in ("log", "sqlite"):
+        for mode in ("server", "bare"):
+            rate, cpu = asyncio.run(_release_rate(tmp, store, count, listeners=mode == "server"))
+            out[f"{store}_{mode}_messages_per_s"] = round(rate)
+            out[f"{store}_{mode}_cpu_us_per_message"] = round(cpu, 2)
+    for mode in ("server", "bare"):
+        out[f"ratio_log_to_sqlite_{mode}"] = ratio(
+            out[f"log_{mode}_messages_per_s"], out[f"sqlite_{mode}_messages_per_s"]
+        )
+    out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return out
 
 
 async def _rerun_rates(tmp: Path, store: str, count: int) -> dict[str, float]:

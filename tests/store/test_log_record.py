@@ -1,10 +1,11 @@
 """The log store's record codec: a batch of markers framed at once reads back marker by
 marker, each record checked (version, length, CRC) as any reader checks it; a batch of
-messages encodes byte for byte as each message alone."""
+messages encodes byte for byte as each message alone, and reads as each record alone."""
 
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from typing import Any
 
 from tarry.model.ids import IdGenerator
@@ -13,13 +14,17 @@ from tarry.store.log.record import (
     HEADER,
     MESSAGE,
     RELEASED,
+    SHORT_HEADER,
+    SHORT_RECORD,
     Record,
     _flagged_payload,
     _frame,
     decode_message,
+    decode_messages,
     encode_markers,
     encode_message,
     encode_messages,
+    parse_record,
     scan,
     scan_ids,
 )
@@ -93,3 +98,56 @@ def test_a_batch_of_messages_encodes_as_each_message_through_the_general_framing
     assert records == general
     assert records == [encode_message(m, h) for m, h in zip(batch, hashes, strict=True)]
     assert [decode_message(r[HEADER:])[0].id for r in records] == [m.id for m in batch]
+
+
+def test_decode_messages_reads_each_record_as_parse_record_and_decode_message_do() -> None:
+    # Given a log of plain and flagged messages, a marker, and damage of every kind
+    ids = IdGenerator()
+    plain = Message(
+        id=ids.new(1),
+        destination="q",
+        body=b"body",
+        headers={},
+        sent_at_ms=1,
+        deliver_at_ms=2,
+        expires_at_ms=None,
+        updated_at_ms=1,
+    )
+    flagged = replace(plain, id=ids.new(1), headers={"h": "v"}, message_id="m", expires_at_ms=9)
+    other = replace(plain, id=ids.new(1), destination="ünïcode-q", body=b"")
+    records = [
+        encode_message(plain),
+        encode_message(flagged),
+        encode_markers(RELEASED, 3, [(plain.id, 0, "q")]),
+        encode_message(other),
+    ]
+    buf = bytearray(b"".join(records))
+    offsets = [sum(len(r) for r in records[:i]) for i in range(len(records))]
+    bad_crc = bytearray(encode_message(plain))
+    bad_crc[-1] ^= 1
+    reserved = bytearray(encode_message(other))
+    reserved[2] = 1  # a reserved byte set: the CRC no longer matches
+    bad_version = bytearray(encode_message(plain))
+    bad_version[0] = 9
+    for damaged in (bad_crc, reserved, bad_version):
+        offsets.append(len(buf))
+        buf += damaged
+    torn = encode_message(flagged)
+    offsets.append(len(buf))
+    buf += torn[:-2]  # a short record at the end
+    offsets.append(len(buf) - 3)  # and a short header
+    # When every offset is decoded at once
+    got = decode_messages(bytes(buf), offsets)
+
+    # Then each is what reading that record alone gives
+    def alone(offset: int) -> Message | str:
+        record = parse_record(bytes(buf), offset)
+        if isinstance(record, str):
+            return record
+        return (
+            decode_message(record.payload)[0] if record.kind == MESSAGE else "not a message record"
+        )
+
+    assert got == [alone(offset) for offset in offsets]
+    assert got[:4] == [plain, flagged, "not a message record", other]
+    assert got[4:] == ["checksum mismatch"] * 2 + ["bad header", SHORT_RECORD, SHORT_HEADER]

@@ -19,6 +19,7 @@ __all__ = [
     "SendPlan",
     "SendRequest",
     "Undeliverable",
+    "plain_message",
 ]
 
 #: 2^28 − 1 seconds (about 8.5 years): the span of the 28-level RabbitMQ delay topology.
@@ -182,3 +183,47 @@ class Message:
             "queue": self.queue,
             "redelivered": self.redelivered,
         }
+
+
+_NO_REPORT: frozenset[Report] = frozenset()
+
+
+def plain_message(
+    id: str,
+    destination: str,
+    body: bytes,
+    sent_at_ms: int,
+    deliver_at_ms: int,
+    expires_at_ms: int | None,
+) -> Message:
+    """A scheduled ``Message`` with every optional field at its default, as
+    ``Message(id=..., ..., updated_at_ms=sent_at_ms)`` builds it, for the hot paths that build
+    one per record read (a released batch). Every field is passed by position: a class called
+    with keywords gets them through a dict, which made a ``Message`` cost 3-4 times as much
+    (measured: 0.6 against 1.7-2.7 µs here). Keep it in the order of ``Message``'s fields."""
+    return Message(
+        id,
+        destination,
+        body,
+        {},  # headers
+        sent_at_ms,
+        deliver_at_ms,
+        expires_at_ms,
+        MessageState.SCHEDULED,
+        None,  # message_id
+        None,  # correlation_id
+        None,  # reply_to
+        _NO_REPORT,
+        Undeliverable.DEAD_LETTER,
+        True,  # persistent
+        None,  # topic
+        0,  # failures
+        None,  # last_error
+        [],  # deaths
+        None,  # queue
+        None,  # enqueued_at_ms
+        None,  # queue_expires_at_ms
+        False,  # redelivered
+        0,  # delivery_count
+        sent_at_ms,  # updated_at_ms
+    )
