@@ -6,28 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tarry.model.ids import IdGenerator
-from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.store.log import LogStore
 from tarry.store.log.record import MESSAGE, Record, encode_messages
-
-NOW = 1_700_000_000_000
-G = 60_000
-ids = IdGenerator()
-
-
-def message(due_ms: int, body: bytes) -> Message:
-    return Message(
-        id=ids.new_due(NOW, due_ms),
-        destination="q",
-        body=body,
-        headers={},
-        sent_at_ms=NOW,
-        deliver_at_ms=due_ms,
-        expires_at_ms=None,
-        updated_at_ms=NOW,
-    )
+from tests.store.test_log_recovery import NOW, G, message
 
 
 async def test_a_batch_over_two_partitions_and_several_segments_is_indexed_where_written(
