@@ -59,12 +59,12 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from foundation import batch_schedule, start_server  # noqa: E402
+from foundation import batch_schedule, cpu_s, start_server  # noqa: E402
+from logstore import messages  # noqa: E402
 
 from tarry.model.ids import IdGenerator  # noqa: E402
 from tarry.model.message import Message  # noqa: E402
 
-BODY = b"x" * 100
 BATCH = 1000
 FSYNC_EVERY = 8  # calls per fsync: the store's 8 producers in flight share one group commit
 _HEAD = struct.Struct("<BBHI")
@@ -82,21 +82,10 @@ def python_loop() -> float:
     return time.perf_counter() - started
 
 
-def _messages(count: int, now: int) -> list[Message]:
-    ids = IdGenerator()
-    return [
-        Message(
-            id=ids.new_due(now, now - 1000 + i % 500),
-            destination="bench",
-            body=BODY,
-            headers={},
-            sent_at_ms=now,
-            deliver_at_ms=now - 1000 + i % 500,
-            expires_at_ms=None,
-            updated_at_ms=now,
-        )
-        for i in range(count)
-    ]
+def _due_batch(count: int) -> list[Message]:
+    """``count`` messages with 100-byte bodies, due within the last second (as the release
+    part of ``bench/logstore.py`` makes them)."""
+    return messages(count, lambda i, now: now - 1000 + i % 500)
 
 
 def _frame_messages(batch: Iterable[Message]) -> tuple[bytes, list[int], list[int]]:
@@ -168,8 +157,7 @@ def _queue_db(path: Path) -> sqlite3.Connection:
 
 
 def release(tmp: Path, count: int) -> dict[str, Any]:
-    now = int(time.time() * 1000)
-    _, _, due_of, position_of = schedule(tmp / "release.log", _messages(count, now))
+    _, _, due_of, position_of = schedule(tmp / "release.log", _due_batch(count))
     conn = _queue_db(tmp / "queue.db")
     order = position_of[np.argsort(due_of, kind="stable")].tolist()
     stages = {"decode": 0.0, "queue_db": 0.0, "markers": 0.0}
@@ -221,7 +209,7 @@ def release(tmp: Path, count: int) -> dict[str, Any]:
 
 
 def part_schedule(tmp: Path, count: int) -> dict[str, Any]:
-    batch = _messages(count, int(time.time() * 1000))
+    batch = _due_batch(count)
     seconds, cpu, _, _ = schedule(tmp / "schedule.log", batch)
     return {
         "messages": count,
@@ -295,11 +283,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _wait_for_port(port: int) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -321,12 +304,12 @@ def part_http(tmp: Path, count: int) -> dict[str, Any]:
         )
         try:
             _wait_for_port(port)
-            server_cpu, client_cpu = _cpu_s(server.pid), time.process_time()
+            server_cpu, client_cpu = cpu_s(server.pid), time.process_time()
             result = asyncio.run(batch_schedule(f"http://127.0.0.1:{port}", count, BATCH, 2))
             out[name] = {
                 "messages_per_s": result["messages_per_s"],
                 "server_cpu_us_per_message": round(
-                    (_cpu_s(server.pid) - server_cpu) / count * 1e6, 2
+                    (cpu_s(server.pid) - server_cpu) / count * 1e6, 2
                 ),
                 "client_cpu_us_per_message": round(
                     (time.process_time() - client_cpu) / count * 1e6, 2
@@ -344,10 +327,10 @@ async def _request_costs(url: str, pid: int, calls: dict[str, Any], count: int) 
         for name, call in calls.items():
             for _ in range(50):  # warm-up: first-call imports and caches
                 (await call(client)).raise_for_status()
-            before = _cpu_s(pid)
+            before = cpu_s(pid)
             for _ in range(count):
                 (await call(client)).raise_for_status()
-            out[name] = round((_cpu_s(pid) - before) / count * 1e6)
+            out[name] = round((cpu_s(pid) - before) / count * 1e6)
     return out
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tarry.errors import TarryError
-from tarry.model.message import SendPlan
+from tarry.model.message import SendPlan, reports_text
 from tarry.model.rules import (
     BOTH_TIMES,
     DESTINATION_REQUIRED,
@@ -441,6 +441,6 @@ class _OneAtATime:
             got["message_id"][i] = request.message_id
             got["correlation_id"][i] = request.correlation_id
             got["reply_to"][i] = request.reply_to
-            got["report"][i] = ",".join(sorted(r.value for r in request.report)) or None
+            got["report"][i] = reports_text(request.report) or None
             got["discard"][i] = request.on_undeliverable.value == "discard"
             got["persistent"][i] = request.persistent

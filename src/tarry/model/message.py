@@ -18,8 +18,11 @@ __all__ = [
     "Report",
     "SendPlan",
     "SendRequest",
+    "NO_REPORT",
     "Undeliverable",
+    "parse_reports",
     "plain_message",
+    "reports_text",
 ]
 
 #: 2^28 − 1 seconds (about 8.5 years): the span of the 28-level RabbitMQ delay topology.
@@ -185,7 +188,17 @@ class Message:
         }
 
 
-_NO_REPORT: frozenset[Report] = frozenset()
+NO_REPORT: frozenset[Report] = frozenset()
+
+
+def reports_text(report: frozenset[Report]) -> str:
+    """How stores keep a message's reports: their values, sorted, comma-separated ("" none)."""
+    return ",".join(sorted(r.value for r in report))
+
+
+def parse_reports(text: str | None) -> frozenset[Report]:
+    """The reports ``reports_text`` wrote (the shared empty set when there are none)."""
+    return frozenset(Report(r) for r in text.split(",") if r) if text else NO_REPORT
 
 
 def plain_message(
@@ -213,7 +226,7 @@ def plain_message(
         None,  # message_id
         None,  # correlation_id
         None,  # reply_to
-        _NO_REPORT,
+        NO_REPORT,
         Undeliverable.DEAD_LETTER,
         True,  # persistent
         None,  # topic

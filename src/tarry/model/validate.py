@@ -31,7 +31,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from tarry.errors import ExpiryError, InvalidArgument
-from tarry.model.message import MAX_DELAY_MS, Report, SendPlan, SendRequest, Undeliverable
+from tarry.model.message import (
+    MAX_DELAY_MS,
+    NO_REPORT,
+    Report,
+    SendPlan,
+    SendRequest,
+    Undeliverable,
+)
 from tarry.model.rules import (
     BOTH_TIMES,
     DESTINATION_REQUIRED,
@@ -195,12 +202,9 @@ def _body(data: Mapping[str, Any]) -> bytes:
     return text.encode("utf-8")
 
 
-_NO_REPORTS: frozenset[Report] = frozenset()
-
-
 def _report(value: Any) -> frozenset[Report]:
     if value is None:
-        return _NO_REPORTS
+        return NO_REPORT
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list | tuple | set | frozenset):

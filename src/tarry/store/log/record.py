@@ -40,7 +40,7 @@ from typing import Any
 import google_crc32c
 import orjson
 
-from tarry.model.message import Message, Report, Undeliverable, plain_message
+from tarry.model.message import Message, Undeliverable, parse_reports, plain_message, reports_text
 
 __all__ = [
     "CANCELLED",
@@ -199,7 +199,7 @@ def _flagged_payload(message: Message, dedupe_hash: int) -> bytes:
         ("m", message.message_id),
         ("c", message.correlation_id),
         ("r", message.reply_to),
-        ("p", ",".join(sorted(r.value for r in message.report))),
+        ("p", reports_text(message.report)),
         ("h", message.headers),
     ):
         if value:
@@ -280,9 +280,6 @@ def _fields(payload: bytes) -> tuple[int, int, int, int, str, int, dict[str, Any
     return due, sent, expires, flags, destination, dedupe_hash, extra, at
 
 
-_NO_REPORT: frozenset[Report] = frozenset()
-
-
 def _plain(payload: bytes, due: int, sent: int, expires: int, dest_len: int) -> Message:
     """The message of a MESSAGE payload without flags (as in ``encode_message``: every
     optional field at its default)."""
@@ -303,7 +300,6 @@ def decode_message(payload: bytes) -> tuple[Message, int]:
     if not flags:  # the common case
         return _plain(payload, due, sent, expires, dest_len), 0
     due, sent, expires, flags, destination, dedupe_hash, extra, at = _fields(payload)
-    report = extra.get("p", "")
     message = Message(
         id=payload[:ID_LEN].decode("ascii"),
         destination=destination,
@@ -315,7 +311,7 @@ def decode_message(payload: bytes) -> tuple[Message, int]:
         message_id=extra.get("m"),
         correlation_id=extra.get("c"),
         reply_to=extra.get("r"),
-        report=frozenset(Report(r) for r in report.split(",")) if report else _NO_REPORT,
+        report=parse_reports(extra.get("p")),
         on_undeliverable=Undeliverable.DISCARD if flags & _DISCARD else Undeliverable.DEAD_LETTER,
         persistent=not flags & _TRANSIENT,
         topic=extra.get("t"),
@@ -352,7 +348,7 @@ def decode_messages(buf: bytes | mmap.mmap, offsets: Sequence[int]) -> list[Mess
     head_crcs: dict[int, int] = {}
     for offset in offsets:
         if size - offset >= HEADER + _FIXED:
-            version, kind, reserved, length, crc, id_, due, sent, expires, flags, dest_len = unpack(
+            version, kind, reserved, length, crc, _, due, sent, expires, flags, dest_len = unpack(
                 buf, offset
             )
             end = offset + HEADER + length
@@ -371,17 +367,7 @@ def decode_messages(buf: bytes | mmap.mmap, offsets: Sequence[int]) -> list[Mess
                     if flags:
                         out.append(decode_message(payload)[0])
                     else:
-                        at = _FIXED + dest_len
-                        out.append(
-                            plain_message(
-                                id_.decode("ascii"),
-                                payload[_FIXED:at].decode("utf-8"),
-                                payload[at:],
-                                sent,
-                                due,
-                                None if expires < 0 else expires,
-                            )
-                        )
+                        out.append(_plain(payload, due, sent, expires, dest_len))
                     continue
         out.append(_decode_at(buf, offset))
     return out

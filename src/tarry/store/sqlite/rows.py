@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from tarry.model.message import Death, Message, Report, Undeliverable
+from tarry.model.message import Death, Message, Undeliverable, parse_reports, reports_text
 from tarry.model.state import MessageState
 from tarry.store.sql import SqlConnection
 
@@ -134,7 +134,7 @@ def to_insert(
         orjson.dumps(message.headers).decode() if message.headers else "{}",
         message.sent_at_ms,
         message.deliver_at_ms,
-        ",".join(sorted(r.value for r in message.report)) if message.report else "",
+        reports_text(message.report),
         _VALUES[message.on_undeliverable],
         int(message.persistent),
         message.failures,
@@ -292,7 +292,6 @@ def kept_by_dedupe_key(conn: SqlConnection, keys: Iterable[str]) -> dict[str, Me
 
 _STATES = {state.value: state for state in MessageState}
 _UNDELIVERABLE = {choice.value: choice for choice in Undeliverable}
-_NO_REPORT: frozenset[Report] = frozenset()
 
 
 def from_row(row: Sequence[Any]) -> Message:
@@ -342,7 +341,7 @@ def from_row(row: Sequence[Any]) -> Message:
         message_id,
         correlation_id,
         reply_to,
-        frozenset(Report(r) for r in report.split(",") if r) if report else _NO_REPORT,
+        parse_reports(report),
         _UNDELIVERABLE[on_undeliverable],
         bool(persistent),
         topic,
