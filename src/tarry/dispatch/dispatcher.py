@@ -2,7 +2,11 @@
 the due messages from the store, and hands them to their destinations.
 
 - Local queues are released in one store transaction per batch (exactly-once); where the store
-  allows it (``release_due``: PostgreSQL), fetching is part of that same transaction.
+  allows it (``release_due``: PostgreSQL), fetching is part of that same transaction. The loop
+  does not wait for a batch's transaction and markers before it looks for the next due messages
+  (the batch stays claimed until then): a round that waited behind a consumer's transaction or
+  a producer's fsync made everything falling due meanwhile late, and the event loop would sit
+  idle while the queue database's thread worked.
 - Other destinations go through their ``Transport``; the message leaves the store only after the
   destination accepted it (at-least-once; the same ``id`` on every attempt).
 - A failed delivery is counted; it is retried after a back-off up to ``number_of_retries`` times
@@ -101,8 +105,10 @@ class Dispatcher:
         #: When the loop plans to look next (ms); an arrival due earlier wakes it.
         self._planned_ms: int | None = None
         self._inflight: set[asyncio.Task[None]] = set()
-        #: Messages handed to external transports and not yet settled.
+        #: Messages handed to external transports or being released locally, not yet settled.
         self._inflight_messages = 0
+        #: Local releases under way (a subset of ``_inflight``).
+        self._releasing: set[asyncio.Task[None]] = set()
         #: When held-back messages (destination away) may be tried again, earliest first.
         self._held: list[int] = []
         self.stats = DispatchStats()
@@ -123,7 +129,7 @@ class Dispatcher:
             try:
                 # Planning the sleep reads the store too: inside the try, so a store that goes
                 # away between the round and the plan is a fault to wait out, not the loop's end.
-                wake_ms = None if await self.run_once() else await self._next_wake_ms()
+                wake_ms = None if await self._round() else await self._next_wake_ms()
             except Exception as exc:  # a fetch/store fault: wait as the breaker says, then retry
                 log.warning("dispatch round failed: %s", exc)
                 await self._sleep_until(self._clock.now_ms() + self._breakers.fetch.failure(exc))
@@ -132,9 +138,26 @@ class Dispatcher:
                 await self._sleep_until(wake_ms)
 
     async def drain(self) -> None:
-        """Wait for deliveries already handed to external transports."""
+        """Wait for deliveries already handed to external transports and local releases."""
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def run_once(self) -> bool:
+        """One fetch-and-hand-over, returning once the local queues hold what it released;
+        True when it found due messages (look again at once)."""
+        found = await self._round()
+        await self._released()
+        return found
+
+    async def release_all_due(self) -> int:
+        """Rounds as ``run`` makes them (each local release overlapping the next fetch) until
+        nothing is due; returns the rounds. For tools and benchmarks that want the loop's
+        throughput without its sleeping."""
+        rounds = 0
+        while await self._round():
+            rounds += 1
+        await self._released()
+        return rounds
 
     async def _next_wake_ms(self) -> int:
         now = self._clock.now_ms()
@@ -158,11 +181,23 @@ class Dispatcher:
                 pass
         self._planned_ms = None
 
-    async def run_once(self) -> bool:
-        """One fetch-and-hand-over; True when it found due messages (look again at once)."""
+    async def _released(self) -> None:
+        """Wait for the local releases under way; what killed one (the process exiting)
+        reaches the caller."""
+        if self._releasing:
+            await asyncio.gather(*self._releasing)
+
+    async def _round(self) -> bool:
+        """One fetch-and-hand-over; local releases are left running (``_releasing``). True when
+        it found due messages."""
         # Back-pressure: claim no more while two batches are still out with slow destinations,
         # so a burst neither outlives its claims nor turns into a pile of confirm timeouts.
-        while self._inflight_messages >= 2 * self._config.batch_size:
+        # Two local releases at most: one committing while the next is fetched (and a
+        # failing store, whose releases each wait out the breaker, is not asked again meanwhile).
+        while (
+            self._inflight_messages >= 2 * self._config.batch_size
+            or len(self._releasing) >= 2
+        ):
             await asyncio.wait(set(self._inflight), return_when=asyncio.FIRST_COMPLETED)
         now = self._clock.now_ms()
         if self.release_due is not None:
@@ -190,7 +225,7 @@ class Dispatcher:
             local = [m for m in due if is_local[m.destination]]
             external = [m for m in due if not is_local[m.destination]]
             if local:
-                await self._hand_local(local)
+                self._spawn_release(local)
         batched: dict[str, list[Message]] = {}
         for message in external:
             transport = self._transport_for(message.destination)
@@ -212,16 +247,21 @@ class Dispatcher:
             self._spawn(self._deliver_batch(self._transport_for(destination), batch), len(batch))
         return True
 
-    def _spawn(self, work: Coroutine[Any, Any, None], messages: int) -> None:
+    def _spawn_release(self, batch: Sequence[Message]) -> None:
+        self._releasing.add(self._spawn(self._hand_local(batch), len(batch)))
+
+    def _spawn(self, work: Coroutine[Any, Any, None], messages: int) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work)
         self._inflight.add(task)
         self._inflight_messages += messages
 
         def done(finished: asyncio.Task[None]) -> None:
             self._inflight.discard(finished)
+            self._releasing.discard(finished)
             self._inflight_messages -= messages
 
         task.add_done_callback(done)
+        return task
 
     async def _deliver_batch(self, transport: Any, batch: list[Message]) -> None:
         """A transport that publishes many at once (RabbitMQ, pipelined confirms): the
@@ -242,8 +282,12 @@ class Dispatcher:
     async def _hand_local(self, batch: Sequence[Message]) -> None:
         try:
             refused = await self._release_local(batch)
-        except TarryError as exc:
-            # The store could not commit: the claims lapse and the batch is tried again.
+        except Exception as exc:
+            # The store could not commit: the claims lapse and the batch is tried again. This
+            # task keeps its share of the in-flight limit while it waits out the breaker, so a
+            # failing store stops the loop from claiming more.
+            if not isinstance(exc, TarryError):
+                log.exception("local release failed unexpectedly")
             wait_ms = self._breakers.store.failure(exc)
             self._store.release_claims([m.id for m in batch])
             await asyncio.sleep(wait_ms / 1000)
