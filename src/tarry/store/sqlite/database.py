@@ -31,6 +31,8 @@ __all__ = ["Database"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], Any]
+#: Batches the database thread commits before it lets other executor work in (``_flush``).
+_BATCHES_IN_A_ROW = 16
 
 
 class Database:
@@ -59,6 +61,8 @@ class Database:
         self._checkpointer: threading.Thread | None = None
         self._closing = threading.Event()
         self._flushing = False
+        #: Guards ``_pending`` and ``_flushing``, shared by the event loop and the thread.
+        self._lock = threading.Lock()
         self._level = ""
         self.commits = 0
 
@@ -142,35 +146,36 @@ class Database:
         """Run ``work`` inside a transaction shared with other concurrent writes; return once
         the transaction is committed, and fsynced when ``durable`` (see the module docstring)."""
         self._require()
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._pending.append((work, future, durable))
-        if not self._flushing:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        with self._lock:
+            self._pending.append((work, future, durable))
+            start = not self._flushing
             self._flushing = True
-            asyncio.get_running_loop().create_task(self._flush())
+        if start:
+            self._executor.submit(self._flush, loop)
         return await future
 
-    async def _flush(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._pending:
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the database thread: commit batch after batch while writes are pending. The
+        thread takes the next batch itself rather than through the event loop, which under
+        load is busy for a millisecond or more between two looks: a release or a consumer's
+        ack waited for that as well as for the transactions ahead of it. After a few batches
+        it steps aside (queues itself again), so work given to the executor (``open``, an
+        in-memory database's reads) is not starved."""
+        for _ in range(_BATCHES_IN_A_ROW):
+            with self._lock:
                 batch, self._pending = self._pending, []
-                try:
-                    results = await loop.run_in_executor(self._executor, self._run_batch, batch)
-                except BaseException as exc:  # the commit itself failed: nothing was stored
-                    error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
-                    for _, future, _ in batch:
-                        if not future.done():
-                            future.set_exception(error)
-                    continue
-                for (_, future, _), (ok, value) in zip(batch, results, strict=True):
-                    if future.done():
-                        continue
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
-        finally:
-            self._flushing = False
+                if not batch:
+                    self._flushing = False
+                    return
+            try:
+                results = self._run_batch(batch)
+            except BaseException as exc:  # the commit itself failed: nothing was stored
+                error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
+                results = [(False, error)] * len(batch)
+            loop.call_soon_threadsafe(_settle, batch, results)
+        self._executor.submit(self._flush, loop)
 
     def _run_batch(
         self, batch: list[tuple[Work, asyncio.Future[Any], bool]]
@@ -211,6 +216,19 @@ class Database:
         if self._conn is None:
             raise Unavailable("the store is not open; wait for the server to finish starting")
         return self._conn
+
+
+def _settle(
+    batch: list[tuple[Work, asyncio.Future[Any], bool]], results: list[tuple[bool, Any]]
+) -> None:
+    """On the event loop: each write's result (or error) to its caller."""
+    for (_, future, _), (ok, value) in zip(batch, results, strict=True):
+        if future.done():  # its caller went away (cancelled)
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
 
 
 class Connection(sqlite3.Connection):
