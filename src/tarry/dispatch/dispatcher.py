@@ -194,10 +194,7 @@ class Dispatcher:
         # so a burst neither outlives its claims nor turns into a pile of confirm timeouts.
         # Two local releases at most: one committing while the next is fetched (and a
         # failing store, whose releases each wait out the breaker, is not asked again meanwhile).
-        while (
-            self._inflight_messages >= 2 * self._config.batch_size
-            or len(self._releasing) >= 2
-        ):
+        while self._inflight_messages >= 2 * self._config.batch_size or len(self._releasing) >= 2:
             await asyncio.wait(set(self._inflight), return_when=asyncio.FIRST_COMPLETED)
         now = self._clock.now_ms()
         if self.release_due is not None:
