@@ -244,6 +244,56 @@ async def test_no_more_is_claimed_while_two_batches_are_still_out() -> None:
     assert len(transport.delivered) == 6
 
 
+async def test_the_loop_fetches_the_next_batch_while_a_local_release_commits() -> None:
+    # Given local releases that wait for a commit, and three batches due
+    h = Harness(batch_size=2)
+    h.dispatcher._is_local = lambda name: True
+    gate = asyncio.Event()
+    started: list[list[str]] = []
+
+    async def committing(batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
+        started.append([m.id for m in batch])
+        await gate.wait()
+        await h.store.remove([m.id for m in batch], state=MessageState.READY, now_ms=0)
+        return []
+
+    h.dispatcher._release_local = committing
+    due = [await h.schedule() for _ in range(6)]
+    loop = asyncio.create_task(h.dispatcher.run())
+    try:
+        await asyncio.sleep(0.05)
+        # When the first release has not committed: the second batch is claimed and on its
+        # way too, and no third (two in flight at most)
+        assert len(started) == 2
+        assert sorted(i for batch in started for i in batch) == sorted(m.id for m in due[:4])
+        # Then once they commit, the rest follows and each message is released once
+        gate.set()
+        for _ in range(100):
+            if len(started) == 3 and await h.store.count_scheduled() == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(i for batch in started for i in batch) == sorted(m.id for m in due)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_run_once_returns_once_its_local_release_is_done() -> None:
+    h = Harness()
+    h.dispatcher._is_local = lambda name: True
+    done: list[str] = []
+
+    async def slow(batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
+        await asyncio.sleep(0.02)
+        done.extend(m.id for m in batch)
+        return []
+
+    h.dispatcher._release_local = slow
+    m = await h.schedule()
+    assert await h.dispatcher.run_once()
+    assert done == [m.id]
+
+
 async def test_a_store_failing_while_the_loop_plans_its_sleep_does_not_end_the_loop() -> None:
     # Given a store that fails once when asked for the next due time (PostgreSQL restarting
     # between the round and the plan: this used to end the loop and stop delivery for good)
