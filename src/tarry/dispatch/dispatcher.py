@@ -223,6 +223,10 @@ class Dispatcher:
             external = [m for m in due if not is_local[m.destination]]
             if local:
                 self._spawn_release(local)
+                # Let the release start (hand its transaction to the database thread) before
+                # the next fetch: a round does not otherwise give the loop a turn, and two
+                # releases would wait and commit together, the thread idle while we fetch.
+                await asyncio.sleep(0)
         batched: dict[str, list[Message]] = {}
         for message in external:
             transport = self._transport_for(message.destination)
