@@ -29,9 +29,13 @@ def test_lateness_matches_a_prometheus_histogram() -> None:
         buckets=_LATENESS_BUCKETS,
         registry=reference,
     )
+    batch = Metrics()  # the same events given as batches, as the engine gives them
     rng = random.Random(7)
-    # Bounds themselves (le is "<="), zero, past the last bound, and a spread in between.
-    late_ms = [0, 1, 2, 5, 250, 1000, 60_000, 61_000, *(rng.randrange(70_000) for _ in range(500))]
+    # Bounds themselves (le is "<="), zero, past the last bound, early (counts as 0), and a
+    # spread in between.
+    late_ms = [0, 1, 2, 5, 250, 1000, 60_000, 61_000, -3]
+    late_ms += [rng.randrange(70_000) for _ in range(500)]
+    events = []
     for i, late in enumerate(late_ms):
         message = Message(
             id=f"m{i}",
@@ -44,7 +48,15 @@ def test_lateness_matches_a_prometheus_histogram() -> None:
         )
         for event in ("released", "received", "delivered"):  # received is not a release
             metrics.record(event, message, 1_000_000 + late, "q", None)
-        histogram.observe(late / 1000)
-        histogram.observe(late / 1000)
-    assert _lateness_lines(metrics.registry) == _lateness_lines(reference)
+            events.append((event, message, 1_000_000 + late, "q", None))
+        histogram.observe(max(0, late) / 1000)
+        histogram.observe(max(0, late) / 1000)
+    for start in range(0, len(events), 100):
+        batch.record_many(events[start : start + 100])
+    # The same buckets; the sum to the ms (the reference adds seconds as floats).
+    assert _lateness_lines(batch.registry) == _lateness_lines(metrics.registry)
+    ours, theirs = _lateness_lines(metrics.registry), _lateness_lines(reference)
+    assert [x for x in ours if "_sum" not in x] == [x for x in theirs if "_sum" not in x]
+    assert metrics.lateness.sum_ms == 2 * sum(max(0, late) for late in late_ms)
+    assert batch._counts == metrics._counts == {"released": 509, "received": 509, "delivered": 509}
     assert any('le="1.0"} ' in line for line in _lateness_lines(metrics.registry))

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from tarry.engine.types import (
     Delivery,
+    EventBatchListener,
     EventListener,
     MayAccess,
     MessageQuery,
@@ -113,5 +114,8 @@ class EngineAPI(Protocol):
     async def stats(self) -> dict[str, Any]:
         """Counts by state, per queue, dispatcher figures."""
 
-    def add_listener(self, listener: EventListener) -> None:
-        """Register a listener for every state change (see ``EventListener``)."""
+    def add_listener(
+        self, listener: EventListener, *, many: EventBatchListener | None = None
+    ) -> None:
+        """Register a listener for every state change (see ``EventListener``); ``many``, when
+        given, takes a batch's events in one call instead of ``listener`` one by one."""

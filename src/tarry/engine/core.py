@@ -23,6 +23,8 @@ from tarry.engine.handover import hand_over, refuse_if_handed_over
 from tarry.engine.stores import build_stores
 from tarry.engine.types import (
     Delivery,
+    Event,
+    EventBatchListener,
     EventListener,
     MayAccess,
     MessageQuery,
@@ -62,7 +64,7 @@ from tarry.queues.catalog import (
     save_subscription,
     save_topic,
 )
-from tarry.queues.txn import Event, QueueTxn, Sequencer
+from tarry.queues.txn import QueueTxn, Sequencer
 from tarry.store.base import DelayedStore, QueueDatabase, StoreOutcome
 from tarry.store.sql import row_lock
 from tarry.store.sqlite.store import insert_messages
@@ -101,6 +103,20 @@ async def _pause(items: int) -> None:
         await asyncio.sleep(1e-6)
 
 
+def _one_by_one(listener: EventListener) -> EventBatchListener:
+    """A listener without a form for many events, given them one at a time (one that fails on
+    an event still gets the others)."""
+
+    def many(events: Sequence[Event]) -> None:
+        for event in events:
+            try:
+                listener(*event)
+            except Exception:
+                log.exception("event listener failed")
+
+    return many
+
+
 class Engine:
     def __init__(
         self,
@@ -129,6 +145,8 @@ class Engine:
         self.breakers = Breakers.from_config(config.dispatch, self.clock)
         self.limits = SendLimits(max_message_bytes=config.server.max_message_bytes)
         self._listeners: list[EventListener] = []
+        #: The same listeners in their form for many events (``add_listener``).
+        self._batch_listeners: list[EventBatchListener] = []
         self._seq = Sequencer()
         from tarry.engine.waiters import Waiters
 
@@ -168,8 +186,11 @@ class Engine:
         return cls(config, store=store, queues=queues, clock=clock, transports=transports)
 
     # --- lifecycle ----------------------------------------------------------------------------
-    def add_listener(self, listener: EventListener) -> None:
+    def add_listener(
+        self, listener: EventListener, *, many: EventBatchListener | None = None
+    ) -> None:
         self._listeners.append(listener)
+        self._batch_listeners.append(many if many is not None else _one_by_one(listener))
 
     async def start(self, *, background: bool = True) -> None:
         """``background=False`` leaves the dispatcher and housekeeping loops to the caller (tests
@@ -195,7 +216,7 @@ class Engine:
                 clock=self.clock,
                 node=self.config.journal.node or socket.gethostname(),
             )
-            self.add_listener(self.journal.record)
+            self.add_listener(self.journal.record, many=self.journal.record_many)
             if background:
                 self._spawn(self.journal.run)
         await self._declare_configured()
@@ -301,24 +322,16 @@ class Engine:
                 log.exception("event listener failed")
 
     def _emit_each(self, event: str, messages: Sequence[Message], time_ms: int) -> None:
-        """``_emit`` of every message (a batch's thousands of events), each listener taking
-        them all in order, without an event tuple per message."""
-        for listener in self._listeners:
-            for message in messages:
-                try:
-                    listener(event, message, time_ms, None, None)
-                except Exception:
-                    log.exception("event listener failed")
+        """``_emit`` of every message (a batch's thousands of events)."""
+        self._emit_all([(event, message, time_ms, None, None) for message in messages])
 
     def _emit_all(self, events: Sequence[Event]) -> None:
-        """``_emit`` of every event, each listener taking them all in order (without a call per
-        event and listener pair in between)."""
-        for listener in self._listeners:
-            for event in events:
-                try:
-                    listener(*event)
-                except Exception:
-                    log.exception("event listener failed")
+        """``_emit`` of every event, each listener taking them all in one call, in order."""
+        for many in self._batch_listeners:
+            try:
+                many(events)
+            except Exception:
+                log.exception("event listener failed")
 
     def _txn(self, conn: sqlite3.Connection, now_ms: int) -> QueueTxn:
         return QueueTxn(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +11,8 @@ from tarry.model.queue_args import EffectiveQueueArgs, QueueArgs
 
 __all__ = [
     "Delivery",
+    "Event",
+    "EventBatchListener",
     "EventListener",
     "MayAccess",
     "MessageQuery",
@@ -140,3 +142,7 @@ class MessageQuery:
 #: ``rescheduled``, ``failed``, ``delivered`` (accepted by an external destination).
 #: Listeners must be fast and must not raise (the journal and the metrics are listeners).
 EventListener = Callable[[str, Message, int, "str | None", "str | None"], None]
+#: One event as ``EventListener`` takes it: ``(event, message, time_ms, queue, reason)``.
+Event = tuple[str, Message, int, "str | None", "str | None"]
+#: A listener's form for many events at once, in order (a batch makes one event a message).
+EventBatchListener = Callable[[Sequence[Event]], None]

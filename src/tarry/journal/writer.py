@@ -29,12 +29,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 import orjson
 
 from tarry.config import JournalConfig
+from tarry.engine.types import Event
 from tarry.model.message import Message
 from tarry.model.time import Clock
 
@@ -68,33 +70,40 @@ class Journal:
         self, event: str, message: Message, time_ms: int, queue: str | None, reason: str | None
     ) -> None:
         """The engine's event listener: buffer one line (no I/O here)."""
-        try:
-            self._buffer += orjson.dumps(
-                {
-                    "event": event,
-                    "time": time_ms,
-                    "node": self.node,
-                    "id": message.id,
-                    "destination": message.destination,
-                    "topic": message.topic,
-                    "queue": queue,
-                    "message_id": message.message_id,
-                    "correlation_id": message.correlation_id,
-                    "sent_at": message.sent_at_ms,
-                    "deliver_at": message.deliver_at_ms,
-                    "expires_at": message.expires_at_ms,
-                    "size": len(message.body),
-                    "failures": message.failures,
-                    "reason": reason,
-                    "lateness_ms": time_ms - message.deliver_at_ms
-                    if event in _LATE_EVENTS
-                    else None,
-                },
-                option=orjson.OPT_APPEND_NEWLINE,
-            )
-            self._lines += 1
-        except Exception:
-            self.dropped += 1
+        self.record_many(((event, message, time_ms, queue, reason),))
+
+    def record_many(self, events: Sequence[Event]) -> None:
+        """The engine's event listener for a batch: buffer a line for each (no I/O here)."""
+        buffer, dumps, node = self._buffer, orjson.dumps, self.node
+        for event, message, time_ms, queue, reason in events:
+            try:
+                buffer += dumps(
+                    {
+                        "event": event,
+                        "time": time_ms,
+                        "node": node,
+                        "id": message.id,
+                        "destination": message.destination,
+                        "topic": message.topic,
+                        "queue": queue,
+                        "message_id": message.message_id,
+                        "correlation_id": message.correlation_id,
+                        "sent_at": message.sent_at_ms,
+                        "deliver_at": message.deliver_at_ms,
+                        "expires_at": message.expires_at_ms,
+                        "size": len(message.body),
+                        "failures": message.failures,
+                        "reason": reason,
+                        "lateness_ms": time_ms - message.deliver_at_ms
+                        if event in _LATE_EVENTS
+                        else None,
+                    },
+                    None,
+                    orjson.OPT_APPEND_NEWLINE,
+                )
+                self._lines += 1
+            except Exception:
+                self.dropped += 1
 
     def flush(self) -> None:
         """Write buffered lines to the current file, rotating first when it is due."""

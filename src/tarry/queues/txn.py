@@ -15,6 +15,7 @@ from itertools import chain
 
 import orjson
 
+from tarry.engine.types import Event
 from tarry.errors import DeliveryFailed
 from tarry.model.deaths import record_death, would_cycle
 from tarry.model.expiry import is_expired, queue_expiries_ms, queue_expiry_ms
@@ -42,8 +43,6 @@ __all__ = ["HANDOFF_MS", "ClockSequencer", "QueueTxn", "Sequencer"]
 #: A message that expires on arrival (TTL 0) while a consumer is waiting gets this long to be
 #: taken by that consumer (RabbitMQ: "expire unless a consumer can take it at once").
 HANDOFF_MS = 200
-
-Event = tuple[str, Message, int, "str | None", "str | None"]
 
 
 class Sequencer:

@@ -35,7 +35,7 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
 
         engine = Engine.from_config(config)
     metrics = Metrics()
-    engine.add_listener(metrics.record)
+    engine.add_listener(metrics.record, many=metrics.record_many)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
