@@ -604,10 +604,9 @@ class Engine:
     ) -> list[tuple[Message, DeliveryFailed]]:
         if not self.shared:
             return await release.release(self, batch)
-        now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> tuple[QueueTxn, list[tuple[Message, DeliveryFailed]]]:
-            txn = self._txn(conn, now)
+            txn = self._txn(conn, self.clock.now_ms())  # when it runs (see ``release._release``)
             refused = []
             # Claim check, enqueue and leaving the store commit together (exactly-once).
             for message in cluster.still_held(self, conn, batch):

@@ -149,12 +149,13 @@ async def _release(
     claimed: bool,
     committed: Callable[[QueueTxn], None] | None = None,
 ) -> tuple[list[tuple[Message, DeliveryFailed]], QueueTxn]:
-    now = engine.clock.now_ms()
-
     def work(
         conn: sqlite3.Connection,
     ) -> tuple[QueueTxn, list[tuple[Message, DeliveryFailed]], list[str]]:
-        txn = engine._txn(conn, now)
+        # The time of the transaction, not of the call: the batch may wait for the database
+        # thread behind other transactions, and its messages enter their queue (and their
+        # release lateness is counted) when this one runs.
+        txn = engine._txn(conn, engine.clock.now_ms())
         refused: list[tuple[Message, DeliveryFailed]] = []
         before = txn.released_before([m.id for m in batch])
         by_queue: dict[str, list[Message]] = {}
@@ -172,7 +173,7 @@ async def _release(
         if committed is not None:
             committed(txn)
         if placed:
-            await engine.store.remove(placed, state=MessageState.READY, now_ms=now)
+            await engine.store.remove(placed, state=MessageState.READY, now_ms=txn.now_ms)
     finally:
         if claimed:
             engine.store.release_claims([m.id for m in batch])
