@@ -109,6 +109,11 @@ class Dispatcher:
         self._inflight_messages = 0
         #: Local releases under way (a subset of ``_inflight``).
         self._releasing: set[asyncio.Task[None]] = set()
+        #: How many may be under way: two (one committing while the next is fetched), or one
+        #: where the store shares the queue database. There a fetch skips the claimed messages
+        #: by reading past them, so a second batch in flight made every fetch read three
+        #: batches' rows (SQLite release bench: 56 -> 89 CPU µs a message).
+        self._releases_at_once = 1 if store.shares_queue_database else 2
         #: When held-back messages (destination away) may be tried again, earliest first.
         self._held: list[int] = []
         self.stats = DispatchStats()
@@ -192,9 +197,12 @@ class Dispatcher:
         it found due messages."""
         # Back-pressure: claim no more while two batches are still out with slow destinations,
         # so a burst neither outlives its claims nor turns into a pile of confirm timeouts.
-        # Two local releases at most: one committing while the next is fetched (and a
-        # failing store, whose releases each wait out the breaker, is not asked again meanwhile).
-        while self._inflight_messages >= 2 * self._config.batch_size or len(self._releasing) >= 2:
+        # A bounded number of local releases (``_releases_at_once``); a failing store, whose
+        # releases each wait out the breaker, is not asked again meanwhile.
+        while (
+            self._inflight_messages >= 2 * self._config.batch_size
+            or len(self._releasing) >= self._releases_at_once
+        ):
             await asyncio.wait(set(self._inflight), return_when=asyncio.FIRST_COMPLETED)
         now = self._clock.now_ms()
         if self.release_due is not None:
