@@ -294,6 +294,25 @@ async def test_run_once_returns_once_its_local_release_is_done() -> None:
     assert done == [m.id]
 
 
+async def test_release_all_due_makes_the_loop_s_rounds_until_nothing_is_due() -> None:
+    h = Harness(batch_size=2)
+    h.dispatcher._is_local = lambda name: True
+    released: list[str] = []
+
+    async def release(batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
+        await asyncio.sleep(0.001)
+        released.extend(m.id for m in batch)
+        await h.store.remove([m.id for m in batch], state=MessageState.READY, now_ms=0)
+        return []
+
+    h.dispatcher._release_local = release
+    due = [await h.schedule() for _ in range(5)]
+    later = await h.schedule(1000)
+    assert await h.dispatcher.release_all_due() == 3  # 2 + 2 + 1
+    assert sorted(released) == sorted(m.id for m in due)
+    assert later.id not in released and h.dispatcher.stats.released == 5
+
+
 async def test_a_store_failing_while_the_loop_plans_its_sleep_does_not_end_the_loop() -> None:
     # Given a store that fails once when asked for the next due time (PostgreSQL restarting
     # between the round and the plan: this used to end the loop and stop delivery for good)
