@@ -40,7 +40,7 @@ class Harness:
             transport_for=lambda name: self.transport,
             release_local=self._release_local,
             give_up=self._give_up,
-            notify=lambda event, m, t, q, r: self.events.append((event, m.id)),
+            notify=lambda events: self.events.extend((e[0], e[1].id) for e in events),
         )
 
     async def _release_local(

@@ -9,20 +9,12 @@ import orjson
 from tarry.config import JournalConfig
 from tarry.engine.types import Event
 from tarry.journal.writer import Journal
-from tarry.model.message import Message
+from tarry.model.message import Message, plain_message
 from tarry.model.time import ManualClock
 
 
 def _events() -> list[Event]:
-    plain = Message(
-        id="m1",
-        destination="q",
-        body=b"abc",
-        headers={},
-        sent_at_ms=1,
-        deliver_at_ms=10,
-        expires_at_ms=None,
-    )
+    plain = plain_message("m1", "q", b"abc", 1, 10, None)
     full = Message(
         id="m2",
         destination="q",

@@ -6,69 +6,70 @@ import asyncio
 import sqlite3
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import pytest
 
 from tarry.errors import Unavailable
 from tarry.store.sqlite.database import Database
 
 
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    opened = Database(tmp_path / "q.db")
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
 async def test_writes_arriving_during_a_commit_are_committed_without_the_event_loop(
-    tmp_path: Path,
+    db: Database,
 ) -> None:
     # Given a write that holds the database thread, and a second one submitted meanwhile
-    db = Database(tmp_path / "q.db")
-    await db.open()
-    try:
-        inside = threading.Event()
-        second_ran_at: list[float] = []
+    inside = threading.Event()
+    second_ran_at: list[float] = []
 
-        def first(conn: sqlite3.Connection) -> int:
-            inside.set()
-            time.sleep(0.05)
-            return 1
+    def first(conn: sqlite3.Connection) -> int:
+        inside.set()
+        time.sleep(0.05)
+        return 1
 
-        def second(conn: sqlite3.Connection) -> int:
-            second_ran_at.append(time.monotonic())
-            return 2
+    def second(conn: sqlite3.Connection) -> int:
+        second_ran_at.append(time.monotonic())
+        return 2
 
-        one = asyncio.ensure_future(db.write(first))
-        await asyncio.sleep(0)
-        assert await asyncio.to_thread(inside.wait, 5)
-        two = asyncio.ensure_future(db.write(second))
-        await asyncio.sleep(0)  # the second write is queued
-        # When the event loop is busy (blocked) well past the first commit
-        blocked_until = time.monotonic() + 0.2
-        time.sleep(0.2)
-        # Then the thread went on to the second write by itself, and both callers get theirs
-        assert second_ran_at and second_ran_at[0] < blocked_until
-        assert await one == 1 and await two == 2
-    finally:
-        await db.close()
+    one = asyncio.ensure_future(db.write(first))
+    await asyncio.sleep(0)
+    assert await asyncio.to_thread(inside.wait, 5)
+    two = asyncio.ensure_future(db.write(second))
+    await asyncio.sleep(0)  # the second write is queued
+    # When the event loop is busy (blocked) well past the first commit
+    blocked_until = time.monotonic() + 0.2
+    time.sleep(0.2)
+    # Then the thread went on to the second write by itself, and both callers get theirs
+    assert second_ran_at and second_ran_at[0] < blocked_until
+    assert await one == 1 and await two == 2
 
 
 async def test_a_failing_write_fails_alone_and_the_others_of_its_batch_commit(
-    tmp_path: Path,
+    db: Database,
 ) -> None:
-    db = Database(tmp_path / "q.db")
-    await db.open()
-    try:
-        await db.write(lambda conn: conn.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)"))
+    await db.write(lambda conn: conn.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)"))
 
-        def bad(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT INTO t VALUES (1)")
-            conn.execute("INSERT INTO t VALUES (1)")  # a key conflict: this write is undone
+    def bad(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute("INSERT INTO t VALUES (1)")  # a key conflict: this write is undone
 
-        results = await asyncio.gather(
-            db.write(lambda conn: conn.execute("INSERT INTO t VALUES (2)")),
-            db.write(bad),
-            db.write(lambda conn: conn.execute("INSERT INTO t VALUES (3)")),
-            return_exceptions=True,
-        )
-        assert isinstance(results[1], Unavailable)
-        rows = await db.read(lambda conn: conn.execute("SELECT x FROM t ORDER BY x").fetchall())
-        assert rows == [(2,), (3,)]
-    finally:
-        await db.close()
+    results = await asyncio.gather(
+        db.write(lambda conn: conn.execute("INSERT INTO t VALUES (2)")),
+        db.write(bad),
+        db.write(lambda conn: conn.execute("INSERT INTO t VALUES (3)")),
+        return_exceptions=True,
+    )
+    assert isinstance(results[1], Unavailable)
+    rows = await db.read(lambda conn: conn.execute("SELECT x FROM t ORDER BY x").fetchall())
+    assert rows == [(2,), (3,)]
 
 
 async def test_many_concurrent_writes_all_commit_and_close_waits_for_them(tmp_path: Path) -> None:

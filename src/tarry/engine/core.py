@@ -144,9 +144,8 @@ class Engine:
         self.transports: dict[str, Transport] = dict(transports or {})
         self.breakers = Breakers.from_config(config.dispatch, self.clock)
         self.limits = SendLimits(max_message_bytes=config.server.max_message_bytes)
-        self._listeners: list[EventListener] = []
-        #: The same listeners in their form for many events (``add_listener``).
-        self._batch_listeners: list[EventBatchListener] = []
+        #: Every listener in its form for many events (``add_listener``).
+        self._listeners: list[EventBatchListener] = []
         self._seq = Sequencer()
         from tarry.engine.waiters import Waiters
 
@@ -160,7 +159,7 @@ class Engine:
             transport_for=self.transports.get,
             release_local=self._release_local,
             give_up=self._give_up,
-            notify=self._emit,
+            notify=self._emit_all,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._lock_file: IO[str] | None = None
@@ -189,8 +188,7 @@ class Engine:
     def add_listener(
         self, listener: EventListener, *, many: EventBatchListener | None = None
     ) -> None:
-        self._listeners.append(listener)
-        self._batch_listeners.append(many if many is not None else _one_by_one(listener))
+        self._listeners.append(many if many is not None else _one_by_one(listener))
 
     async def start(self, *, background: bool = True) -> None:
         """``background=False`` leaves the dispatcher and housekeeping loops to the caller (tests
@@ -312,22 +310,14 @@ class Engine:
                 await self.subscribe(topic, queue)
 
     # --- events -------------------------------------------------------------------------------
-    def _emit(
-        self, event: str, message: Message, time_ms: int, queue: str | None, reason: str | None
-    ) -> None:
-        for listener in self._listeners:
-            try:
-                listener(event, message, time_ms, queue, reason)
-            except Exception:  # a listener must never break a state change already committed
-                log.exception("event listener failed")
-
     def _emit_each(self, event: str, messages: Sequence[Message], time_ms: int) -> None:
-        """``_emit`` of every message (a batch's thousands of events)."""
+        """``_emit_all`` of ``event`` for every message (a batch's thousands of events)."""
         self._emit_all([(event, message, time_ms, None, None) for message in messages])
 
     def _emit_all(self, events: Sequence[Event]) -> None:
-        """``_emit`` of every event, each listener taking them all in one call, in order."""
-        for many in self._batch_listeners:
+        """Tell every listener about ``events`` (state changes already made), each listener
+        taking them all in one call, in order; a listener must never break a change."""
+        for many in self._listeners:
             try:
                 many(events)
             except Exception:
@@ -574,7 +564,7 @@ class Engine:
             await release.refuse_if_released(self, message_id)
         now = self.clock.now_ms()
         message = await self.store.cancel(message_id, now_ms=now)
-        self._emit("cancelled", message, now, None, None)
+        self._emit_all([("cancelled", message, now, None, None)])
         return message
 
     async def reschedule(
@@ -587,7 +577,7 @@ class Engine:
         if not self.shared:
             await release.refuse_if_released(self, message_id)
         message = await self.store.reschedule(message_id, deliver_at_ms=deliver_at, now_ms=now)
-        self._emit("rescheduled", message, now, None, None)
+        self._emit_all([("rescheduled", message, now, None, None)])
         self.dispatcher.notify_due(deliver_at)
         return message
 

@@ -3,10 +3,10 @@ has its own registry, so several servers can live in one test process."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -72,7 +72,7 @@ class Metrics:
 
 
 _BOUNDS = [str(float(b)) for b in _LATENESS_BUCKETS]  # "1.0", as ``Histogram`` labels them
-_BOUNDS_MS = np.array([round(b * 1000) for b in _LATENESS_BUCKETS], dtype=np.int64)
+_BOUNDS_MS = [round(b * 1000) for b in _LATENESS_BUCKETS]
 #: Events whose lateness (time - due) the histogram counts.
 _TIMED = frozenset({"released", "delivered"})
 
@@ -88,13 +88,15 @@ class _Lateness(Collector):
         self.sum_ms = 0
 
     def observe_ms(self, late_ms: Sequence[int]) -> None:
-        """Count each lateness (ms; below 0 counts as 0) in its bucket, all at once."""
-        late = np.maximum(np.asarray(late_ms, dtype=np.int64), 0)
-        # side "left": a value equal to a bound counts in that bound's bucket (le, "<=").
-        buckets = np.searchsorted(_BOUNDS_MS, late, side="left")
-        for bucket, count in enumerate(np.bincount(buckets, minlength=len(self.counts))):
-            self.counts[bucket] += int(count)
-        self.sum_ms += int(late.sum())
+        """Count each lateness (ms; below 0 counts as 0) in its bucket. A plain loop, not
+        numpy: numpy's fixed cost (~15 µs) would fall on every single delivered message."""
+        counts, total = self.counts, 0
+        for late in late_ms:
+            late = max(late, 0)
+            # bisect_left: a value equal to a bound counts in that bound's bucket (le, "<=").
+            counts[bisect_left(_BOUNDS_MS, late)] += 1
+            total += late
+        self.sum_ms += total
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         cumulative, buckets = 0, []
