@@ -112,6 +112,10 @@ class DispatchConfig(_Section):
     """How long a fetched message stays claimed before another attempt may take it."""
     max_sleep_ms: int = Field(60_000, gt=0)
     """Longest the dispatcher sleeps without looking at the store (MSMQ: 1 minute)."""
+    tick_ms: int = Field(2, ge=0, le=1_000)
+    """Shortest time between two rounds that find due messages (unless a round found a full
+    batch): what falls due within it is released together with the next round. 0 releases
+    each millisecond's messages as soon as they are due, at a round's cost each."""
     number_of_retries: int = Field(0, ge=0)
     """Delivery attempts after the first before a message goes to the error queue."""
     retry_backoff_ms: int = Field(1_000, ge=0)
