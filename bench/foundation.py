@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -69,6 +70,19 @@ def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each thread of process ``pid`` so far, by thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -128,10 +142,11 @@ async def batch_schedule(
     }
 
 
-async def steady(url: str, rate: int, seconds: int, max_delay_ms: int = 10_000) -> dict[str, float]:
+async def steady(url: str, rate: int, seconds: int, max_delay_ms: int = 10_000) -> dict[str, Any]:
     lateness: list[float] = []
     early = 0
     sent = 0
+    receives = 0
     limits = httpx.Limits(max_connections=16)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
         await client.put("/v1/queues/bench.steady", json={})
@@ -163,7 +178,7 @@ async def steady(url: str, rate: int, seconds: int, max_delay_ms: int = 10_000) 
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
         async def consume() -> None:
-            nonlocal early
+            nonlocal early, receives
             deadline = stop_at + max_delay_ms / 1000 + 5
             while len(lateness) < expected and time.time() < deadline:
                 response = await client.post(
@@ -171,6 +186,7 @@ async def steady(url: str, rate: int, seconds: int, max_delay_ms: int = 10_000) 
                 )
                 now_ms = time.time() * 1000
                 messages = orjson.loads(response.content)["messages"]
+                receives += 1
                 for m in messages:
                     late = now_ms - m["deliver_at"]
                     if late < 0:
@@ -193,6 +209,10 @@ async def steady(url: str, rate: int, seconds: int, max_delay_ms: int = 10_000) 
         "lateness_ms_p99": round(percentile(lateness, 99), 2),
         "lateness_ms_max": round(max(lateness) if lateness else float("nan"), 2),
         "lateness_ms_mean": round(statistics.fmean(lateness), 2) if lateness else None,
+        # The consumers poll as fast as the server answers (a closed loop): how many messages
+        # a receive found says whether they kept up (a few) or fell behind (hundreds).
+        "receives": receives,
+        "messages_per_receive": round(len(lateness) / receives, 1) if receives else None,
     }
 
 

@@ -52,6 +52,7 @@ from foundation import (  # noqa: E402
     rss_mb,
     start_server,
     steady,
+    thread_cpu_s,
 )
 
 from tarry.config import load_config  # noqa: E402
@@ -278,9 +279,22 @@ def part_steady(tmp: Path, scale: float, stores: list[str]) -> dict[str, Any]:
     seconds = max(5, int(60 * scale))
     max_delay = max(2_000, int(60_000 * scale))
     out: dict[str, Any] = {"rate_per_s": rate, "seconds": seconds, "max_delay_ms": max_delay}
+
+    async def work(url: str, pid: int) -> dict[str, Any]:
+        before = thread_cpu_s(pid)
+        result = await steady(url, rate, seconds, max_delay)
+        spent = sorted(
+            (cpu - before.get(tid, 0.0) for tid, cpu in thread_cpu_s(pid).items()), reverse=True
+        )
+        # The server's busiest threads (the event loop's and the queue database's): CPU each
+        # spent over the run. Their sum near one core, with a core to spare on the machine,
+        # says the run was bound by the GIL the two share, not by the cores.
+        result["server_busiest_threads_cpu_s"] = [round(cpu, 2) for cpu in spent[:3]]
+        return result
+
     for store in stores:
         name = f"steady-{store}"
-        result = _serve(tmp, name, store, lambda url, _: steady(url, rate, seconds, max_delay))
+        result = _serve(tmp, name, store, work)
         result["server_released"] = journal_lateness(tmp / name, "released")
         if result["received"]:
             per_k = 1000 / result["received"]
