@@ -14,6 +14,11 @@ Parts (``--only`` runs one):
   without any.
 - ``steady``: 10,000 msg/s × scale with delays 1–60 s × scale over HTTP: lateness p99 (goal
   ≤ 5 ms), client-side and server-side (journal).
+- ``trickle``: in-process release at steady rates (1,000, 3,000 and 10,000 msg/s for 10 s ×
+  scale, messages falling due one after another as steady traffic makes them), with the
+  dispatcher's tick off (0) and at its default: CPU µs per message of the whole process and of
+  each busy thread, and messages per round. Where ``release`` measures a backlog in full
+  batches, this measures what a round costs when each finds a few messages.
 - ``rerun``: 50,000 × scale sends with a ``message_id`` (due in 1 h, over 10 minutes: two or
   three partitions) through the engine in batches of 1,000, then the same sends again, as a
   rerun of an import makes them: msg/s and CPU µs per message of each pass, log and SQLite.
@@ -55,7 +60,7 @@ from foundation import (  # noqa: E402
     thread_cpu_s,
 )
 
-from tarry.config import load_config  # noqa: E402
+from tarry.config import DispatchConfig, load_config  # noqa: E402
 from tarry.engine.core import Engine  # noqa: E402
 from tarry.model.ids import IdGenerator  # noqa: E402
 from tarry.model.message import Message  # noqa: E402
@@ -172,7 +177,9 @@ def part_http(tmp: Path, scale: float) -> dict[str, Any]:
     return out
 
 
-async def _bench_engine(data_dir: Path, store: str, *, listeners: bool = False) -> Engine:
+async def _bench_engine(
+    data_dir: Path, store: str, *, listeners: bool = False, tick_ms: int | None = None
+) -> Engine:
     """A started in-process engine on ``store`` with the queue ``bench``. With ``listeners``
     it has the event listeners ``tarry serve`` gives it by default (the metrics, and the
     journal, flushed as the server flushes it); without, neither (journal off)."""
@@ -182,6 +189,7 @@ async def _bench_engine(data_dir: Path, store: str, *, listeners: bool = False) 
             "server": {"data_dir": str(data_dir)},
             "store": {"engine": store},
             "journal": {"enabled": listeners},
+            "dispatch": {} if tick_ms is None else {"tick_ms": tick_ms},
         },
     )
     engine = Engine.from_config(config)
@@ -216,6 +224,58 @@ async def _release_rate(
         return count / elapsed, cpu / count * 1e6
     finally:
         await engine.stop()
+
+
+async def _trickle(tmp: Path, rate: int, seconds: float, tick_ms: int | None) -> dict[str, Any]:
+    """Release ``rate`` msg/s for ``seconds`` through the dispatcher's own loop (``run``, with
+    its sleeps), the messages falling due one after another from 3 s after they were stored;
+    with the listeners ``tarry serve`` attaches."""
+    name = f"trickle-{rate}-{tick_ms}"
+    engine = await _bench_engine(tmp / name, "log", listeners=True, tick_ms=tick_ms)
+    try:
+        await engine.store.next_due_time()
+        count = int(rate * seconds)
+        lead_ms = 3000
+        await _store_all(
+            engine.store, messages(count, lambda i, now: now + lead_ms + i * 1000 // rate)
+        )
+        tune_runtime()
+        engine._spawn(engine.dispatcher.run)
+        await asyncio.sleep(lead_ms / 1000 - 0.5)
+        threads, cpu = thread_cpu_s(os.getpid()), time.process_time()
+        rounds = engine.dispatcher.stats.rounds
+        while engine.dispatcher.stats.released < count:
+            await asyncio.sleep(0.1)
+        per_message = 1e6 / count
+        spent = sorted(
+            (used - threads.get(tid, 0.0) for tid, used in thread_cpu_s(os.getpid()).items()),
+            reverse=True,
+        )
+        rounds = engine.dispatcher.stats.rounds - rounds
+        return {
+            "cpu_us_per_message": round((time.process_time() - cpu) * per_message, 1),
+            "busiest_threads_cpu_us_per_message": [round(t * per_message, 1) for t in spent[:3]],
+            "messages_per_round": round(count / rounds, 1) if rounds else None,
+        }
+    finally:
+        await engine.stop()
+
+
+def part_trickle(tmp: Path, scale: float) -> dict[str, Any]:
+    """Each rate with the tick off and at its default, one after the other (same minutes)."""
+    seconds = max(2.0, 10 * scale)
+    default_tick = DispatchConfig().tick_ms
+    out: dict[str, Any] = {"seconds": seconds, "default_tick_ms": default_tick}
+    for rate in (1_000, 3_000, 10_000):
+        for tick_ms in (0, default_tick):
+            out[f"{rate}_per_s_tick_{tick_ms}"] = asyncio.run(_trickle(tmp, rate, seconds, tick_ms))
+        ratio_key = f"{rate}_per_s_cpu_ratio_tick_{default_tick}_to_0"
+        out[ratio_key] = ratio(
+            out[f"{rate}_per_s_tick_{default_tick}"]["cpu_us_per_message"],
+            out[f"{rate}_per_s_tick_0"]["cpu_us_per_message"],
+        )
+    out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return out
 
 
 def part_release(tmp: Path, scale: float) -> dict[str, Any]:
@@ -502,7 +562,17 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument(
         "--only",
-        choices=["schedule", "http", "release", "rerun", "steady", "index", "restart", "year"],
+        choices=[
+            "schedule",
+            "http",
+            "release",
+            "trickle",
+            "rerun",
+            "steady",
+            "index",
+            "restart",
+            "year",
+        ],
     )
     parser.add_argument(
         "--year-messages", type=int, help="messages over a year (default 1M × scale)"
@@ -569,6 +639,7 @@ def main() -> None:
             "schedule": lambda: asyncio.run(part_schedule(tmp, scale)),
             "http": lambda: part_http(tmp, scale),
             "release": lambda: part_release(tmp, scale),
+            "trickle": lambda: part_trickle(tmp, scale),
             "rerun": lambda: part_rerun(tmp, scale),
             "steady": lambda: part_steady(tmp, scale, args.stores),
             "index": lambda: part_index(scale),
