@@ -4,7 +4,8 @@ and transport (the same paths run for real in tests/engine and tests/e2e)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
@@ -385,6 +386,17 @@ def test_the_system_clock_counts_seconds_until_a_millisecond_at_full_precision(
     assert clock.seconds_until(100) == pytest.approx(-0.0009)
 
 
+@contextlib.asynccontextmanager
+async def _running(h: Harness) -> AsyncIterator[None]:
+    """The dispatcher's own loop (``run``) for the block."""
+    loop = asyncio.create_task(h.dispatcher.run())
+    try:
+        yield
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
 async def _delivered(h: Harness, count: int, within_s: float) -> list[str]:
     for _ in range(int(within_s / 0.01)):
         if len(h.transport.delivered) >= count:
@@ -393,48 +405,29 @@ async def _delivered(h: Harness, count: int, within_s: float) -> list[str]:
     return [d.id for d in h.transport.delivered]
 
 
-async def test_what_falls_due_within_a_tick_of_a_round_waits_for_the_next_round() -> None:
-    # Given a loop with a 300 ms tick that has just released a message
-    h = Harness(tick_ms=300)
+@pytest.mark.parametrize("tick_ms", [1_000, 0])
+async def test_what_falls_due_within_a_tick_of_a_round_waits_for_the_next_round(
+    tick_ms: int,
+) -> None:
+    # Given a loop that has just released a message
+    h = Harness(tick_ms=tick_ms)
     first = await h.schedule()
-    loop = asyncio.create_task(h.dispatcher.run())
-    try:
+    async with _running(h):
         assert await _delivered(h, 1, within_s=1) == [first.id]
-        # When another message falls due (and the loop is told) within the tick
+        # When another message falls due (and the loop is told) 100 ms later
         second = await h.schedule()
         h.dispatcher.notify_due(second.deliver_at_ms)
         await asyncio.sleep(0.1)
-        # Then it waits for the tick's end (one round for what falls due meanwhile) ...
-        assert [d.id for d in h.transport.delivered] == [first.id]
-        # ... and goes then
+        # Then within a 1 s tick it waits for the tick's end; with no tick it went at once
+        gone = [first.id] if tick_ms else [first.id, second.id]
+        assert [d.id for d in h.transport.delivered] == gone
         assert await _delivered(h, 2, within_s=2) == [first.id, second.id]
-    finally:
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
 
 
 async def test_a_round_that_found_a_full_batch_is_followed_at_once_whatever_the_tick() -> None:
     # Given five due messages, batches of two and a tick of a second
     h = Harness(tick_ms=1_000, batch_size=2)
     due = [await h.schedule() for _ in range(5)]
-    loop = asyncio.create_task(h.dispatcher.run())
-    try:
+    async with _running(h):
         # Then the backlog goes batch after batch without waiting for the tick
         assert sorted(await _delivered(h, 5, within_s=0.5)) == sorted(m.id for m in due)
-    finally:
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
-
-
-async def test_with_no_tick_a_message_told_due_is_released_at_once() -> None:
-    h = Harness(tick_ms=0)
-    first = await h.schedule()
-    loop = asyncio.create_task(h.dispatcher.run())
-    try:
-        assert await _delivered(h, 1, within_s=1) == [first.id]
-        second = await h.schedule()
-        h.dispatcher.notify_due(second.deliver_at_ms)
-        assert await _delivered(h, 2, within_s=0.1) == [first.id, second.id]
-    finally:
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
