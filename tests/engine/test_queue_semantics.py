@@ -84,6 +84,17 @@ async def test_ttl_zero_expires_on_arrival_unless_a_consumer_is_waiting(make_eng
     assert delivery.message.id == taken.id
 
 
+async def test_a_long_poll_on_an_empty_queue_returns_nothing_once_its_wait_is_over(
+    make_engine,
+) -> None:
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await engine.receive("q", wait_ms=300) == []
+    assert 0.29 <= loop.time() - started < 3
+
+
 async def test_drop_head_dead_letters_the_oldest_with_reason_maxlen(make_engine) -> None:
     engine = await make_engine()
     await engine.declare_queue("dlq", {})

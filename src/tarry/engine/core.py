@@ -783,8 +783,11 @@ class Engine:
                 if remaining <= 0:
                     return []
                 # Re-look at least every second: a visibility timeout ending wakes nobody.
+                # ``asyncio.timeout``, not ``wait_for``, which makes a task for each wait
+                # (~100 against ~140 µs of CPU a wait here; consumers wait between releases).
                 try:
-                    await asyncio.wait_for(event.wait(), min(remaining, 1.0))
+                    async with asyncio.timeout(min(remaining, 1.0)):
+                        await event.wait()
                 except TimeoutError:
                     pass
         finally:
