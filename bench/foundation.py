@@ -85,6 +85,13 @@ def thread_cpu_s(pid: int) -> dict[int, float]:
     return out
 
 
+def busiest_threads_cpu_s(pid: int, since: dict[int, float], count: int = 3) -> list[float]:
+    """CPU seconds each thread of ``pid`` spent since ``since`` (a ``thread_cpu_s``), the
+    ``count`` busiest first."""
+    spent = (cpu - since.get(tid, 0.0) for tid, cpu in thread_cpu_s(pid).items())
+    return sorted(spent, reverse=True)[:count]
+
+
 def percentile(values: list[float], p: float) -> float:
     if not values:
         return float("nan")

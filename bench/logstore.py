@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from foundation import (  # noqa: E402
     batch_schedule,
+    busiest_threads_cpu_s,
     cpu_s,
     journal_lateness,
     rss_mb,
@@ -247,14 +248,11 @@ async def _trickle(tmp: Path, rate: int, seconds: float, tick_ms: int | None) ->
         while engine.dispatcher.stats.released < count:
             await asyncio.sleep(0.1)
         per_message = 1e6 / count
-        spent = sorted(
-            (used - threads.get(tid, 0.0) for tid, used in thread_cpu_s(os.getpid()).items()),
-            reverse=True,
-        )
+        spent = busiest_threads_cpu_s(os.getpid(), threads)
         rounds = engine.dispatcher.stats.rounds - rounds
         return {
             "cpu_us_per_message": round((time.process_time() - cpu) * per_message, 1),
-            "busiest_threads_cpu_us_per_message": [round(t * per_message, 1) for t in spent[:3]],
+            "busiest_threads_cpu_us_per_message": [round(t * per_message, 1) for t in spent],
             "messages_per_round": round(count / rounds, 1) if rounds else None,
         }
     finally:
@@ -343,13 +341,11 @@ def part_steady(tmp: Path, scale: float, stores: list[str]) -> dict[str, Any]:
     async def work(url: str, pid: int) -> dict[str, Any]:
         before = thread_cpu_s(pid)
         result = await steady(url, rate, seconds, max_delay)
-        spent = sorted(
-            (cpu - before.get(tid, 0.0) for tid, cpu in thread_cpu_s(pid).items()), reverse=True
-        )
+        spent = busiest_threads_cpu_s(pid, before)
         # The server's busiest threads (the event loop's and the queue database's): CPU each
         # spent over the run. Their sum near one core, with a core to spare on the machine,
         # says the run was bound by the GIL the two share, not by the cores.
-        result["server_busiest_threads_cpu_s"] = [round(cpu, 2) for cpu in spent[:3]]
+        result["server_busiest_threads_cpu_s"] = [round(cpu, 2) for cpu in spent]
         return result
 
     for store in stores:
