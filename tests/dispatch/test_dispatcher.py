@@ -431,3 +431,27 @@ async def test_a_round_that_found_a_full_batch_is_followed_at_once_whatever_the_
     async with _running(h):
         # Then the backlog goes batch after batch without waiting for the tick
         assert sorted(await _delivered(h, 5, within_s=0.5)) == sorted(m.id for m in due)
+
+
+async def test_an_arrival_told_while_a_round_looks_does_not_cut_the_tick_short() -> None:
+    # Given a loop with a 1 s tick, and a message that falls due (and is told) while the
+    # round that releases the first one is fetching
+    h = Harness(tick_ms=1_000)
+    first = await h.schedule()
+    fetch_due = h.store.fetch_due
+    arrivals: list[Message] = []
+
+    async def fetch_and_arrive(now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:
+        due = await fetch_due(now_ms, limit=limit, lease_ms=lease_ms)
+        if not arrivals:
+            arrivals.append(await h.schedule())
+            h.dispatcher.notify_due(arrivals[0].deliver_at_ms)
+        return due
+
+    h.store.fetch_due = fetch_and_arrive  # type: ignore[method-assign]
+    async with _running(h):
+        assert await _delivered(h, 1, within_s=1) == [first.id]
+        await asyncio.sleep(0.2)
+        # Then the arrival waits for the tick's end: the next round reads the store anyway
+        assert [d.id for d in h.transport.delivered] == [first.id]
+        assert await _delivered(h, 2, within_s=2) == [first.id, arrivals[0].id]

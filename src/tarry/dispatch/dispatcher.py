@@ -132,8 +132,8 @@ class Dispatcher:
 
     async def run(self) -> None:
         while True:
-            # Cleared before looking, never after: an arrival noticed while we look (and
-            # before we sleep) leaves the event set, so the sleep below returns at once.
+            # Cleared before looking: an arrival noticed while we look (and before we sleep)
+            # leaves the event set, so a sleep planned from what we read returns at once.
             self._wake.clear()
             started = self._clock.now_ms()
             try:
@@ -147,9 +147,12 @@ class Dispatcher:
                     # the next round, so that steady traffic is released in batches rather
                     # than a round per millisecond: a round costs about as much for one
                     # message as for fifty (the hand-overs between threads, the commit).
+                    # Arrivals told while this round looked need no wake either: the next
+                    # round reads the store, and nothing is planned from what this one read.
                     wake_ms = self._next_round_ms = started + self._config.tick_ms
+                    self._wake.clear()
                 else:
-                    wake_ms = max(await self._next_wake_ms(), self._next_round_ms)
+                    wake_ms = await self._next_wake_ms()
             except Exception as exc:  # a fetch/store fault: wait as the breaker says, then retry
                 log.warning("dispatch round failed: %s", exc)
                 await self._sleep_until(self._clock.now_ms() + self._breakers.fetch.failure(exc))
