@@ -234,7 +234,10 @@ async def pending(url: str, pid: int, total: int) -> dict[str, float]:
 
 
 def journal_lateness(data_dir: Path, event: str) -> dict[str, float]:
-    """Server-side lateness of ``event`` from the journal: due time to hand-over."""
+    """Server-side lateness of ``event`` from the journal: due time to hand-over, in whole
+    milliseconds as the server's clock reads them (a p99 of 5 says 99% were under 6 ms). The
+    percentages at or past 5 and 6 ms say how near the 5 ms goal's p99 a run was, which the
+    whole-millisecond p99 alone cannot."""
     values = [
         float(record["lateness_ms"])
         for path in (data_dir / "journal").glob("*.jsonl*")
@@ -246,7 +249,15 @@ def journal_lateness(data_dir: Path, event: str) -> dict[str, float]:
         "p50_ms": percentile(values, 50),
         "p99_ms": percentile(values, 99),
         "max_ms": max(values) if values else float("nan"),
+        "percent_at_least_5_ms": _percent_at_least(values, 5),
+        "percent_at_least_6_ms": _percent_at_least(values, 6),
     }
+
+
+def _percent_at_least(values: list[float], threshold: float) -> float:
+    if not values:
+        return float("nan")
+    return round(100 * sum(v >= threshold for v in values) / len(values), 3)
 
 
 def run_part(tmp: Path, name: str, store: str, work) -> object:
