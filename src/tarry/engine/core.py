@@ -18,8 +18,8 @@ from typing import IO, Any, cast
 from tarry.config import TarryConfig
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
-from tarry.engine import cluster, release
-from tarry.engine.handover import hand_over, refuse_if_handed_over
+from tarry.engine import cluster, release, sending
+from tarry.engine.handover import refuse_if_handed_over
 from tarry.engine.stores import build_stores
 from tarry.engine.types import (
     Delivery,
@@ -40,17 +40,13 @@ from tarry.errors import (
     TarryError,
     Unavailable,
 )
-from tarry.model.batch import BatchCheck
-from tarry.model.fanout import fan_out_many
 from tarry.model.ids import IdGenerator
-from tarry.model.message import DeathReason, Message, SendPlan
-from tarry.model.queue_args import Overflow, Policy, parse_policy, parse_queue_args
+from tarry.model.message import DeathReason, Message
+from tarry.model.queue_args import Policy, parse_policy, parse_queue_args
 from tarry.model.state import MessageState
 from tarry.model.time import Clock, SystemClock
 from tarry.model.validate import (
-    DestinationView,
     SendLimits,
-    TargetView,
     check_batch_size,
     check_name,
     validate_reschedule,
@@ -65,9 +61,8 @@ from tarry.queues.catalog import (
     save_topic,
 )
 from tarry.queues.txn import QueueTxn, Sequencer
-from tarry.store.base import DelayedStore, QueueDatabase, StoreOutcome
+from tarry.store.base import DelayedStore, QueueDatabase
 from tarry.store.sql import row_lock
-from tarry.store.sqlite.store import insert_messages
 from tarry.transports.base import Transport
 
 __all__ = ["Engine"]
@@ -88,19 +83,6 @@ def _rabbitmq() -> Any:
             "install it with pip install 'tarry[rabbitmq]'"
         ) from None
     return rabbitmq_topology
-
-
-#: A send batch this big or bigger lets the event loop run between its steps (``_pause``).
-PAUSE_MIN = 100
-
-
-async def _pause(items: int) -> None:
-    """Between the CPU-heavy steps of a big send batch (a few ms each at 500 sends), let what
-    fell due meanwhile run first: the dispatcher's timer, finished database work, consumers.
-    A timer, not ``sleep(0)``: a task that sleeps 0 is queued again ahead of the timers and
-    I/O callbacks the loop collects next, so it would run its next step before them."""
-    if items >= PAUSE_MIN:
-        await asyncio.sleep(1e-6)
 
 
 def _one_by_one(listener: EventListener) -> EventBatchListener:
@@ -342,7 +324,7 @@ class Engine:
     async def send(
         self, data: Mapping[str, Any], *, may_send: MayAccess | None = None
     ) -> SendResult:
-        result = (await self._send_many([data], may_send))[0]
+        result = (await sending.send_many(self, [data], may_send))[0]
         if isinstance(result, TarryError):
             raise result
         return result
@@ -351,195 +333,7 @@ class Engine:
         self, items: Sequence[Mapping[str, Any]], *, may_send: MayAccess | None = None
     ) -> list[SendResult | TarryError]:
         check_batch_size(items, limit=self.config.server.max_batch)
-        return await self._send_many(items, may_send)
-
-    async def _send_many(
-        self, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
-    ) -> list[SendResult | TarryError]:
-        now = self.clock.now_ms()
-        checking = BatchCheck(items)
-        views: dict[str, DestinationView] = {}
-        allowed: dict[str, bool] = {}
-        failed: dict[str, TarryError] = {}  # an auto-declare that failed refuses its sends
-        for name in checking.destinations():
-            allowed[name] = may_send(name) if may_send else True
-            try:
-                if (
-                    allowed[name]
-                    and self.catalog.kind(name) is None
-                    and name not in self.transports
-                    and self.config.server.auto_declare
-                ):
-                    await self.declare_queue(name, {})
-                views[name] = await self._view(name)
-            except TarryError as exc:
-                failed[name] = exc
-        planned = checking.validate(
-            now_ms=now, views=views, may_send=allowed.__getitem__, limits=self.limits
-        )
-        await _pause(len(items))
-        if failed:
-            for index, named in enumerate(checking.row_destinations()):
-                if named is not None and named in failed:
-                    planned[index] = failed[named]
-        results: list[SendResult | TarryError | None] = [
-            p if isinstance(p, TarryError) else None for p in planned
-        ]
-        plans = [(index, plan) for index, plan in enumerate(planned) if isinstance(plan, SendPlan)]
-        copies = fan_out_many([(p, views[p.request.destination]) for _, p in plans], self.ids)
-        accepted: list[tuple[int, SendPlan, list[Message]]] = [
-            (index, plan, messages) for (index, plan), messages in zip(plans, copies, strict=True)
-        ]
-        await _pause(len(items))
-        if accepted:
-            if self.breakers.store.is_open and not await self._store_probe():
-                error = Unavailable(
-                    "the store cannot take writes now; nothing was stored, retry later"
-                )
-                for index, _, _ in accepted:
-                    results[index] = error
-                return [r for r in results if r is not None]
-            # Routes where RabbitMQ does the waiting get the message now (engine/handover.py).
-            accepted = await hand_over(
-                accepted, results, transports=self.transports, find=self.list_messages
-            )
-        if accepted:
-            stored: tuple[QueueTxn | None, list[tuple[SendResult, bool]]]
-            try:
-                if self.shared:
-                    stored = await self.qdb.write(
-                        lambda conn: self._store_work(conn, accepted, now), durable=True
-                    )
-                else:
-                    kept = await release.store_sends(self, accepted, now)
-                    # Released before the results are built (they show "ready"); its events
-                    # are told after the "scheduled" ones below.
-                    released = await release.release_now(self, accepted, kept, now)
-                    stored = (released, self._results(accepted, kept, now))
-            except TarryError as exc:
-                self.breakers.store.failure(exc)
-                for index, _, _ in accepted:
-                    results[index] = exc
-                return [r for r in results if r is not None]
-            self.breakers.store.success()
-            txn, outcomes = stored
-            earliest = None
-            scheduled: list[Message] = []
-            for (index, plan, messages), (result, created) in zip(accepted, outcomes, strict=True):
-                results[index] = result
-                if created:
-                    scheduled += messages
-                    if plan.deliver_at_ms > now or any(
-                        m.destination in self.transports for m in messages
-                    ):
-                        earliest = (
-                            plan.deliver_at_ms
-                            if earliest is None
-                            else min(earliest, plan.deliver_at_ms)
-                        )
-            self._emit_each("scheduled", scheduled, now)
-            if txn is not None:
-                self._after(txn)
-            if earliest is not None:
-                self.dispatcher.notify_due(earliest)
-                cluster.announce_due(self, earliest, now)
-        return [r for r in results if r is not None]
-
-    async def _store_probe(self) -> bool:
-        """While the store breaker is open, one cheap write tells whether the fault cleared."""
-        try:
-            if self.shared:
-                await self.qdb.write(lambda conn: conn.execute("SELECT 1").fetchone())
-            else:
-                await self.store.next_due_time()
-            return True
-        except TarryError:
-            return False
-
-    def _store_work(
-        self,
-        conn: sqlite3.Connection,
-        accepted: list[tuple[int, SendPlan, list[Message]]],
-        now: int,
-    ) -> tuple[QueueTxn, list[tuple[SendResult, bool]]]:
-        txn = self._txn(conn, now)
-        # One insert for the whole batch; then each plan takes back its own rows.
-        everything = insert_messages(conn, [m for _, _, messages in accepted for m in messages])
-        start = 0
-        for _, plan, messages in accepted:
-            stored = everything[start : start + len(messages)]
-            start += len(messages)
-            if not plan.delayed:
-                for outcome in stored:
-                    if outcome.created and outcome.message.destination not in self.transports:
-                        try:
-                            txn.enqueue(outcome.message, outcome.message.destination)
-                        except DeliveryFailed:
-                            pass  # stays scheduled and due now: the dispatcher handles the failure
-        return txn, self._results(accepted, everything, now)
-
-    def _results(
-        self,
-        accepted: list[tuple[int, SendPlan, list[Message]]],
-        everything: list[StoreOutcome],
-        now: int,
-    ) -> list[tuple[SendResult, bool]]:
-        """One (result, created) per accepted plan from the outcomes of all its messages."""
-        outcomes: list[tuple[SendResult, bool]] = []
-        topics: dict[str, bool] = {}  # per destination, not per send
-        per_send = release.per_send(accepted, everything)
-        for (_, plan, _), stored in zip(accepted, per_send, strict=True):
-            if len(stored) == 1:  # a queue's one message (no generator for the common case)
-                created = stored[0].created
-            else:
-                created = all(o.created for o in stored) if stored else True
-            first = stored[0].message if stored else None
-            destination = plan.request.destination
-            topic = topics.get(destination)
-            if topic is None:
-                topic = topics[destination] = self.catalog.kind(destination) == "topic"
-            if first is None:
-                result = SendResult(
-                    id=self.ids.new(now),
-                    state="no_subscribers",
-                    deliver_at_ms=plan.deliver_at_ms,
-                    expires_at_ms=plan.expires_at_ms,
-                    destination=plan.request.destination,
-                )
-            else:  # positional, in field order: a batch makes thousands
-                result = SendResult(
-                    first.id,
-                    first.state.value,
-                    first.deliver_at_ms,
-                    first.expires_at_ms,
-                    created,
-                    destination,
-                    tuple((o.message.id, o.message.destination) for o in stored) if topic else (),
-                )
-            outcomes.append((result, created))
-        return outcomes
-
-    async def _view(self, name: str) -> DestinationView:
-        if name in self.transports:
-            return DestinationView(name, "route")
-        kind = self.catalog.kind(name)
-        if kind == "queue":
-            return DestinationView(name, kind, (await self._target(name),))
-        if kind == "topic":
-            queues = sorted(self.catalog.topics[name])
-            return DestinationView(name, kind, tuple([await self._target(q) for q in queues]))
-        return DestinationView(name, None)
-
-    async def _target(self, queue: str) -> TargetView:
-        args = self.catalog.queues[queue].effective
-        full = False
-        if args.max_length is not None and args.overflow is Overflow.REJECT_PUBLISH:
-            now = self.clock.now_ms()
-            ready = await self.qdb.read(lambda conn: self._txn(conn, now).ready_count(queue))
-            full = ready >= args.max_length
-        return TargetView(
-            queue, put_enabled=args.put_enabled, max_message_bytes=args.max_message_bytes, full=full
-        )
+        return await sending.send_many(self, items, may_send)
 
     # --- one message ----------------------------------------------------------------------------
     async def get_message(self, message_id: str) -> Message:

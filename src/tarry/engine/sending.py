@@ -1,0 +1,235 @@
+"""Accepting sends: one or a batch checked column-wise (``BatchCheck``), fanned out to their
+queues, handed to RabbitMQ where a route does the waiting, kept durably, released at once when
+not delayed, and answered one result per send. ``Engine.send`` and ``Engine.send_batch`` call
+``send_many``; every edge (HTTP, AMQP ingress, pipeline) goes through them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tarry.engine import cluster, release
+from tarry.engine.handover import hand_over
+from tarry.engine.types import MayAccess, SendResult
+from tarry.errors import DeliveryFailed, TarryError, Unavailable
+from tarry.model.batch import BatchCheck
+from tarry.model.fanout import fan_out_many
+from tarry.model.message import Message, SendPlan
+from tarry.model.queue_args import Overflow
+from tarry.model.validate import DestinationView, TargetView
+from tarry.queues.txn import QueueTxn
+from tarry.store.base import StoreOutcome
+from tarry.store.sqlite.store import insert_messages
+
+if TYPE_CHECKING:
+    from tarry.engine.core import Engine
+
+__all__ = ["send_many"]
+
+
+#: A send batch this big or bigger lets the event loop run between its steps (``_pause``).
+PAUSE_MIN = 100
+
+
+async def _pause(items: int) -> None:
+    """Between the CPU-heavy steps of a big send batch (a few ms each at 500 sends), let what
+    fell due meanwhile run first: the dispatcher's timer, finished database work, consumers.
+    A timer, not ``sleep(0)``: a task that sleeps 0 is queued again ahead of the timers and
+    I/O callbacks the loop collects next, so it would run its next step before them."""
+    if items >= PAUSE_MIN:
+        await asyncio.sleep(1e-6)
+
+
+async def send_many(
+    engine: Engine, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
+) -> list[SendResult | TarryError]:
+    now = engine.clock.now_ms()
+    checking = BatchCheck(items)
+    views: dict[str, DestinationView] = {}
+    allowed: dict[str, bool] = {}
+    failed: dict[str, TarryError] = {}  # an auto-declare that failed refuses its sends
+    for name in checking.destinations():
+        allowed[name] = may_send(name) if may_send else True
+        try:
+            if (
+                allowed[name]
+                and engine.catalog.kind(name) is None
+                and name not in engine.transports
+                and engine.config.server.auto_declare
+            ):
+                await engine.declare_queue(name, {})
+            views[name] = await _view(engine, name)
+        except TarryError as exc:
+            failed[name] = exc
+    planned = checking.validate(
+        now_ms=now, views=views, may_send=allowed.__getitem__, limits=engine.limits
+    )
+    await _pause(len(items))
+    if failed:
+        for index, named in enumerate(checking.row_destinations()):
+            if named is not None and named in failed:
+                planned[index] = failed[named]
+    results: list[SendResult | TarryError | None] = [
+        p if isinstance(p, TarryError) else None for p in planned
+    ]
+    plans = [(index, plan) for index, plan in enumerate(planned) if isinstance(plan, SendPlan)]
+    copies = fan_out_many([(p, views[p.request.destination]) for _, p in plans], engine.ids)
+    accepted: list[tuple[int, SendPlan, list[Message]]] = [
+        (index, plan, messages) for (index, plan), messages in zip(plans, copies, strict=True)
+    ]
+    await _pause(len(items))
+    if accepted:
+        if engine.breakers.store.is_open and not await _store_probe(engine):
+            error = Unavailable("the store cannot take writes now; nothing was stored, retry later")
+            for index, _, _ in accepted:
+                results[index] = error
+            return [r for r in results if r is not None]
+        # Routes where RabbitMQ does the waiting get the message now (engine/handover.py).
+        accepted = await hand_over(
+            accepted, results, transports=engine.transports, find=engine.list_messages
+        )
+    if accepted:
+        stored: tuple[QueueTxn | None, list[tuple[SendResult, bool]]]
+        try:
+            if engine.shared:
+                stored = await engine.qdb.write(
+                    lambda conn: _store_work(engine, conn, accepted, now), durable=True
+                )
+            else:
+                kept = await release.store_sends(engine, accepted, now)
+                # Released before the results are built (they show "ready"); its events
+                # are told after the "scheduled" ones below.
+                released = await release.release_now(engine, accepted, kept, now)
+                stored = (released, _results(engine, accepted, kept, now))
+        except TarryError as exc:
+            engine.breakers.store.failure(exc)
+            for index, _, _ in accepted:
+                results[index] = exc
+            return [r for r in results if r is not None]
+        engine.breakers.store.success()
+        txn, outcomes = stored
+        earliest = None
+        scheduled: list[Message] = []
+        for (index, plan, messages), (result, created) in zip(accepted, outcomes, strict=True):
+            results[index] = result
+            if created:
+                scheduled += messages
+                if plan.deliver_at_ms > now or any(
+                    m.destination in engine.transports for m in messages
+                ):
+                    earliest = (
+                        plan.deliver_at_ms
+                        if earliest is None
+                        else min(earliest, plan.deliver_at_ms)
+                    )
+        engine._emit_each("scheduled", scheduled, now)
+        if txn is not None:
+            engine._after(txn)
+        if earliest is not None:
+            engine.dispatcher.notify_due(earliest)
+            cluster.announce_due(engine, earliest, now)
+    return [r for r in results if r is not None]
+
+
+async def _store_probe(engine: Engine) -> bool:
+    """While the store breaker is open, one cheap write tells whether the fault cleared."""
+    try:
+        if engine.shared:
+            await engine.qdb.write(lambda conn: conn.execute("SELECT 1").fetchone())
+        else:
+            await engine.store.next_due_time()
+        return True
+    except TarryError:
+        return False
+
+
+def _store_work(
+    engine: Engine,
+    conn: sqlite3.Connection,
+    accepted: list[tuple[int, SendPlan, list[Message]]],
+    now: int,
+) -> tuple[QueueTxn, list[tuple[SendResult, bool]]]:
+    txn = engine._txn(conn, now)
+    # One insert for the whole batch; then each plan takes back its own rows.
+    everything = insert_messages(conn, [m for _, _, messages in accepted for m in messages])
+    start = 0
+    for _, plan, messages in accepted:
+        stored = everything[start : start + len(messages)]
+        start += len(messages)
+        if not plan.delayed:
+            for outcome in stored:
+                if outcome.created and outcome.message.destination not in engine.transports:
+                    try:
+                        txn.enqueue(outcome.message, outcome.message.destination)
+                    except DeliveryFailed:
+                        pass  # stays scheduled and due now: the dispatcher handles the failure
+    return txn, _results(engine, accepted, everything, now)
+
+
+def _results(
+    engine: Engine,
+    accepted: list[tuple[int, SendPlan, list[Message]]],
+    everything: list[StoreOutcome],
+    now: int,
+) -> list[tuple[SendResult, bool]]:
+    """One (result, created) per accepted plan from the outcomes of all its messages."""
+    outcomes: list[tuple[SendResult, bool]] = []
+    topics: dict[str, bool] = {}  # per destination, not per send
+    per_send = release.per_send(accepted, everything)
+    for (_, plan, _), stored in zip(accepted, per_send, strict=True):
+        if len(stored) == 1:  # a queue's one message (no generator for the common case)
+            created = stored[0].created
+        else:
+            created = all(o.created for o in stored) if stored else True
+        first = stored[0].message if stored else None
+        destination = plan.request.destination
+        topic = topics.get(destination)
+        if topic is None:
+            topic = topics[destination] = engine.catalog.kind(destination) == "topic"
+        if first is None:
+            result = SendResult(
+                id=engine.ids.new(now),
+                state="no_subscribers",
+                deliver_at_ms=plan.deliver_at_ms,
+                expires_at_ms=plan.expires_at_ms,
+                destination=plan.request.destination,
+            )
+        else:  # positional, in field order: a batch makes thousands
+            result = SendResult(
+                first.id,
+                first.state.value,
+                first.deliver_at_ms,
+                first.expires_at_ms,
+                created,
+                destination,
+                tuple((o.message.id, o.message.destination) for o in stored) if topic else (),
+            )
+        outcomes.append((result, created))
+    return outcomes
+
+
+async def _view(engine: Engine, name: str) -> DestinationView:
+    if name in engine.transports:
+        return DestinationView(name, "route")
+    kind = engine.catalog.kind(name)
+    if kind == "queue":
+        return DestinationView(name, kind, (await _target(engine, name),))
+    if kind == "topic":
+        queues = sorted(engine.catalog.topics[name])
+        return DestinationView(name, kind, tuple([await _target(engine, q) for q in queues]))
+    return DestinationView(name, None)
+
+
+async def _target(engine: Engine, queue: str) -> TargetView:
+    args = engine.catalog.queues[queue].effective
+    full = False
+    if args.max_length is not None and args.overflow is Overflow.REJECT_PUBLISH:
+        now = engine.clock.now_ms()
+        ready = await engine.qdb.read(lambda conn: engine._txn(conn, now).ready_count(queue))
+        full = ready >= args.max_length
+    return TargetView(
+        queue, put_enabled=args.put_enabled, max_message_bytes=args.max_message_bytes, full=full
+    )
