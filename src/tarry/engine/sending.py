@@ -1,7 +1,9 @@
 """Accepting sends: one or a batch checked column-wise (``BatchCheck``), fanned out to their
 queues, handed to RabbitMQ where a route does the waiting, kept durably, released at once when
 not delayed, and answered one result per send. ``Engine.send`` and ``Engine.send_batch`` call
-``send_many``; every edge (HTTP, AMQP ingress, pipeline) goes through them.
+``send_many``: the HTTP API and the AMQP ingress go through them (the pipeline's HTTP sink over
+HTTP; its offline sink writes the log store's segment files with the same rules,
+``pipeline/sink_log``).
 """
 
 from __future__ import annotations
