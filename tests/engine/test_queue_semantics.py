@@ -161,6 +161,28 @@ async def test_an_unacked_message_comes_back_after_its_visibility_timeout(
     assert (await engine.ack("q", [d.receipt]))["unknown"] == [d.receipt]
 
 
+async def test_a_message_back_from_its_visibility_timeout_keeps_its_place(
+    make_engine, clock
+) -> None:
+    # Given four messages, the first taken for a minute and the second for a second
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    sent = [await engine.send({"destination": "q", "body": str(i)}) for i in range(4)]
+    [first] = await engine.receive("q", visibility_ms=60_000)
+    [second] = await engine.receive("q", visibility_ms=1000)
+    assert (first.message.id, second.message.id) == (sent[0].id, sent[1].id)
+    # When the second one's visibility timeout ends
+    clock.advance(1000)
+    info = await engine.queue_info("q")
+    assert (info.ready, info.in_flight) == (3, 1)
+    # Then it comes again in its old place, ahead of the ready ones; the first stays in flight
+    got = await engine.receive("q", max_messages=10)
+    assert [d.message.id for d in got] == [sent[1].id, sent[2].id, sent[3].id]
+    assert got[0].message.redelivered and not got[1].message.redelivered
+    info = await engine.queue_info("q")
+    assert (info.ready, info.in_flight) == (0, 4)
+
+
 async def test_the_lowest_ttl_of_argument_user_and_operator_policy_wins(make_engine, clock) -> None:
     engine = await make_engine()
     await engine.declare_queue("orders.eu", {"message_ttl_ms": 60_000})

@@ -56,12 +56,38 @@ def test_the_dsn_password_never_reaches_the_logs() -> None:
 def test_the_sqlite_migration_rewrites_old_dedupe_keys(tmp_path: Path) -> None:
     # Given a version-1 database holding a key joined with NUL (before PostgreSQL shared the codec)
     conn = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
-    conn.executescript("CREATE TABLE messages (dedupe_key TEXT); PRAGMA user_version = 1;")
-    conn.execute("INSERT INTO messages VALUES (?)", ("\x00q\x00m-1",))
+    conn.executescript(
+        # (with the columns later versions index)
+        "CREATE TABLE messages (dedupe_key TEXT, queue TEXT, seq INTEGER, state TEXT, "
+        "visible_at_ms INTEGER); PRAGMA user_version = 1;"
+    )
+    conn.execute("INSERT INTO messages (dedupe_key) VALUES (?)", ("\x00q\x00m-1",))
     # When this tarry opens it, the key is rewritten with the unit separator
     migrate(conn)
     assert conn.execute("SELECT dedupe_key FROM messages").fetchone() == ("\x1fq\x1fm-1",)
     assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+
+
+@pytest.mark.parametrize("queues_only", [False, True])
+def test_version_3_gives_ready_and_in_flight_messages_an_index_each(queues_only: bool) -> None:
+    # Given a version-2 database, whose one queue index held both ready and in-flight messages
+    conn = Connection(":memory:", isolation_level=None)
+    migrate(conn, queues_only=queues_only)
+    conn.executescript(
+        "DROP INDEX messages_ready; DROP INDEX messages_held; CREATE INDEX messages_queue ON "
+        "messages(queue, seq) WHERE state IN ('ready', 'delivered'); PRAGMA user_version = 2;"
+    )
+    # When this tarry opens it
+    migrate(conn, queues_only=queues_only)
+    # Then each state has its index, and a consumer's look at a queue uses them
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"messages_ready", "messages_held"} <= names and "messages_queue" not in names
+    for state, index in (("ready", "messages_ready"), ("delivered", "messages_held")):
+        plan = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM messages "
+            f"WHERE queue = 'q' AND state = '{state}' AND visible_at_ms <= 0 ORDER BY seq"
+        ).fetchall()
+        assert index in str(plan)
 
 
 def test_a_queue_database_of_its_own_finds_rows_by_a_key_in_release_order() -> None:

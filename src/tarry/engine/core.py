@@ -12,6 +12,7 @@ import socket
 import sqlite3
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
+from itertools import product
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -60,7 +61,7 @@ from tarry.queues.catalog import (
     save_subscription,
     save_topic,
 )
-from tarry.queues.txn import QueueTxn, Sequencer
+from tarry.queues.txn import QUEUED_STATES, QueueTxn, Sequencer
 from tarry.store.base import DelayedStore, QueueDatabase
 from tarry.store.sql import row_lock
 from tarry.transports.base import Transport
@@ -470,13 +471,16 @@ class Engine:
         now = self.clock.now_ms()
 
         def work(conn: sqlite3.Connection) -> tuple[int, int]:
-            ready, in_flight = conn.execute(
-                "SELECT coalesce(sum(CASE WHEN visible_at_ms <= ? THEN 1 ELSE 0 END), 0), "
-                "coalesce(sum(CASE WHEN visible_at_ms > ? THEN 1 ELSE 0 END), 0) "
-                "FROM messages WHERE queue = ? AND state IN ('ready', 'delivered')",
-                (now, now, name),
-            ).fetchone()
-            return int(ready), int(in_flight)
+            ready = in_flight = 0
+            for state in QUEUED_STATES:
+                visible, hidden = conn.execute(
+                    "SELECT coalesce(sum(CASE WHEN visible_at_ms <= ? THEN 1 ELSE 0 END), 0), "
+                    "coalesce(sum(CASE WHEN visible_at_ms > ? THEN 1 ELSE 0 END), 0) "
+                    f"FROM messages WHERE queue = ? AND state = '{state}'",
+                    (now, now, name),
+                ).fetchone()
+                ready, in_flight = ready + int(visible), in_flight + int(hidden)
+            return ready, in_flight
 
         ready, in_flight = await self.qdb.read(work)
         scheduled = await self.store.count_scheduled(name)
@@ -676,7 +680,7 @@ class Engine:
             save_policy(conn, policy, name)
             # A TTL change reaches the messages already in the queue (RabbitMQ applies policy
             # changes to the queue); each keeps the earlier of its own expiry and the new TTL.
-            for queue, ttl in changed:
+            for (queue, ttl), state in product(changed, QUEUED_STATES):
                 conn.execute(
                     # Portable SQL (SQLite and PostgreSQL): CASE, not min(a, b) or least().
                     "UPDATE messages SET queue_expires_at_ms = CASE "
@@ -684,7 +688,7 @@ class Engine:
                     "WHEN expires_at_ms IS NULL THEN enqueued_at_ms + ?1 "
                     "WHEN expires_at_ms < enqueued_at_ms + ?1 THEN expires_at_ms "
                     "ELSE enqueued_at_ms + ?1 END "
-                    "WHERE queue = ?2 AND state IN ('ready', 'delivered')",
+                    f"WHERE queue = ?2 AND state = '{state}'",
                     (ttl, queue),
                 )
 

@@ -8,10 +8,12 @@ state changes it made in ``events`` so the engine can tell its listeners after t
 
 from __future__ import annotations
 
+import heapq
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from itertools import chain
+from typing import Any
 
 import orjson
 
@@ -38,11 +40,19 @@ from tarry.store.sqlite.rows import (
     to_insert,
 )
 
-__all__ = ["HANDOFF_MS", "ClockSequencer", "QueueTxn", "Sequencer"]
+__all__ = ["HANDOFF_MS", "QUEUED_STATES", "ClockSequencer", "QueueTxn", "Sequencer"]
 
 #: A message that expires on arrival (TTL 0) while a consumer is waiting gets this long to be
 #: taken by that consumer (RabbitMQ: "expire unless a consumer can take it at once").
 HANDOFF_MS = 200
+
+#: The states of a message in a queue: ready, and delivered (in flight until acked, or until
+#: its visibility timeout ends, when it may be taken again in its old place). Each has an index
+#: of its own on ``queue`` (``messages_ready``, ``messages_held``): a statement about a queue's
+#: messages runs once per state, with the state written out, so that each finds its index.
+QUEUED_STATES = ("ready", "delivered")
+_UNEXPIRED = "AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?)"
+_SEQ = COLUMNS.index("seq")
 
 
 class Sequencer:
@@ -297,23 +307,40 @@ class QueueTxn:
 
     def ready_count(self, queue: str) -> int:
         self.flush()
-        return int(
-            self.conn.execute(
-                "SELECT count(*) FROM messages WHERE queue = ? AND state IN ('ready', 'delivered') "
-                "AND visible_at_ms <= ?",
-                (queue, self.now_ms),
-            ).fetchone()[0]
+        return sum(
+            int(
+                self.conn.execute(
+                    f"SELECT count(*) FROM messages WHERE queue = ? AND state = '{state}' "
+                    "AND visible_at_ms <= ?",
+                    (queue, self.now_ms),
+                ).fetchone()[0]
+            )
+            for state in QUEUED_STATES
         )
 
-    def _drop_head(self, queue: str, count: int) -> None:
+    def _takeable(self, queue: str, limit: int, *, unexpired: bool) -> list[Any]:
+        """The first ``limit`` rows (``SELECT_SQL``) of ``queue`` a consumer may take now, in
+        queue order, rows locked: ready ones and in-flight ones whose visibility timeout ended
+        (usually none: that query finds nothing in the in-flight index's range). ``unexpired``
+        leaves out those whose queue expiry has come (the sweep dead-letters them)."""
         self.flush()
-        rows = self.conn.execute(
-            f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered') "
-            "AND visible_at_ms <= ? "
-            f"ORDER BY seq LIMIT ?{row_lock(self.conn, skip_locked=True)}",
-            (queue, self.now_ms, count),
-        ).fetchall()
-        for row in rows:
+        now = self.now_ms
+        lock = row_lock(self.conn, skip_locked=True)
+        found = [
+            self.conn.execute(
+                f"{SELECT_SQL} WHERE queue = ? AND state = '{state}' AND visible_at_ms <= ? "
+                f"{_UNEXPIRED if unexpired else ''} ORDER BY seq LIMIT ?{lock}",
+                (queue, now, now, limit) if unexpired else (queue, now, limit),
+            ).fetchall()
+            for state in QUEUED_STATES
+        ]
+        ready, returned = found
+        if not returned:
+            return ready  # type: ignore[no-any-return]
+        return list(heapq.merge(ready, returned, key=lambda row: row[_SEQ]))[:limit]
+
+    def _drop_head(self, queue: str, count: int) -> None:
+        for row in self._takeable(queue, count, unexpired=False):
             self.dead_letter(from_row(row), from_queue=queue, reason=DeathReason.MAXLEN)
 
     # --- leaving ----------------------------------------------------------------------------------
@@ -438,15 +465,14 @@ class QueueTxn:
         """Whether ``receive`` would find anything (a read: no commit for an empty poll)."""
         self.flush()
         now = self.now_ms
-        return (
+        return any(
             self.conn.execute(
-                "SELECT 1 FROM messages WHERE queue = ? AND state IN ('ready', 'delivered') "
-                "AND visible_at_ms <= ? "
-                "AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?) "
-                "LIMIT 1",
+                f"SELECT 1 FROM messages WHERE queue = ? AND state = '{state}' "
+                f"AND visible_at_ms <= ? {_UNEXPIRED} LIMIT 1",
                 (queue, now, now),
             ).fetchone()
             is not None
+            for state in QUEUED_STATES
         )
 
     def has_expired(self) -> bool:
@@ -464,15 +490,8 @@ class QueueTxn:
     def receive(
         self, queue: str, *, max_messages: int, visibility_ms: int
     ) -> list[tuple[Message, str]]:
-        self.flush()
         now = self.now_ms
-        rows = self.conn.execute(
-            f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered') "
-            "AND visible_at_ms <= ? "
-            "AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?) ORDER BY seq LIMIT ?"
-            + row_lock(self.conn, skip_locked=True),
-            (queue, now, now, max_messages),
-        ).fetchall()
+        rows = self._takeable(queue, max_messages, unexpired=True)
         taken = []
         updates: list[tuple[str, str]] = []
         for row in rows:
@@ -580,16 +599,17 @@ class QueueTxn:
     def expire_queue_contents(self, queue: str) -> int:
         """A deleted queue's messages are dropped, not dead-lettered (RabbitMQ)."""
         self.flush()
-        rows = self.conn.execute(
-            f"{SELECT_SQL} WHERE queue = ? AND state IN ('ready', 'delivered')"
-            + row_lock(self.conn),
-            (queue,),
-        ).fetchall()
-        self.conn.execute(
-            "UPDATE messages SET state = 'expired', body = NULL, receipt = NULL, updated_at_ms = ? "
-            "WHERE queue = ? AND state IN ('ready', 'delivered')",
-            (self.now_ms, queue),
-        )
+        rows = []
+        for state in QUEUED_STATES:
+            rows += self.conn.execute(
+                f"{SELECT_SQL} WHERE queue = ? AND state = '{state}'{row_lock(self.conn)}",
+                (queue,),
+            ).fetchall()
+            self.conn.execute(
+                "UPDATE messages SET state = 'expired', body = NULL, receipt = NULL, "
+                f"updated_at_ms = ? WHERE queue = ? AND state = '{state}'",
+                (self.now_ms, queue),
+            )
         for row in rows:
             message = from_row(row)
             message.state = MessageState.EXPIRED

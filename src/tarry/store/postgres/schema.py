@@ -105,6 +105,14 @@ MIGRATIONS: list[str] = [
     CREATE TRIGGER policies_changed AFTER INSERT OR UPDATE OR DELETE ON policies
         FOR EACH STATEMENT EXECUTE FUNCTION tarry_notify_catalog();
     """,
+    # A queue's ready and in-flight messages each get an index of their own (one index over
+    # both made a receive step over every message in flight; see tarry.queues.txn).
+    """
+    DROP INDEX IF EXISTS messages_queue;
+    CREATE INDEX IF NOT EXISTS messages_ready ON messages (queue, seq) WHERE state = 'ready';
+    CREATE INDEX IF NOT EXISTS messages_held ON messages (queue, visible_at_ms)
+        WHERE state = 'delivered';
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

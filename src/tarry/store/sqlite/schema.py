@@ -45,11 +45,11 @@ _COLUMNS = """
         redelivered INTEGER NOT NULL DEFAULT 0,
         delivery_count INTEGER NOT NULL DEFAULT 0,
         updated_at_ms INTEGER NOT NULL"""
-_INDEXES = f"""
+#: Indexes every version has.
+_INDEXES_KEPT = f"""
     -- "the next due messages" is a range scan over scheduled rows only
     CREATE INDEX messages_due ON messages(deliver_at_ms, id) WHERE state = 'scheduled';
     CREATE UNIQUE INDEX messages_dedupe ON messages(dedupe_key) WHERE dedupe_key IS NOT NULL;
-    CREATE INDEX messages_queue ON messages(queue, seq) WHERE state IN ('ready', 'delivered');
     CREATE INDEX messages_queue_expiry ON messages(queue_expires_at_ms)
         WHERE state IN ('ready', 'delivered') AND queue_expires_at_ms IS NOT NULL;
     CREATE INDEX messages_receipt ON messages(receipt) WHERE receipt IS NOT NULL;
@@ -57,12 +57,27 @@ _INDEXES = f"""
     CREATE INDEX messages_correlation ON messages(correlation_id) WHERE correlation_id IS NOT NULL;
     CREATE INDEX messages_destination ON messages(destination, deliver_at_ms, id);
 """
+#: Version 1 (``MIGRATIONS[0]``) found a queue's messages through one index over both states.
+_QUEUE_INDEX_V1 = """
+    CREATE INDEX messages_queue ON messages(queue, seq) WHERE state IN ('ready', 'delivered');
+"""
+#: Since version 3 a queue's ready and in-flight messages each have an index of their own: one
+#: index over both made a receive step over every message in flight before the first ready one
+#: (measured: 15 µs a received message with none in flight, 21 with 500, 42 with 2,000).
+_QUEUE_INDEXES = """
+    CREATE INDEX IF NOT EXISTS messages_ready ON messages(queue, seq) WHERE state = 'ready';
+    CREATE INDEX IF NOT EXISTS messages_held ON messages(queue, visible_at_ms)
+        WHERE state = 'delivered';
+"""
+#: The indexes of the current version (a ``messages`` table made anew, ``_KEYED``).
+_INDEXES = _INDEXES_KEPT + _QUEUE_INDEXES
 
 #: Each entry moves the schema from version i to i + 1: a script, or a step run in a transaction.
 MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
     f"""
     CREATE TABLE messages (id TEXT PRIMARY KEY, {_COLUMNS});
-    {_INDEXES}
+    {_INDEXES_KEPT}
+    {_QUEUE_INDEX_V1}
     CREATE TABLE queues (
         name TEXT PRIMARY KEY,
         args TEXT NOT NULL,
@@ -88,6 +103,7 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
             ).fetchall()
         ],
     ),
+    "DROP INDEX IF EXISTS messages_queue;" + _QUEUE_INDEXES,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
