@@ -22,6 +22,10 @@ Parts (``--only`` runs one):
 - ``rerun``: 50,000 × scale sends with a ``message_id`` (due in 1 h, over 10 minutes: two or
   three partitions) through the engine in batches of 1,000, then the same sends again, as a
   rerun of an import makes them: msg/s and CPU µs per message of each pass, log and SQLite.
+- ``inflight``: consumers' receive (20 at a time) and ack of 20,000 × scale ready messages
+  in-process, while 0, 1,000 and 10,000 others are in flight (received, not acked): CPU µs per
+  message of the whole process, log and SQLite. A consumer that holds many messages must not
+  make every receive slower.
 - ``index``: bytes per pending message of the current partition's index (goal ≤ 16 B at 10M).
 - ``restart``: 10M × scale messages in the current partition: time until ready to release,
   with the snapshot and without it (goal ≤ 3 s with).
@@ -273,6 +277,43 @@ def part_trickle(tmp: Path, scale: float) -> dict[str, Any]:
             out[f"{rate}_per_s_tick_0"]["cpu_us_per_message"],
         )
     out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
+async def _consume_cost(tmp: Path, store: str, held: int, count: int) -> float:
+    """CPU µs per message of the whole process to receive (20 at a time) and ack ``count``
+    ready messages while ``held`` others stay in flight."""
+    engine = await _bench_engine(tmp / f"inflight-{store}-{held}", store)
+    try:
+        total = held + count
+        for start in range(0, total, 1000):
+            size = min(1000, total - start)
+            await engine.send_batch([{"destination": "bench", "body": "x"}] * size)
+        while held > 0:  # taken for an hour: in flight for the whole measurement
+            held -= len(
+                await engine.receive("bench", max_messages=min(held, 1000), visibility_ms=3_600_000)
+            )
+        tune_runtime()
+        cpu, done = time.process_time(), 0
+        while done < count:
+            got = await engine.receive("bench", max_messages=20)
+            await engine.ack("bench", [d.receipt for d in got])
+            done += len(got)
+        return (time.process_time() - cpu) / count * 1e6
+    finally:
+        await engine.stop()
+
+
+def part_inflight(tmp: Path, scale: float) -> dict[str, Any]:
+    count = max(2_000, int(20_000 * scale))
+    out: dict[str, Any] = {"messages": count}
+    for store in ("log", "sqlite"):
+        costs = {
+            held: round(asyncio.run(_consume_cost(tmp, store, held, count)), 1)
+            for held in (0, 1_000, 10_000)
+        }
+        out[store] = {f"cpu_us_per_message_{held}_in_flight": c for held, c in costs.items()}
+        out[store]["ratio_10000_to_0_in_flight"] = ratio(costs[10_000], costs[0])
     return out
 
 
@@ -565,6 +606,7 @@ def main() -> None:
             "trickle",
             "rerun",
             "steady",
+            "inflight",
             "index",
             "restart",
             "year",
@@ -638,6 +680,7 @@ def main() -> None:
             "trickle": lambda: part_trickle(tmp, scale),
             "rerun": lambda: part_rerun(tmp, scale),
             "steady": lambda: part_steady(tmp, scale, args.stores),
+            "inflight": lambda: part_inflight(tmp, scale),
             "index": lambda: part_index(scale),
             "restart": lambda: part_restart(tmp, scale),
             "year": lambda: part_year(
