@@ -326,7 +326,7 @@ class QueueTxn:
         self.flush()
         now = self.now_ms
         lock = row_lock(self.conn, skip_locked=True)
-        found = [
+        found: list[list[Any]] = [
             self.conn.execute(
                 f"{SELECT_SQL} WHERE queue = ? AND state = '{state}' AND visible_at_ms <= ? "
                 f"{_UNEXPIRED if unexpired else ''} ORDER BY seq LIMIT ?{lock}",
@@ -336,7 +336,7 @@ class QueueTxn:
         ]
         ready, returned = found
         if not returned:
-            return ready  # type: ignore[no-any-return]
+            return ready
         return list(heapq.merge(ready, returned, key=lambda row: row[_SEQ]))[:limit]
 
     def _drop_head(self, queue: str, count: int) -> None:
