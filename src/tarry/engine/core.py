@@ -11,7 +11,6 @@ import os
 import socket
 import sqlite3
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from functools import partial
 from itertools import product
 from pathlib import Path
 from typing import IO, Any, cast
@@ -19,7 +18,7 @@ from typing import IO, Any, cast
 from tarry.config import TarryConfig
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
-from tarry.engine import cluster, release, sending
+from tarry.engine import cluster, consuming, release, sending
 from tarry.engine.handover import refuse_if_handed_over
 from tarry.engine.stores import build_stores
 from tarry.engine.types import (
@@ -69,9 +68,6 @@ from tarry.transports.base import Transport
 __all__ = ["Engine"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_VISIBILITY_MS = 30_000
-MAX_VISIBILITY_MS = 12 * 3_600_000
 
 
 def _rabbitmq() -> Any:
@@ -539,84 +535,15 @@ class Engine:
         wait_ms: int = 0,
         visibility_ms: int | None = None,
     ) -> list[Delivery]:
-        if not 1 <= max_messages <= 1000:
-            raise InvalidArgument(f"max ({max_messages}) must be between 1 and 1000")
-        if not 0 <= wait_ms <= 20_000:
-            raise InvalidArgument(f"wait_ms ({wait_ms}) must be between 0 and 20000")
-        visibility = DEFAULT_VISIBILITY_MS if visibility_ms is None else visibility_ms
-        if not 1 <= visibility <= MAX_VISIBILITY_MS:
-            raise InvalidArgument(
-                f"visibility_ms ({visibility}) must be between 1 and {MAX_VISIBILITY_MS}"
-            )
-        entry = self.catalog.queues.get(queue)
-        if entry is None:
-            raise NotFound(f"no queue named {queue!r}")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_ms / 1000
-        if wait_ms:
-            self.waiters.count[queue] += 1
-        try:
-            while True:
-                event = self.waiters.event(queue)
-                now = self.clock.now_ms()
-                entry.last_used_ms = now
-
-                def work(
-                    conn: sqlite3.Connection, now: int = now
-                ) -> tuple[QueueTxn, list[tuple[Message, str]]]:
-                    txn = self._txn(conn, now)
-                    return txn, txn.receive(
-                        queue, max_messages=max_messages, visibility_ms=visibility
-                    )
-
-                # Look before taking: an empty poll costs a read, not a commit.
-                if await self.qdb.read(partial(self._has_ready, queue=queue, now_ms=now)):
-                    txn, taken = await self.qdb.write(work)
-                    self._after(txn)
-                else:
-                    taken = []
-                if taken or queue not in self.catalog.queues:
-                    return [Delivery(m, r) for m, r in taken]
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return []
-                # Re-look at least every second: a visibility timeout ending wakes nobody.
-                # ``asyncio.timeout``, not ``wait_for``, which makes a task for each wait
-                # (~100 against ~140 µs of CPU a wait here; consumers wait between releases).
-                try:
-                    async with asyncio.timeout(min(remaining, 1.0)):
-                        await event.wait()
-                except TimeoutError:
-                    pass
-        finally:
-            if wait_ms:
-                self.waiters.count[queue] -= 1
-
-    def _has_ready(self, conn: sqlite3.Connection, *, queue: str, now_ms: int) -> bool:
-        return self._txn(conn, now_ms).has_ready(queue)
+        return await consuming.receive(
+            self, queue, max_messages=max_messages, wait_ms=wait_ms, visibility_ms=visibility_ms
+        )
 
     async def ack(self, queue: str, receipts: Sequence[str]) -> dict[str, Any]:
-        return await self._settle(queue, receipts, ack=True, requeue=False)
+        return await consuming.settle(self, queue, receipts, ack=True, requeue=False)
 
     async def nack(self, queue: str, receipts: Sequence[str], *, requeue: bool) -> dict[str, Any]:
-        return await self._settle(queue, receipts, ack=False, requeue=requeue)
-
-    async def _settle(
-        self, queue: str, receipts: Sequence[str], *, ack: bool, requeue: bool
-    ) -> dict[str, Any]:
-        if queue not in self.catalog.queues:
-            raise NotFound(f"no queue named {queue!r}")
-        if not isinstance(receipts, list | tuple) or not all(isinstance(r, str) for r in receipts):
-            raise InvalidArgument("receipts must be a list of receipt strings from receive")
-        now = self.clock.now_ms()
-
-        def work(conn: sqlite3.Connection) -> tuple[QueueTxn, tuple[int, list[str]]]:
-            txn = self._txn(conn, now)
-            return txn, txn.settle(queue, receipts, ack=ack, requeue=requeue)
-
-        txn, (done, unknown) = await self.qdb.write(work)
-        self._after(txn)
-        return {("acked" if ack else "nacked"): done, "unknown": unknown}
+        return await consuming.settle(self, queue, receipts, ack=False, requeue=requeue)
 
     # --- topics and policies --------------------------------------------------------------------
     async def declare_topic(self, name: str) -> tuple[dict[str, Any], bool]:
