@@ -6,6 +6,7 @@ Inside tarry every instant is an ``int`` of milliseconds since the Unix epoch an
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ __all__ = [
     "format_rfc3339",
     "parse_duration_ms",
     "parse_instant_ms",
+    "wait_at_most",
 ]
 
 
@@ -132,3 +134,14 @@ def format_rfc3339(ms: int) -> str:
         .isoformat(timespec="milliseconds")
         .replace("+00:00", "Z")
     )
+
+
+async def wait_at_most(event: asyncio.Event, seconds: float) -> None:
+    """Wait until ``event`` is set or ``seconds`` have passed. ``asyncio.timeout``, not
+    ``wait_for``, which makes a task for each wait (~100 against ~140 µs of CPU a wait here;
+    the dispatcher sleeps between most rounds, consumers wait between releases)."""
+    try:
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    except TimeoutError:
+        pass

@@ -51,8 +51,15 @@ HANDOFF_MS = 200
 #: of its own on ``queue`` (``messages_ready``, ``messages_held``): a statement about a queue's
 #: messages runs once per state, with the state written out, so that each finds its index.
 QUEUED_STATES = ("ready", "delivered")
-_UNEXPIRED = "AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?)"
 _SEQ = COLUMNS.index("seq")
+
+
+def _takeable_in(state: str, *, unexpired: bool) -> str:
+    """The condition on a queue's messages in ``state`` that a consumer may take now; its
+    parameters are ``QueueTxn._takeable_args``. ``unexpired`` leaves out those whose queue
+    expiry has come (the sweep dead-letters them)."""
+    expiry = " AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?)" if unexpired else ""
+    return f"queue = ? AND state = '{state}' AND visible_at_ms <= ?{expiry}"
 
 
 class Sequencer:
@@ -307,30 +314,32 @@ class QueueTxn:
 
     def ready_count(self, queue: str) -> int:
         self.flush()
+        args = self._takeable_args(queue, unexpired=False)
         return sum(
             int(
                 self.conn.execute(
-                    f"SELECT count(*) FROM messages WHERE queue = ? AND state = '{state}' "
-                    "AND visible_at_ms <= ?",
-                    (queue, self.now_ms),
+                    f"SELECT count(*) FROM messages WHERE {_takeable_in(state, unexpired=False)}",
+                    args,
                 ).fetchone()[0]
             )
             for state in QUEUED_STATES
         )
 
+    def _takeable_args(self, queue: str, *, unexpired: bool) -> tuple[str | int, ...]:
+        return (queue, self.now_ms, self.now_ms) if unexpired else (queue, self.now_ms)
+
     def _takeable(self, queue: str, limit: int, *, unexpired: bool) -> list[Any]:
         """The first ``limit`` rows (``SELECT_SQL``) of ``queue`` a consumer may take now, in
         queue order, rows locked: ready ones and in-flight ones whose visibility timeout ended
-        (usually none: that query finds nothing in the in-flight index's range). ``unexpired``
-        leaves out those whose queue expiry has come (the sweep dead-letters them)."""
+        (usually none: that query finds nothing in the in-flight index's range)."""
         self.flush()
-        now = self.now_ms
         lock = row_lock(self.conn, skip_locked=True)
+        args = (*self._takeable_args(queue, unexpired=unexpired), limit)
         found: list[list[Any]] = [
             self.conn.execute(
-                f"{SELECT_SQL} WHERE queue = ? AND state = '{state}' AND visible_at_ms <= ? "
-                f"{_UNEXPIRED if unexpired else ''} ORDER BY seq LIMIT ?{lock}",
-                (queue, now, now, limit) if unexpired else (queue, now, limit),
+                f"{SELECT_SQL} WHERE {_takeable_in(state, unexpired=unexpired)} "
+                f"ORDER BY seq LIMIT ?{lock}",
+                args,
             ).fetchall()
             for state in QUEUED_STATES
         ]
@@ -464,12 +473,11 @@ class QueueTxn:
     def has_ready(self, queue: str) -> bool:
         """Whether ``receive`` would find anything (a read: no commit for an empty poll)."""
         self.flush()
-        now = self.now_ms
+        args = self._takeable_args(queue, unexpired=True)
         return any(
             self.conn.execute(
-                f"SELECT 1 FROM messages WHERE queue = ? AND state = '{state}' "
-                f"AND visible_at_ms <= ? {_UNEXPIRED} LIMIT 1",
-                (queue, now, now),
+                f"SELECT 1 FROM messages WHERE {_takeable_in(state, unexpired=True)} LIMIT 1",
+                args,
             ).fetchone()
             is not None
             for state in QUEUED_STATES
