@@ -264,7 +264,7 @@ async def test_the_loop_fetches_the_next_batch_while_a_local_release_commits() -
     try:
         await asyncio.sleep(0.05)
         # When the first release has not committed: the second batch is claimed and on its
-        # way too, and no third (two in flight at most)
+        # way too, and no third (two full batches of messages in flight at most)
         assert len(started) == 2
         assert sorted(i for batch in started for i in batch) == sorted(m.id for m in due[:4])
         # Then once they commit, the rest follows and each message is released once
@@ -277,6 +277,35 @@ async def test_the_loop_fetches_the_next_batch_while_a_local_release_commits() -
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_at_most_four_local_releases_are_under_way_at_once() -> None:
+    # Given local releases that wait for a commit (and for their store markers after it)
+    h = Harness()
+    h.dispatcher._is_local = lambda name: True
+    gate = asyncio.Event()
+    started: list[str] = []
+
+    async def committing(batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
+        started.extend(m.id for m in batch)
+        await gate.wait()
+        await h.store.remove([m.id for m in batch], state=MessageState.READY, now_ms=0)
+        return []
+
+    h.dispatcher._release_local = committing
+    # When a message falls due before each of five rounds
+    for _ in range(4):
+        await h.schedule()
+        assert await h.dispatcher._round() == 1
+    await h.schedule()
+    fifth = asyncio.ensure_future(h.dispatcher._round())
+    await asyncio.sleep(0.05)
+    # Then four releases are under way and the fifth round waits for a place
+    assert len(started) == 4 and not fifth.done()
+    gate.set()
+    assert await fifth == 1
+    await h.dispatcher.drain()
+    assert len(started) == 5 and await h.store.count_scheduled() == 0
 
 
 async def test_run_once_returns_once_its_local_release_is_done() -> None:
