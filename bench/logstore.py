@@ -59,6 +59,7 @@ from foundation import (  # noqa: E402
     busiest_threads_cpu_s,
     cpu_s,
     journal_lateness,
+    loop_sleep_cpu_us,
     rss_mb,
     start_server,
     steady,
@@ -670,7 +671,11 @@ def main() -> None:
     scale = args.scale
     year_messages = args.year_messages or int(1_000_000 * scale)
     year_span = args.year_span_days or max(1.0, 365 * year_messages / 100_000_000)
-    results: dict[str, Any] = {"scale": scale, "cpus": os.cpu_count()}
+    results: dict[str, Any] = {
+        "scale": scale,
+        "cpus": os.cpu_count(),
+        "loop_sleep_cpu_us": loop_sleep_cpu_us(),
+    }
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         parts = {
