@@ -95,8 +95,8 @@ def busiest_threads_cpu_s(pid: int, since: dict[int, float], count: int = 3) -> 
 def loop_sleep_cpu_us(count: int = 2000) -> float:
     """CPU µs an ``asyncio.sleep(0.0001)`` costs this process: a gauge of how fast this
     machine makes the system calls and wake-ups a server lives on. The same code's figures
-    move with it (22 µs on the fastest machine measured, 76–95 on the slowest), so the
-    benches print it beside what they measured."""
+    move with it (22 µs on the fastest machine measured, 76–95 on the slowest), so
+    ``logstore.py`` prints it beside what it measured."""
 
     async def sleeps() -> float:
         started = time.process_time()
