@@ -113,13 +113,12 @@ class Dispatcher:
         #: How many may be under way. Four where the store keeps its messages apart from the
         #: queue database (log, memory): a release holds its place until the store's markers
         #: are written, well after its commit, and with two the next round waited for a place
-        #: (10k/s steady: releases >= 6 ms late 2.3-2.5 % with two, 0.9-1.5 % with four or
-        #: eight; bench/README.md, "four local releases under way"). The message bound in
+        #: under steady traffic (more than four gained nothing). The message bound in
         #: ``_round`` still caps a backlog at two full batches.
         #: One where the store shares the queue database: there the fetch and the release work
-        #: on the same database, and a second batch in flight cost more than it overlapped
-        #: (SQLite release bench: 53 -> 69-89 CPU µs a message, 69-71 even with the claimed
-        #: rows skipped inside the query instead of read and dropped).
+        #: on the same database, and a second batch in flight cost more than it overlapped (each
+        #: fetch reads past the rows the other batch has claimed, also when the query skips
+        #: them).
         self._releases_at_once = 1 if store.shares_queue_database else 4
         #: When held-back messages (destination away) may be tried again, earliest first.
         self._held: list[int] = []

@@ -56,7 +56,7 @@ class Journal:
         self.written = 0
         # One growing bytearray, not a list of lines: each line's bytes are freed as soon as
         # they are copied in, so the allocator reuses one warm block. Thousands of small
-        # orjson results kept alive until the flush cost 5-15 us a line here, 10x the encoding.
+        # orjson results kept alive until the flush would cost more than encoding them.
         self._buffer = bytearray()
         self._lines = 0
         self._file: IO[bytes] | None = None

@@ -86,9 +86,9 @@ _STEP = {event: index for index, event in enumerate(_LIFECYCLE)}
 HOUR_MS, MINUTE_MS = 3_600_000, 60_000
 DAY_MS = 24 * HOUR_MS
 #: Session settings while the report runs (restored after):
-#: - the cache of parsed events without compression: encoding it cost about a third as much CPU as
-#:   the parsing (10M events: 47 s of JVM CPU parse + compressed cache, 37 s uncompressed), and the
-#:   columns fit in memory (about 60 bytes an event, spilled to disk beyond);
+#: - the cache of parsed events without compression: compressing it adds CPU to every event on
+#:   top of the parsing, and the columns fit in memory (about 60 bytes an event, spilled to disk
+#:   beyond);
 #: - at least four reading tasks per core, so a single large journal file keeps every core busy
 #:   (Spark otherwise splits at 128 MB: 1M events, 294 MB, were three tasks on two cores).
 _READ_SETTINGS = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}

@@ -48,7 +48,8 @@ class SparkSettings:
     driver_memory: str = "4g"
     #: Partitions after a shuffle (de-duplication, the per-partition sort, the report's groups).
     shuffle_partitions: int = 8
-    #: Fewer JIT tiers and a serial GC: about 40 % less JVM CPU for short jobs and tests.
+    #: Fewer JIT tiers and a serial GC: less JVM CPU for short jobs and tests, where compiling
+    #: each new query is much of the work; large imports run slower on C1's code.
     light_jvm: bool = False
     #: Rows per Arrow batch handed to the Python workers (``mapInArrow``): the rules and the
     #: record encoding pay a fixed cost per batch and per column call, so larger batches make

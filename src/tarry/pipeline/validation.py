@@ -106,7 +106,7 @@ def check_batch(
 ) -> pa.RecordBatch:
     """The rules over one batch of input rows (``_row`` plus send-field columns).
 
-    ``record`` (the send as JSON, nearly half the cost) is built for every row, or, given
+    ``record`` (the send as JSON, the dearest column) is built for every row, or, given
     ``record_for`` (a mask), only for those rows and the rejected ones (null elsewhere)."""
     n = batch.num_rows
     sends = batch.drop_columns([ROW]) if ROW in batch.schema.names else batch

@@ -79,8 +79,8 @@ _TIMED = frozenset({"released", "delivered"})
 
 class _Lateness(Collector):
     """The release lateness histogram, counted in plain ints: a ``prometheus_client``
-    ``Histogram.observe`` takes a lock and walks the buckets (about 1 us), once per released
-    message, on the event loop the dispatcher shares. Observations come a batch at a time."""
+    ``Histogram.observe`` takes a lock and walks the buckets, once per released message, on
+    the event loop the dispatcher shares. Observations come a batch at a time."""
 
     def __init__(self) -> None:
         self.counts = [0] * (len(_LATENESS_BUCKETS) + 1)  # the last: above every bound
@@ -89,7 +89,7 @@ class _Lateness(Collector):
 
     def observe_ms(self, late_ms: Sequence[int]) -> None:
         """Count each lateness (ms; below 0 counts as 0) in its bucket. A plain loop, not
-        numpy: numpy's fixed cost (~15 µs) would fall on every single delivered message."""
+        numpy: numpy's fixed cost per call would fall on every single delivered message."""
         counts, total = self.counts, 0
         for late in late_ms:
             late = max(late, 0)

@@ -84,7 +84,7 @@ _extend = google_crc32c.extend
 _HEAD8 = struct.Struct("<BBHI")
 
 
-@dataclass(slots=True)  # not frozen: its __init__ would cost 1 µs more (one per message read)
+@dataclass(slots=True)  # not frozen: a frozen __init__ sets fields one by one, per message read
 class Record:
     kind: int
     offset: int

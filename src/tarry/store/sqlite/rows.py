@@ -63,9 +63,9 @@ Insert = tuple[str, tuple[Any, ...]]
 
 # ``to_insert`` leaves the columns a row does not set out of its INSERT (they take NULL, or their
 # default) rather than binding None: Python's sqlite3 binds None and ``bytes`` through its
-# adaptation protocol, which costs more than writing the column (measured on CPython 3.11:
-# about 0.5 µs a None, 1.1 µs a ``bytes``, 0.08 µs an int, 0.18 µs a ``bytearray``). A released
-# message leaves about ten columns unset, so this halves the cost of binding its row.
+# adaptation protocol, which costs more than writing the column (an int or a ``bytearray``
+# binds directly). A released message leaves about ten columns unset, so binding them would
+# be a large part of the cost of binding its row.
 _ALWAYS = (
     "id",
     "destination",
@@ -85,8 +85,8 @@ _ALWAYS = (
 #: Every other column, in ``COLUMNS`` order (``to_insert`` lists their values in this order).
 _OPTIONAL = tuple(c for c in COLUMNS if c not in _ALWAYS)
 _INSERTS: dict[tuple[bool, ...], str] = {}
-#: The text of each state and ``on_undeliverable`` member (a dict look-up is a third of what
-#: ``.value`` costs, and this runs for every row written).
+#: The text of each state and ``on_undeliverable`` member (a dict look-up is cheaper than
+#: ``.value``, and this runs for every row written).
 _VALUES: dict[object, str] = {m: m.value for e in (MessageState, Undeliverable) for m in e}
 
 
@@ -165,8 +165,8 @@ def insert_rows(conn: SqlConnection, inserts: Iterable[Insert]) -> None:
 
     Not ``executemany``: Python's sqlite3 lets go of the GIL around every row's step and must
     take it back after each one; while another thread runs Python (the server's event loop
-    under load) each take waits for that thread's switch interval (5 ms), and a batch of 500
-    rows took 20 times longer (measured). One statement per chunk steps once."""
+    under load) each take waits for that thread's switch interval, so a batch's rows wait
+    one interval after another. One statement per chunk steps once."""
     groups: dict[str, list[tuple[Any, ...]]] = {}
     for sql, values in inserts:
         groups.setdefault(sql, []).append(values)
@@ -325,10 +325,10 @@ def from_row(row: Sequence[Any]) -> Message:
         delivery_count,
         updated_at,
     ) = row
-    # Receive and ack read hundreds of rows a call: the enums are looked up in dicts (an enum
-    # call costs half a microsecond), the usual empty values skip their parsing, and the
-    # message is built positionally (24 keywords cost twice the call), in ``Message``'s field
-    # order; tests/store/test_sqlite_rows.py gives every field a value of its own.
+    # Receive and ack read hundreds of rows a call: the enums are looked up in dicts (cheaper
+    # than calling the enum), the usual empty values skip their parsing, and the message is
+    # built positionally (keywords go through a dict), in ``Message``'s field order;
+    # tests/store/test_sqlite_rows.py gives every field a value of its own.
     return Message(
         id_,
         destination,
