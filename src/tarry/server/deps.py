@@ -1,17 +1,46 @@
-"""What every route needs: the engine, the caller, and a JSON body read with orjson."""
+"""What every route needs: the engine, the caller, and a JSON body read with orjson, no larger
+than the route allows."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import orjson
 from fastapi import Request
 
+from tarry.config import ServerConfig
 from tarry.engine.api import EngineAPI
-from tarry.errors import InvalidArgument
+from tarry.errors import InvalidArgument, MessageTooLarge
 from tarry.server.auth import Principal, principal_for
+from tarry.server.refusals import RefusalLog
 
-__all__ = ["caller", "engine_of", "json_body", "json_object"]
+__all__ = ["BodyLimits", "caller", "engine_of", "json_body", "json_object"]
+
+BodyKind = Literal["small", "message", "batch"]
+
+# Room for a message's fields besides its body (destination, headers, ids, times).
+ENVELOPE_BYTES = 64 * 1024
+# A body byte can become six in JSON (a control character as \u00XX), so a body within
+# max_message_bytes is never refused by the request limit before its own check says why.
+JSON_EXPANSION = 6
+SMALL_BODY_BYTES = 1024 * 1024
+BATCH_BODY_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    """Largest request body per kind of route, in bytes."""
+
+    small: int
+    message: int
+    batch: int
+
+    @classmethod
+    def from_config(cls, server: ServerConfig) -> BodyLimits:
+        message = JSON_EXPANSION * server.max_message_bytes + ENVELOPE_BYTES
+        batch = server.max_batch_bytes or max(BATCH_BODY_BYTES, message)
+        return cls(small=SMALL_BODY_BYTES, message=message, batch=batch)
 
 
 def engine_of(request: Request) -> EngineAPI:
@@ -23,8 +52,38 @@ def caller(request: Request) -> Principal:
     return principal_for(request, request.app.state.config.auth)
 
 
-async def json_body(request: Request, *, default: Any = None) -> Any:
-    raw = await request.body()
+def _too_large(request: Request, limit: int, kind: BodyKind) -> MessageTooLarge:
+    # The rest of the body stays unread: the error handler closes the connection after the 413.
+    request.state.body_unread = True
+    refusals: RefusalLog = request.app.state.refusals
+    refusals.note("body_too_large", f"refused a request body over {limit} bytes with 413")
+    hint = "send fewer messages per batch" if kind == "batch" else "send a smaller body"
+    return MessageTooLarge(
+        f"the request body is over this server's limit of {limit} bytes for "
+        f"{request.method} {request.url.path}; {hint}",
+        max_request_bytes=limit,
+    )
+
+
+async def _read(request: Request, kind: BodyKind) -> bytes:
+    """The body, refused as soon as its declared or streamed size passes the route's limit."""
+    limits: BodyLimits = request.app.state.body_limits
+    limit: int = getattr(limits, kind)
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdecimal() and int(declared) > limit:
+        raise _too_large(request, limit, kind)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(request, limit, kind)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def json_body(request: Request, *, default: Any = None, kind: BodyKind = "small") -> Any:
+    raw = await _read(request, kind)
     if not raw.strip():
         if default is not None:
             return default
@@ -35,8 +94,10 @@ async def json_body(request: Request, *, default: Any = None) -> Any:
         raise InvalidArgument(f"the body is not valid JSON: {exc}") from None
 
 
-async def json_object(request: Request, *, default: dict[str, Any] | None = None) -> dict[str, Any]:
-    body = await json_body(request, default=default)
+async def json_object(
+    request: Request, *, default: dict[str, Any] | None = None, kind: BodyKind = "small"
+) -> dict[str, Any]:
+    body = await json_body(request, default=default, kind=kind)
     if not isinstance(body, dict):
         raise InvalidArgument("the body must be a JSON object")
     return body

@@ -24,7 +24,7 @@ router = APIRouter(prefix="/v1/messages", tags=["messages"])
     responses={201: {"model": schemas.Scheduled}, 200: {"description": "duplicate message_id"}},
 )
 async def send(request: Request) -> JSON:
-    data = await json_object(request)
+    data = await json_object(request, kind="message")
     result = await engine_of(request).send(data, may_send=caller(request).may_send)
     return JSON(result.to_public(), status_code=201 if result.created else 200)
 
@@ -35,7 +35,7 @@ async def send(request: Request) -> JSON:
     openapi_extra=schemas.body(schemas.SendBatch),
 )
 async def send_batch(request: Request) -> JSON:
-    body = await json_body(request)
+    body = await json_body(request, kind="batch")
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         raise InvalidArgument('the body must be {"messages": [...]}')
     results = await engine_of(request).send_batch(
