@@ -75,7 +75,24 @@ class ServerConfig(_Section):
     max_header_bytes: int = Field(16 * 1024, ge=1024)
     """Largest request line plus headers; a larger one gets 400 (h11's
     ``max_incomplete_event_size``)."""
+    tls_cert: Path | None = None
+    """PEM certificate (chain) to serve HTTPS with; needs ``tls_key``."""
+    tls_key: Path | None = None
+    """PEM private key of ``tls_cert``."""
+    allow_plaintext: bool = False
+    """Serve plain HTTP on a non-loopback address (tokens are then sent in the clear; only
+    behind a TLS-terminating proxy or on a trusted network)."""
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("server.tls_cert and server.tls_key go together: give both or neither")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
 
 class StoreConfig(_Section):

@@ -3,16 +3,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import resource
 import select
 import socket
+import ssl
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+
+import tarry
+from tarry.config import load_config
+from tarry.errors import InvalidArgument
+from tarry.server.auth import check_bind_safety
 
 MB = 1024 * 1024
 
@@ -250,3 +260,88 @@ def test_finding_07_a_request_head_over_max_header_bytes_gets_400(make_server) -
     assert head.startswith(b"HTTP/1.1 400 "), head
     assert httpx.get(f"{server.url}/healthz").status_code == 200
     assert sum("(bad_request_head;" in line for line in server.stderr_lines) == 1
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def _tarry(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tarry.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "TARRY_CA"},
+    )
+
+
+def test_finding_11_tls_serves_https_to_clients_that_trust_the_certificate(
+    make_server, tmp_path: Path
+) -> None:
+    cert, key = _self_signed(tmp_path)
+    server = make_server(f'[server]\ntls_cert = "{cert}"\ntls_key = "{key}"\n')
+    assert server.url.startswith("https://127.0.0.1:")
+    trusted = ssl.create_default_context(cafile=str(cert))
+    assert httpx.get(f"{server.url}/healthz", verify=trusted).status_code == 200
+    with pytest.raises(httpx.ConnectError):  # not trusted without the CA
+        httpx.get(f"{server.url}/healthz")
+    with pytest.raises(httpx.HTTPError):  # plain HTTP is not served
+        httpx.get(server.url.replace("https://", "http://") + "/healthz")
+    queue = _tarry("--url", server.url, "--ca", str(cert), "queue", "declare", "tls.q")
+    assert queue.returncode == 0, queue.stderr
+    sent = _tarry("--url", server.url, "--ca", str(cert), "send", "tls.q", "hello")
+    assert sent.returncode == 0, sent.stderr
+    untrusted = _tarry("--url", server.url, "send", "tls.q", "hello")
+    assert untrusted.returncode == 3 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+    with tarry.Client(server.url, ca=cert) as client:
+        assert client.get_queue("tls.q").ready == 1
+
+    async def over_async() -> int:
+        async with tarry.AsyncClient(server.url, ca=cert) as client:
+            return (await client.get_queue("tls.q")).ready
+
+    assert asyncio.run(over_async()) == 1
+
+
+def test_finding_11_tokens_beyond_loopback_need_tls_or_an_explicit_waiver(tmp_path: Path) -> None:
+    tokens = {"auth": {"tokens": [{"token": "secret", "admin": ["*"]}]}}
+    exposed = load_config(None, {"server": {"host": "0.0.0.0"}, **tokens})
+    with pytest.raises(InvalidArgument, match="tls_cert"):
+        check_bind_safety(exposed)
+    waived = load_config(None, {"server": {"host": "0.0.0.0", "allow_plaintext": True}, **tokens})
+    check_bind_safety(waived)
+    cert, key = _self_signed(tmp_path)
+    tls = {"host": "0.0.0.0", "tls_cert": str(cert), "tls_key": str(key)}
+    check_bind_safety(load_config(None, {"server": tls, **tokens}))
+    with pytest.raises(InvalidArgument, match="tls_key"):
+        load_config(None, {"server": {"tls_cert": str(cert)}})
+    # The server itself refuses to start that way.
+    config = tmp_path / "exposed.toml"
+    config.write_text('[server]\nhost = "0.0.0.0"\n[[auth.tokens]]\ntoken = "secret"\n')
+    started = _tarry("serve", "--port", "0", "--data", str(tmp_path / "d"), "--config", str(config))
+    assert started.returncode != 0 and "invalid_argument" in started.stderr
+    assert "tls_cert" in started.stderr

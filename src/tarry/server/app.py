@@ -183,6 +183,7 @@ def serve(config: TarryConfig) -> None:
     sock = _bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
+    scheme = "https" if settings.tls else "http"
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -195,6 +196,8 @@ def serve(config: TarryConfig) -> None:
             limit_concurrency=guard.max_connections + 1,
             timeout_keep_alive=math.ceil(settings.keep_alive_ms / 1000),
             h11_max_incomplete_event_size=settings.max_header_bytes,
+            ssl_certfile=settings.tls_cert,
+            ssl_keyfile=settings.tls_key,
         )
     )
     logging.getLogger("uvicorn.error").addFilter(_RefusalFilter(app.state.refusals))
@@ -204,7 +207,7 @@ def serve(config: TarryConfig) -> None:
     async def announce(sockets: list[socket.socket] | None = None) -> None:
         await startup(sockets=sockets)
         if server.started:
-            print(f"tarry serving on http://{shown}:{port}", flush=True)
+            print(f"tarry serving on {scheme}://{shown}:{port}", flush=True)
 
     server.startup = announce  # type: ignore[method-assign]
     server.run(sockets=[sock])
