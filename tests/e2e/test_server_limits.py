@@ -135,6 +135,31 @@ def _stream_until_refused(sock: socket.socket, *, total: int) -> int:
     return sent
 
 
+def test_finding_06_a_million_item_batch_is_refused_before_its_items_are_built(server) -> None:
+    pid = _pid(server)
+    item = b'{"destination":"q","body":"x","delay_ms":1000}'
+    body = b'{"messages":[' + b",".join([item] * 1_000_000) + b"]}"
+    before = _rss_mb(pid)
+    response = httpx.post(f"{server.url}/v1/messages/batch", content=body, timeout=60)
+    grown = _rss_mb(pid) - before
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_argument" and error["max_batch"] == 10_000
+    assert "got 1000000" in error["message"]
+    assert grown < 50, f"the server's RSS grew by {grown:.0f} MB to refuse a 47 MB batch"
+    # A batch within max_batch still works, with its commas and nested objects.
+    queue = httpx.put(f"{server.url}/v1/queues/q")
+    assert queue.status_code == 201
+    ok = b'{"destination":"q","body":"a,b","delay_ms":1000,"headers":{"k":"v","l":"w"}}'
+    accepted = httpx.post(
+        f"{server.url}/v1/messages/batch",
+        content=b'{"messages":[' + b",".join([ok] * 10_000) + b"]}",
+        timeout=60,
+    )
+    assert accepted.status_code == 200
+    assert all("id" in result for result in accepted.json()["results"])
+
+
 def _raise_own_fd_limit(wanted: int) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)

@@ -3,6 +3,7 @@ than the route allows."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -12,10 +13,11 @@ from fastapi import Request
 from tarry.config import ServerConfig
 from tarry.engine.api import EngineAPI
 from tarry.errors import InvalidArgument, MessageTooLarge
+from tarry.model.validate import check_batch_size
 from tarry.server.auth import Principal, principal_for
 from tarry.server.refusals import RefusalLog
 
-__all__ = ["BodyLimits", "caller", "engine_of", "json_body", "json_object"]
+__all__ = ["BodyLimits", "batch_messages", "caller", "engine_of", "json_body", "json_object"]
 
 BodyKind = Literal["small", "message", "batch"]
 
@@ -82,8 +84,7 @@ async def _read(request: Request, kind: BodyKind) -> bytes:
     return b"".join(chunks)
 
 
-async def json_body(request: Request, *, default: Any = None, kind: BodyKind = "small") -> Any:
-    raw = await _read(request, kind)
+def _parse(raw: bytes, default: Any) -> Any:
     if not raw.strip():
         if default is not None:
             return default
@@ -92,6 +93,41 @@ async def json_body(request: Request, *, default: Any = None, kind: BodyKind = "
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgument(f"the body is not valid JSON: {exc}") from None
+
+
+async def json_body(request: Request, *, default: Any = None, kind: BodyKind = "small") -> Any:
+    return _parse(await _read(request, kind), default)
+
+
+def _keep_batch(pairs: list[tuple[str, Any]]) -> dict[str, Any] | None:
+    return dict(pairs) if any(key == "messages" for key, _ in pairs) else None
+
+
+def _counted_messages(raw: bytes) -> int | None:
+    """How many items the body's ``messages`` list holds, counted without keeping them: each
+    object is dropped as soon as it is parsed (the whole body would take ~10x its size)."""
+    try:
+        body = json.loads(raw, object_pairs_hook=_keep_batch)
+    except (ValueError, RecursionError):
+        return None  # the real parse says what is wrong
+    messages = body.get("messages") if isinstance(body, dict) else None
+    return len(messages) if isinstance(messages, list) else None
+
+
+async def batch_messages(request: Request, *, max_batch: int) -> list[Any]:
+    """The items of a ``{"messages": [...]}`` body; more than ``max_batch`` of them are refused
+    before any is built."""
+    raw = await _read(request, "batch")
+    # Every item but the last is followed by a comma: fewer commas, no need to count.
+    if raw.count(b",") >= max_batch:
+        counted = _counted_messages(raw)
+        if counted is not None:
+            check_batch_size(range(counted), limit=max_batch)
+    body = _parse(raw, None)
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        raise InvalidArgument('the body must be {"messages": [...]}')
+    messages: list[Any] = body["messages"]
+    return messages
 
 
 async def json_object(
