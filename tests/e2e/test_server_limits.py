@@ -271,7 +271,18 @@ def test_finding_07_a_connection_without_a_request_head_is_closed_after_the_head
         except BlockingIOError:
             pass
         assert _closed_within(kept, 10, dribble=slow_head) < 5
-    # A prompt client is not affected.
+    # A prompt client is not affected, nor a request running past the deadline, pipelined
+    # behind another or not.
+    assert httpx.put(f"{server.url}/v1/queues/idle").status_code == 201
+    waiting = b'POST /v1/queues/idle/receive HTTP/1.1\r\nhost: tarry\r\ncontent-length: 16\r\n\r\n{"wait_ms":2000}'
+    with socket.create_connection(address) as pipelined:
+        pipelined.sendall(b"GET /healthz HTTP/1.1\r\nhost: tarry\r\n\r\n" + waiting)
+        pipelined.settimeout(10)
+        answered = b""
+        while answered.count(b"HTTP/1.1 200 ") < 2 or not answered.endswith(b'{"messages":[]}'):
+            chunk = pipelined.recv(65536)
+            assert chunk, f"closed while a request ran: {answered!r}"
+            answered += chunk
     assert httpx.get(f"{server.url}/healthz").status_code == 200
     assert sum("(header_timeout;" in line for line in server.stderr_lines) == 1, "one log line"
 

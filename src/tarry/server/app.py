@@ -89,23 +89,26 @@ def _count_accept_failures(loop: asyncio.AbstractEventLoop, refusals: RefusalLog
 
 class _RefusalFilter(logging.Filter):
     """uvicorn warns once per refused request (a bad or oversized head, over the concurrency
-    limit): those lines go through the refusal counter."""
+    limit, an upgrade it cannot do): those lines go through the refusal counter."""
 
-    KINDS = {
-        "Invalid HTTP request received.": "bad_request_head",
-        "Exceeded concurrency limit.": "concurrency_limit",
-    }
+    KINDS = (
+        ("Invalid HTTP request received.", "bad_request_head"),
+        ("Exceeded concurrency limit.", "concurrency_limit"),
+        ("Unsupported upgrade request.", "unsupported_upgrade"),
+        ("No supported WebSocket library detected.", "unsupported_upgrade"),
+    )
 
     def __init__(self, refusals: RefusalLog) -> None:
         super().__init__()
         self._refusals = refusals
 
     def filter(self, record: logging.LogRecord) -> bool:
-        kind = self.KINDS.get(record.getMessage())
-        if kind is None:
-            return True
-        self._refusals.note(kind, f"uvicorn: {record.getMessage()}")
-        return False
+        message = record.getMessage()
+        for prefix, kind in self.KINDS:
+            if message.startswith(prefix):
+                self._refusals.note(kind, f"uvicorn: {prefix}")
+                return False
+        return True
 
 
 # File descriptors kept for the store, the journal and the routes besides client connections.

@@ -44,7 +44,8 @@ class ConnectionGuard:
 
             def on_response_complete(self) -> None:
                 super().on_response_complete()
-                if not self.transport.is_closing():
+                # A pipelined request may have started already: its head came in time.
+                if not self.transport.is_closing() and _idle(self):
                     guard._wait_for_request(self)
 
         return GuardedH11Protocol
@@ -83,7 +84,11 @@ class ConnectionGuard:
         if waiting is None:
             return False
         waiting[1].cancel()
-        return connection.cycle is waiting[0] and not connection.transport.is_closing()
+        return (
+            connection.cycle is waiting[0]
+            and _idle(connection)
+            and not connection.transport.is_closing()
+        )
 
     def _expire(self, connection: H11Protocol) -> None:
         if self._still_waiting(connection):
@@ -110,3 +115,8 @@ class ConnectionGuard:
     def _drop(self, connection: H11Protocol) -> None:
         self._open.discard(connection)
         connection.transport.close()
+
+
+def _idle(connection: H11Protocol) -> bool:
+    """No request running: none yet, or the last one answered."""
+    return connection.cycle is None or connection.cycle.response_complete
