@@ -20,6 +20,8 @@ __all__ = ["ConnectionGuard"]
 
 
 class ConnectionGuard:
+    """The open connections of one server, and which of them wait for a request head."""
+
     def __init__(self, *, max_connections: int, header_timeout_s: float, refusals: RefusalLog):
         self.max_connections = max_connections
         self._header_timeout_s = header_timeout_s
@@ -49,10 +51,6 @@ class ConnectionGuard:
                     guard._wait_for_request(self)
 
         return GuardedH11Protocol
-
-    @property
-    def open_connections(self) -> int:
-        return len(self._open)
 
     def _opened(self, connection: H11Protocol) -> None:
         if len(self._open) >= self.max_connections and not self._close_oldest_waiting():

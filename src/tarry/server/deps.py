@@ -72,7 +72,8 @@ async def _read(request: Request, kind: BodyKind) -> bytes:
     limits: BodyLimits = request.app.state.body_limits
     limit: int = getattr(limits, kind)
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdecimal() and int(declared) > limit:
+    # (A length of more digits than any limit is not converted: int() refuses 4,300 digits.)
+    if declared and declared.isdecimal() and (len(declared) > 18 or int(declared) > limit):
         raise _too_large(request, limit, kind)
     chunks: list[bytes] = []
     size = 0
