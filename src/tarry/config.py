@@ -56,7 +56,43 @@ class ServerConfig(_Section):
     ``GET /v1/messages/{id}`` and keep their ``message_id`` for de-duplication."""
     max_batch: int = Field(10_000, gt=0)
     """Most messages in one ``POST /v1/messages/batch``."""
+    max_batch_bytes: int | None = Field(None, gt=0)
+    """Largest body of ``POST /v1/messages/batch``, refused with 413 while it is read (default:
+    256 MiB, or one message's request limit if that is larger). A single message's request may
+    be ``6 × max_message_bytes`` + 64 KiB (the longest JSON its body can become), any other
+    request 1 MiB."""
+    max_connections: int = Field(1024, gt=0)
+    """Open client connections. At the cap a new connection closes the one that has waited
+    longest for a request (or is itself closed if every connection has a request running);
+    also uvicorn's ``limit_concurrency``. Lowered at start to what the process's open-file
+    limit allows."""
+    header_timeout_ms: int = Field(10_000, gt=0)
+    """A connection that has not sent a whole request head this long after it opened (or after
+    its last response) is closed."""
+    keep_alive_ms: int = Field(5_000, gt=0)
+    """An idle keep-alive connection is closed after this long (uvicorn's
+    ``timeout_keep_alive``)."""
+    max_header_bytes: int = Field(16 * 1024, ge=1024)
+    """Largest request line plus headers; a larger one gets 400 (h11's
+    ``max_incomplete_event_size``)."""
+    tls_cert: Path | None = None
+    """PEM certificate (chain) to serve HTTPS with; needs ``tls_key``."""
+    tls_key: Path | None = None
+    """PEM private key of ``tls_cert``."""
+    allow_plaintext: bool = False
+    """Serve plain HTTP on a non-loopback address (tokens are then sent in the clear; only
+    behind a TLS-terminating proxy or on a trusted network)."""
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("server.tls_cert and server.tls_key go together: give both or neither")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
 
 class StoreConfig(_Section):

@@ -151,7 +151,8 @@ class PreconditionFailed(TarryError):
 
 
 class MessageTooLarge(TarryError):
-    """Raised when the body is larger than the destination's ``max_message_bytes``."""
+    """Raised when the body is larger than the destination's ``max_message_bytes``, or a request
+    body larger than its route allows (``max_request_bytes`` then says how large)."""
 
     code = "message_too_large"
     http_status = 413

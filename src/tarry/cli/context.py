@@ -56,7 +56,9 @@ def parsed(parse: Callable[..., R], *args: Any, **kwargs: Any) -> R:
 def client(ctx: click.Context) -> Client:
     obj: dict[str, Any] = ctx.ensure_object(dict)
     if "client" not in obj:
-        obj["client"] = Client(obj.get("url") or "http://127.0.0.1:7420", obj.get("token"))
+        obj["client"] = Client(
+            obj.get("url") or "http://127.0.0.1:7420", obj.get("token"), ca=obj.get("ca")
+        )
         ctx.call_on_close(obj["client"].close)
     return obj["client"]  # type: ignore[no-any-return]
 

@@ -27,11 +27,17 @@ EPILOG = (
     help="The server (env TARRY_URL).",
 )
 @click.option("--token", envvar="TARRY_TOKEN", help="Bearer token (env TARRY_TOKEN).")
+@click.option(
+    "--ca",
+    envvar="TARRY_CA",
+    help="PEM file to check an https server's certificate with, e.g. a self-signed one "
+    "(env TARRY_CA; default: the system's trusted CAs).",
+)
 @click.version_option(package_name="tarry")
 @click.pass_context
-def cli(ctx: click.Context, url: str, token: str | None) -> None:
+def cli(ctx: click.Context, url: str, token: str | None, ca: str | None) -> None:
     """tarry: durable delayed-message delivery."""
-    ctx.ensure_object(dict).update(url=url, token=token)
+    ctx.ensure_object(dict).update(url=url, token=token, ca=ca)
 
 
 for command in (

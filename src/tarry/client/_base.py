@@ -4,8 +4,10 @@ The two clients only send what this module builds."""
 from __future__ import annotations
 
 import base64
+import ssl
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -76,6 +78,12 @@ def unreachable(url: str, exc: Exception) -> Unavailable:
 
 def auth_headers(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def tls_verify(ca: str | Path | None) -> ssl.SSLContext | bool:
+    """What an https server's certificate is checked against: the system's trusted CAs, or
+    the PEM file ``ca`` (a private CA or a self-signed certificate)."""
+    return ssl.create_default_context(cafile=str(ca)) if ca is not None else True
 
 
 # --- readers: turn a decoded body into the client's value types -----------------------------------

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import httpx
 
 from tarry.client import _calls
-from tarry.client._base import DEFAULT_URL, Call, auth_headers, raise_for_error, unreachable
+from tarry.client._base import (
+    DEFAULT_URL,
+    Call,
+    auth_headers,
+    raise_for_error,
+    tls_verify,
+    unreachable,
+)
 from tarry.client._types import MessageInfo
 
 __all__ = ["AsyncClient"]
@@ -32,10 +40,20 @@ def _method(
 class AsyncClient:
     """``AsyncClient(url, token=None)``: awaitable twins of ``Client``'s methods."""
 
-    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, *, timeout: float = 30.0):
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        ca: str | Path | None = None,
+    ):
         self.url = url.rstrip("/")
         self._http = httpx.AsyncClient(
-            base_url=self.url, headers=auth_headers(token), timeout=timeout
+            base_url=self.url,
+            headers=auth_headers(token),
+            timeout=timeout,
+            verify=tls_verify(ca),
         )
 
     async def _send(self, call: Call) -> Any:

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import httpx
 
 from tarry.client import _calls
-from tarry.client._base import DEFAULT_URL, Call, auth_headers, raise_for_error, unreachable
+from tarry.client._base import (
+    DEFAULT_URL,
+    Call,
+    auth_headers,
+    raise_for_error,
+    tls_verify,
+    unreachable,
+)
 from tarry.client._types import MessageInfo
 
 __all__ = ["Client"]
@@ -33,9 +41,18 @@ class Client:
     """``Client("http://127.0.0.1:7420", token=None)``: every method mirrors the HTTP API and
     raises the ``TarryError`` subclass of the server's error code."""
 
-    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, *, timeout: float = 30.0):
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        ca: str | Path | None = None,
+    ):
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, headers=auth_headers(token), timeout=timeout)
+        self._http = httpx.Client(
+            base_url=self.url, headers=auth_headers(token), timeout=timeout, verify=tls_verify(ca)
+        )
 
     def _send(self, call: Call) -> Any:
         try:

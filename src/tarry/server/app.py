@@ -3,12 +3,16 @@ uvicorn on a socket it binds itself (so ``--port 0`` works and the chosen port i
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
+import math
+import resource
 import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import orjson
 import uvicorn
@@ -18,9 +22,12 @@ import tarry
 from tarry.config import TarryConfig
 from tarry.engine.api import EngineAPI
 from tarry.server.auth import check_bind_safety
+from tarry.server.connections import ConnectionGuard
+from tarry.server.deps import BodyLimits
 from tarry.server.diagnostics import install_stack_dump
 from tarry.server.errors import install_error_handlers
 from tarry.server.metrics import Metrics
+from tarry.server.refusals import RefusalLog
 from tarry.server.responses import JSON
 from tarry.server.routes import health, messages, policies, queues, topics
 
@@ -36,9 +43,11 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
         engine = Engine.from_config(config)
     metrics = Metrics()
     engine.add_listener(metrics.record, many=metrics.record_many)
+    refusals = RefusalLog(log)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        _count_accept_failures(asyncio.get_running_loop(), refusals)
         await engine.start()
         install_stack_dump()
         try:
@@ -57,10 +66,76 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
     app.state.engine = engine
     app.state.config = config
     app.state.metrics = metrics
+    app.state.refusals = refusals
+    app.state.body_limits = BodyLimits.from_config(config.server)
     install_error_handlers(app)
     for module in (messages, queues, topics, policies, health):
         app.include_router(module.router)
     return app
+
+
+def _count_accept_failures(loop: asyncio.AbstractEventLoop, refusals: RefusalLog) -> None:
+    """asyncio logs a traceback for every accept() that fails for want of file descriptors;
+    count those as refusals instead."""
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") == "socket.accept() out of system resource":
+            refusals.note("accept_failed", f"accept() failed: {context.get('exception')}")
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handle)
+
+
+class _RefusalFilter(logging.Filter):
+    """uvicorn warns once per refused request (a bad or oversized head, over the concurrency
+    limit, an upgrade it cannot do): those lines go through the refusal counter."""
+
+    KINDS = (
+        ("Invalid HTTP request received.", "bad_request_head"),
+        ("Exceeded concurrency limit.", "concurrency_limit"),
+        ("Unsupported upgrade request.", "unsupported_upgrade"),
+        ("No supported WebSocket library detected.", "unsupported_upgrade"),
+    )
+
+    def __init__(self, refusals: RefusalLog) -> None:
+        super().__init__()
+        self._refusals = refusals
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        for prefix, kind in self.KINDS:
+            if message.startswith(prefix):
+                self._refusals.note(kind, f"uvicorn: {prefix}")
+                return False
+        return True
+
+
+# File descriptors kept for the store, the journal and the routes besides client connections.
+RESERVED_FDS = 256
+
+
+def _connection_cap(wanted: int) -> int:
+    """Raise the open-file limit to its hard limit and return how many connections fit in it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, wanted + RESERVED_FDS)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    fits = max(1, soft - RESERVED_FDS)
+    if wanted > fits:
+        log.warning(
+            "server.max_connections = %d does not fit the open-file limit of %d; using %d "
+            "(raise the limit with ulimit -n or LimitNOFILE=)",
+            wanted,
+            soft,
+            fits,
+        )
+        return fits
+    return wanted
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -102,19 +177,40 @@ def serve(config: TarryConfig) -> None:
     log.info("configuration: %s", orjson.dumps(config.redacted()).decode())
     app = create_app(config)
     tune_runtime()
-    sock = _bind(config.server.host, config.server.port)
+    settings = config.server
+    guard = ConnectionGuard(
+        max_connections=_connection_cap(settings.max_connections),
+        header_timeout_s=settings.header_timeout_ms / 1000,
+        refusals=app.state.refusals,
+    )
+    sock = _bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
+    scheme = "https" if settings.tls else "http"
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level=config.server.log_level, access_log=False, lifespan="on")
+        uvicorn.Config(
+            app,
+            log_level=settings.log_level,
+            access_log=False,
+            lifespan="on",
+            http=guard.protocol(),
+            # uvicorn counts every open connection against this; the guard keeps them at
+            # max_connections, so uvicorn's own 503 is only a backstop.
+            limit_concurrency=guard.max_connections + 1,
+            timeout_keep_alive=math.ceil(settings.keep_alive_ms / 1000),
+            h11_max_incomplete_event_size=settings.max_header_bytes,
+            ssl_certfile=settings.tls_cert,
+            ssl_keyfile=settings.tls_key,
+        )
     )
+    logging.getLogger("uvicorn.error").addFilter(_RefusalFilter(app.state.refusals))
 
     startup = server.startup
 
     async def announce(sockets: list[socket.socket] | None = None) -> None:
         await startup(sockets=sockets)
         if server.started:
-            print(f"tarry serving on http://{shown}:{port}", flush=True)
+            print(f"tarry serving on {scheme}://{shown}:{port}", flush=True)
 
     server.startup = announce  # type: ignore[method-assign]
     server.run(sockets=[sock])

@@ -69,9 +69,19 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind_safety(config: TarryConfig) -> None:
-    """Refuse to expose an unauthenticated server beyond this machine."""
-    if not config.auth.tokens and not is_loopback(config.server.host):
+    """Refuse to expose an unauthenticated server, or its tokens in plain text, beyond this
+    machine."""
+    server = config.server
+    if is_loopback(server.host):
+        return
+    if not config.auth.tokens:
         raise InvalidArgument(
-            f"refusing to bind {config.server.host} without authentication: add [[auth.tokens]] "
+            f"refusing to bind {server.host} without authentication: add [[auth.tokens]] "
             "to the config, or bind 127.0.0.1"
+        )
+    if not server.tls and not server.allow_plaintext:
+        raise InvalidArgument(
+            f"refusing to bind {server.host} without TLS, as bearer tokens would cross the "
+            "network in plain text: set server.tls_cert and server.tls_key, or "
+            "server.allow_plaintext = true behind a TLS-terminating proxy"
         )

@@ -24,8 +24,12 @@ def error_response(status: int, code: str, message: str) -> JSON:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TarryError)
-    async def tarry_error(_: Request, exc: TarryError) -> JSON:
-        return JSON({"error": exc.to_dict()}, status_code=exc.http_status)
+    async def tarry_error(request: Request, exc: TarryError) -> JSON:
+        response = JSON({"error": exc.to_dict()}, status_code=exc.http_status)
+        if getattr(request.state, "body_unread", False):
+            # Refused before its end: close rather than read (and throw away) the rest.
+            response.headers["connection"] = "close"
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSON:

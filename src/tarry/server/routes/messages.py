@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from tarry.engine.types import MessageQuery, SendResult
-from tarry.errors import InvalidArgument, TarryError
+from tarry.errors import TarryError
 from tarry.model.time import parse_instant_ms
 from tarry.server import schemas
-from tarry.server.deps import caller, engine_of, json_body, json_object
+from tarry.server.deps import batch_messages, caller, engine_of, json_object
 from tarry.server.responses import JSON
 
 router = APIRouter(prefix="/v1/messages", tags=["messages"])
@@ -24,7 +24,7 @@ router = APIRouter(prefix="/v1/messages", tags=["messages"])
     responses={201: {"model": schemas.Scheduled}, 200: {"description": "duplicate message_id"}},
 )
 async def send(request: Request) -> JSON:
-    data = await json_object(request)
+    data = await json_object(request, kind="message")
     result = await engine_of(request).send(data, may_send=caller(request).may_send)
     return JSON(result.to_public(), status_code=201 if result.created else 200)
 
@@ -35,12 +35,8 @@ async def send(request: Request) -> JSON:
     openapi_extra=schemas.body(schemas.SendBatch),
 )
 async def send_batch(request: Request) -> JSON:
-    body = await json_body(request)
-    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-        raise InvalidArgument('the body must be {"messages": [...]}')
-    results = await engine_of(request).send_batch(
-        body["messages"], may_send=caller(request).may_send
-    )
+    messages = await batch_messages(request, max_batch=request.app.state.config.server.max_batch)
+    results = await engine_of(request).send_batch(messages, may_send=caller(request).may_send)
     return JSON({"results": [_result(r) for r in results]})
 
 

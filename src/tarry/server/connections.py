@@ -1,0 +1,120 @@
+"""A cap on open connections and a deadline for each request head, as uvicorn's HTTP protocol
+has neither: it keeps a connection that never sends a byte open forever, and idle sockets
+without bound exhaust the process's file descriptors until accept() fails in a loop.
+
+At the cap, the connection that has waited longest for a request makes room for the new one
+(as nginx reuses idle keep-alive connections when it runs out), so idle sockets can never
+keep a fresh client out; only when every connection has a request running is the new one
+closed at once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from tarry.server.refusals import RefusalLog
+
+__all__ = ["ConnectionGuard"]
+
+
+class ConnectionGuard:
+    """The open connections of one server, and which of them wait for a request head."""
+
+    def __init__(self, *, max_connections: int, header_timeout_s: float, refusals: RefusalLog):
+        self.max_connections = max_connections
+        self._header_timeout_s = header_timeout_s
+        self._refusals = refusals
+        self._open: set[H11Protocol] = set()
+        # Connections waiting for a request head, oldest first, with the request cycle they
+        # had then (a new cycle means a request arrived since) and their deadline.
+        self._waiting: dict[H11Protocol, tuple[object, asyncio.TimerHandle]] = {}
+
+    def protocol(self) -> type[H11Protocol]:
+        """uvicorn's h11 protocol class, reporting to this guard."""
+        guard = self
+
+        class GuardedH11Protocol(H11Protocol):
+            def connection_made(self, transport: Any) -> None:
+                super().connection_made(transport)
+                guard._opened(self)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                guard._closed(self)
+                super().connection_lost(exc)
+
+            def on_response_complete(self) -> None:
+                super().on_response_complete()
+                # A pipelined request may have started already: its head came in time.
+                if not self.transport.is_closing() and _idle(self):
+                    guard._wait_for_request(self)
+
+        return GuardedH11Protocol
+
+    def _opened(self, connection: H11Protocol) -> None:
+        if len(self._open) >= self.max_connections and not self._close_oldest_waiting():
+            self._refusals.note(
+                "connection_cap",
+                f"closed a new connection: all {self.max_connections} connections "
+                "(server.max_connections) have a request running",
+            )
+            connection.transport.close()
+            return
+        self._open.add(connection)
+        self._wait_for_request(connection)
+
+    def _closed(self, connection: H11Protocol) -> None:
+        self._open.discard(connection)
+        waiting = self._waiting.pop(connection, None)
+        if waiting is not None:
+            waiting[1].cancel()
+
+    def _wait_for_request(self, connection: H11Protocol) -> None:
+        previous = self._waiting.pop(connection, None)
+        if previous is not None:
+            previous[1].cancel()
+        deadline = connection.loop.call_later(self._header_timeout_s, self._expire, connection)
+        self._waiting[connection] = (connection.cycle, deadline)
+
+    def _still_waiting(self, connection: H11Protocol) -> bool:
+        waiting = self._waiting.pop(connection, None)
+        if waiting is None:
+            return False
+        waiting[1].cancel()
+        return (
+            connection.cycle is waiting[0]
+            and _idle(connection)
+            and not connection.transport.is_closing()
+        )
+
+    def _expire(self, connection: H11Protocol) -> None:
+        if self._still_waiting(connection):
+            self._refusals.note(
+                "header_timeout",
+                f"closed a connection that sent no request head within "
+                f"{self._header_timeout_s:g}s (server.header_timeout_ms)",
+            )
+            self._drop(connection)
+
+    def _close_oldest_waiting(self) -> bool:
+        while self._waiting:
+            oldest = next(iter(self._waiting))
+            if self._still_waiting(oldest):
+                self._refusals.note(
+                    "connection_cap",
+                    f"at {self.max_connections} connections (server.max_connections): closed "
+                    "the one waiting longest for a request to make room",
+                )
+                self._drop(oldest)
+                return True
+        return False
+
+    def _drop(self, connection: H11Protocol) -> None:
+        self._open.discard(connection)
+        connection.transport.close()
+
+
+def _idle(connection: H11Protocol) -> bool:
+    """No request running: none yet, or the last one answered."""
+    return connection.cycle is None or connection.cycle.response_complete
