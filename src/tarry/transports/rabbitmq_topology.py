@@ -43,6 +43,7 @@ from tarry.transports.rabbitmq import (
 )
 
 __all__ = [
+    "CONTENT_TYPE_HEADER",
     "DEFAULT_CONTENT_TYPE",
     "DELAY_HEADER",
     "HEADER_TYPES",
