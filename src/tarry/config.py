@@ -201,11 +201,26 @@ class RouteConfig(_Section):
     prefix: str = "tarry"
     """``native``: the delay topology's name prefix (``nsb.v2`` to share NServiceBus's)."""
     levels: int = Field(28, ge=1, le=28)
-    """``native``: delay levels (longest delay 2^levels − 1 s)."""
+    """``native``: delay levels (longest delay 2^levels − 1 s); always 28 with ``nsb.v2``."""
+    routing_topology: Literal["direct", "conventional"] = "direct"
+    """``native``: how the endpoint is bound to the delivery exchange, as NServiceBus's routing
+    topology of that name does it: ``direct`` binds the queue (any queue works);
+    ``conventional`` binds the endpoint's own exchange, named like its queue (exchange to
+    exchange), which a conventional NServiceBus endpoint declares."""
     queue_type: Literal["quorum", "classic"] = "quorum"
     """``native``: level queues' type; quorum dead-letters at-least-once, classic at most once."""
     declare_topology: bool = True
     """``native``: declare the topology (idempotently) before the first send."""
+
+    @model_validator(mode="after")
+    def _topology_is_valid(self) -> RouteConfig:
+        from tarry.model.topology import Topology
+
+        try:
+            Topology(prefix=self.prefix, levels=self.levels)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+        return self
 
 
 class RabbitMQConfig(_Section):

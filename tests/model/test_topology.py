@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tarry.config import load_config
 from tarry.errors import InvalidArgument
 from tarry.model.topology import QueueType, Topology, delay_seconds_for, topic_matches
 
@@ -95,6 +96,36 @@ def test_rounding_is_always_up() -> None:
     ]
 
 
+def test_finding_13_a_past_due_time_keeps_its_negative_delay_and_routes_as_zero() -> None:
+    # Given a due time 5.5 s in the past
+    delay_s = delay_seconds_for(-5_500)
+    # Then the delay stays negative, rounded up as NServiceBus's Math.Ceiling does ...
+    assert delay_s == -5
+    # ... and the routing key spells 0 s, published to level 0 (CalculateRoutingKey clamps)
+    assert NSB.routing_key(delay_s, "a") == "0." * 28 + "a"
+    assert NSB.starting_level(delay_s) == 0
+
+
+@pytest.mark.parametrize("prefix", ["nsb.v2", "nsb"])
+@pytest.mark.parametrize("levels", [1, 8, 27])
+def test_finding_13_nservicebus_prefixes_refuse_any_level_count_but_28(
+    prefix: str, levels: int
+) -> None:
+    with pytest.raises(InvalidArgument, match="always has 28 levels"):
+        Topology(prefix=prefix, levels=levels)
+    assert Topology(prefix=prefix).levels == 28
+    assert Topology(prefix="nsb.v3", levels=levels).levels == levels
+
+
+def test_finding_13_a_route_with_prefix_nsb_v2_and_other_levels_is_a_config_error() -> None:
+    route = {"transport": "rabbitmq", "url": "amqp://x", "mode": "native", "prefix": "nsb.v2"}
+    with pytest.raises(InvalidArgument, match=r"routes\.billing.*always has 28 levels"):
+        load_config(None, {"routes": {"billing": {**route, "levels": 16}}})
+    config = load_config(None, {"routes": {"billing": route}})
+    assert config.routes["billing"].levels == 28
+    assert config.routes["billing"].routing_topology == "direct"
+
+
 def test_an_address_that_overflows_the_routing_key_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="255 bytes"):
         NSB.routing_key(1, "q" * 200)
@@ -121,16 +152,17 @@ def test_every_delay_waits_exactly_its_rounded_up_seconds_and_keeps_its_address(
 ) -> None:
     delay_s = delay_seconds_for(delay_ms)
     assert delay_s * 1000 >= delay_ms  # never early because of rounding
-    assert delay_s * 1000 - max(delay_ms, 0) < 1000
+    assert delay_s * 1000 - delay_ms < 1000
     key = NSB.routing_key(delay_s, address)
     assert NSB.address_of(key) == address
     assert len(key) == 56 + len(address)
     level = NSB.starting_level(delay_s)
-    assert delay_s >> level <= 1 and (delay_s == 0 or delay_s >> level == 1)
+    due_s = max(delay_s, 0)  # a due time in the past is due now
+    assert due_s >> level <= 1 and (due_s == 0 or due_s >> level == 1)
     path = NSB.path(key, level)
     assert path[-1] == NSB.delivery_exchange
     waited = sum(1 << int(name.rsplit("-", 1)[1]) for name in path[:-1])
-    assert waited == delay_s
+    assert waited == due_s
 
 
 @given(levels=st.integers(min_value=1, max_value=28), data=st.data())

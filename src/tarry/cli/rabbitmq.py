@@ -15,7 +15,13 @@ from tarry.cli.messages import _headers
 from tarry.cli.output import print_json
 from tarry.errors import DeliveryFailed, TarryError, Unavailable
 from tarry.model.time import SystemClock, parse_duration_ms, parse_instant_ms
-from tarry.model.topology import DEFAULT_LEVELS, DEFAULT_PREFIX, QueueType, Topology
+from tarry.model.topology import (
+    DEFAULT_LEVELS,
+    DEFAULT_PREFIX,
+    QueueType,
+    RoutingTopology,
+    Topology,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -29,7 +35,7 @@ def topology_options(func: Callable[P, R]) -> Callable[P, R]:
         type=int,
         default=DEFAULT_LEVELS,
         show_default=True,
-        help="Delay levels; the longest delay is 2^levels - 1 s.",
+        help="Delay levels; the longest delay is 2^levels - 1 s (always 28 with nsb.v2).",
     )(func)
     func = click.option(
         "--prefix",
@@ -44,6 +50,17 @@ def topology_options(func: Callable[P, R]) -> Callable[P, R]:
         default=DEFAULT_AMQP_URL,
         show_default=True,
         help="The RabbitMQ server (env TARRY_AMQP_URL).",
+    )(func)
+
+
+def routing_topology_option(func: Callable[P, R]) -> Callable[P, R]:
+    return click.option(
+        "--routing-topology",
+        type=click.Choice([t.value for t in RoutingTopology]),
+        default=RoutingTopology.DIRECT.value,
+        show_default=True,
+        help="direct: bind the endpoint's queue; conventional: bind its exchange of the same "
+        "name (exchange to exchange), as NServiceBus's conventional routing topology does.",
     )(func)
 
 
@@ -93,7 +110,7 @@ def declare(amqp_url: str, prefix: str, levels: int, queue_type: str) -> None:
     from tarry.transports.rabbitmq import AmqpLink
     from tarry.transports.rabbitmq_topology import declare_topology
 
-    topology = Topology(prefix=prefix, levels=levels)
+    topology = parsed(Topology, prefix=prefix, levels=levels)
 
     async def work() -> None:
         link = AmqpLink(amqp_url, name="tarry rabbitmq declare")
@@ -117,23 +134,33 @@ def declare(amqp_url: str, prefix: str, levels: int, queue_type: str) -> None:
 @rabbitmq.command()
 @click.argument("queue")
 @topology_options
+@routing_topology_option
 @reports_errors
-def bind(queue: str, amqp_url: str, prefix: str, levels: int) -> None:
-    """Bind an endpoint's QUEUE to the delivery exchange (key '#.QUEUE')."""
+def bind(queue: str, amqp_url: str, prefix: str, levels: int, routing_topology: str) -> None:
+    """Bind an endpoint's QUEUE (or, conventional, its exchange of that name) to the delivery
+    exchange (key '#.QUEUE')."""
     from tarry.transports.rabbitmq import AmqpLink
     from tarry.transports.rabbitmq_topology import bind_endpoint
 
-    topology = Topology(prefix=prefix, levels=levels)
+    topology = parsed(Topology, prefix=prefix, levels=levels)
+    how = RoutingTopology(routing_topology)
 
     async def work() -> None:
         link = AmqpLink(amqp_url, name="tarry rabbitmq bind")
         try:
-            await bind_endpoint(await link.side_channel(), topology, queue)
+            await bind_endpoint(await link.side_channel(), topology, queue, routing_topology=how)
         finally:
             await link.close()
 
     _run(amqp_url, work)
-    print_json({"queue": queue, "exchange": topology.delivery_exchange, "key": f"#.{queue}"})
+    print_json(
+        {
+            "queue": queue,
+            "exchange": topology.delivery_exchange,
+            "key": topology.endpoint_binding_key(queue),
+            "bound": "queue" if how is RoutingTopology.DIRECT else "exchange",
+        }
+    )
 
 
 @rabbitmq.command("send")
@@ -144,8 +171,11 @@ def bind(queue: str, amqp_url: str, prefix: str, levels: int) -> None:
 @click.option("-H", "--header", "headers", multiple=True, help="A header, key=value (repeatable).")
 @click.option("--id", "message_id", help="The AMQP message_id property.")
 @click.option("--correlation-id", help="The AMQP correlation_id property.")
-@click.option("--content-type", help="The AMQP content_type property.")
+@click.option(
+    "--content-type", help="The AMQP content_type property (default application/octet-stream)."
+)
 @topology_options
+@routing_topology_option
 @reports_errors
 def send_native(
     queue: str,
@@ -159,9 +189,11 @@ def send_native(
     amqp_url: str,
     prefix: str,
     levels: int,
+    routing_topology: str,
 ) -> None:
-    """Publish BODY for QUEUE into the delay topology, with publisher confirms; RabbitMQ holds
-    it until due. Prints the exchange, routing key and the level queues it will wait in."""
+    """Publish BODY for QUEUE into the delay topology, with publisher confirms and
+    NServiceBus's headers; RabbitMQ holds it until due. Prints the exchange, routing key and
+    the level queues it will wait in."""
     import aio_pika
 
     from tarry.transports.rabbitmq import AmqpLink
@@ -170,10 +202,11 @@ def send_native(
     if delay is not None and at is not None:
         raise click.UsageError("give --delay or --at, not both")
     delay_ms = 0
+    now_ms = SystemClock().now_ms()
     if delay is not None:
         delay_ms = parsed(parse_duration_ms, delay, field="--delay")
     elif at is not None:
-        delay_ms = parsed(parse_instant_ms, at, field="--at") - SystemClock().now_ms()
+        delay_ms = parsed(parse_instant_ms, at, field="--at") - now_ms
     topology = parsed(Topology, prefix=prefix, levels=levels)
     # A delay past the maximum is a command-line error (exit 2), found before connecting.
     exchange, key, delay_s = parsed(
@@ -190,9 +223,11 @@ def send_native(
 
     async def work() -> dict[str, Any]:
         link = AmqpLink(amqp_url, name="tarry rabbitmq send")
-        sender = NativeDelaySender(link, topology, declare=False)
+        sender = NativeDelaySender(
+            link, topology, declare=False, routing_topology=RoutingTopology(routing_topology)
+        )
         try:
-            await sender.send(queue, message, delay_ms=delay_ms)
+            await sender.send(queue, message, delay_ms=delay_ms, now_ms=now_ms)
         finally:
             await link.close()
         return {

@@ -11,7 +11,9 @@ the routing key, so the address survives every hop and the delivery exchange rou
 endpoint bound with ``#.{address}``.
 
 With the default 28 levels and the prefix ``nsb.v2`` the names, keys and arguments are exactly
-those of NServiceBus.RabbitMQ 8+ (``DelayInfrastructure.cs``), so tarry interoperates with it.
+those of NServiceBus.RabbitMQ 7.0+ (``DelayInfrastructure.cs``), so tarry interoperates with it;
+NServiceBus's own prefixes (``NSERVICEBUS_PREFIXES``) therefore require 28 levels. The AMQP types
+of the arguments and headers are the transport's concern (``transports.rabbitmq_topology``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from tarry.errors import InvalidArgument
 __all__ = [
     "DEFAULT_LEVELS",
     "DEFAULT_PREFIX",
+    "NSERVICEBUS_PREFIXES",
     "QueueType",
+    "RoutingTopology",
     "Topology",
     "delay_seconds_for",
     "topic_matches",
@@ -34,6 +38,9 @@ __all__ = [
 #: NServiceBus uses 28 bits: the longest delay is 2^28 − 1 s (about 8.5 years).
 DEFAULT_LEVELS = 28
 DEFAULT_PREFIX = "tarry"
+#: NServiceBus.RabbitMQ's own topologies: ``nsb.v2`` (7.0+, quorum) and ``nsb`` (before 7.0,
+#: classic). Its routing keys always spell 28 bits, so these names allow no other level count.
+NSERVICEBUS_PREFIXES = frozenset({"nsb.v2", "nsb"})
 #: AMQP 0-9-1 routing keys are short strings.
 MAX_ROUTING_KEY_BYTES = 255
 
@@ -48,11 +55,20 @@ class QueueType(StrEnum):
     CLASSIC = "classic"
 
 
+class RoutingTopology(StrEnum):
+    """How an endpoint is bound to the delivery exchange: NServiceBus's routing topologies."""
+
+    #: The endpoint's queue is bound (queue to exchange). Works for any queue.
+    DIRECT = "direct"
+    #: The endpoint's own exchange, named like its queue, is bound (exchange to exchange); a
+    #: conventional NServiceBus endpoint declares that exchange and binds its queue to it.
+    CONVENTIONAL = "conventional"
+
+
 def delay_seconds_for(delay_ms: int) -> int:
-    """Whole seconds the broker waits: rounded **up** (1 ms → 1 s), so rounding never makes a
-    message early; a negative delay (a due time in the past) is 0."""
-    if delay_ms <= 0:
-        return 0
+    """Whole seconds of the delay, rounded **up** (1 ms → 1 s) so rounding never makes a message
+    early. A due time in the past stays negative, as NServiceBus keeps it in its delay header
+    (``Math.Ceiling``); the routing key then spells 0 (``routing_key`` clamps)."""
     return -(-delay_ms // 1000)
 
 
@@ -68,6 +84,11 @@ class Topology:
             raise InvalidArgument(f"levels ({self.levels}) must be between 1 and {DEFAULT_LEVELS}")
         if not self.prefix or any(c.isspace() for c in self.prefix):
             raise InvalidArgument(f"prefix {self.prefix!r} must be a non-empty word")
+        if self.prefix in NSERVICEBUS_PREFIXES and self.levels != DEFAULT_LEVELS:
+            raise InvalidArgument(
+                f"prefix {self.prefix!r} is NServiceBus's own topology, which always has "
+                f"{DEFAULT_LEVELS} levels; drop levels ({self.levels}) or choose another prefix"
+            )
 
     # --- names ----------------------------------------------------------------------------------
     @property
@@ -102,7 +123,7 @@ class Topology:
 
     @staticmethod
     def endpoint_binding_key(address: str) -> str:
-        """Delivery exchange → the endpoint's queue (NServiceBus: ``#.{address}``)."""
+        """Delivery exchange → the endpoint (NServiceBus: ``#.{address}``)."""
         return f"#.{address}"
 
     def queue_arguments(self, level: int, queue_type: QueueType) -> dict[str, Any]:
@@ -126,6 +147,8 @@ class Topology:
 
     # --- sending --------------------------------------------------------------------------------
     def check_delay(self, delay_s: int) -> int:
+        """The delay the routing key spells: ``delay_s``, or 0 for a due time in the past;
+        ``invalid_argument`` past the maximum."""
         if delay_s > self.max_delay_s:
             raise InvalidArgument(
                 f"the delay ({delay_s} s) is longer than this topology's maximum of "

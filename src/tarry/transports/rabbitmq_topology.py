@@ -6,8 +6,14 @@ it (the broker does the waiting). Names, keys and arguments come from ``tarry.mo
   as RabbitMQ refuses it.
 - ``NativeDelaySender.send`` rounds the delay up to whole seconds, publishes to the highest
   level the delay needs with ``mandatory`` and publisher confirms, and keeps the body, headers
-  and properties intact. It binds the destination queue to the delivery exchange first (once),
-  as NServiceBus does before every delayed send.
+  and properties intact. It binds the destination to the delivery exchange first (once), as
+  NServiceBus does before every delayed send: its queue (routing topology ``direct``) or its
+  exchange (``conventional``).
+- On the wire everything is as NServiceBus.RabbitMQ writes it, AMQP types included
+  (``DelayInfrastructure.cs``, ``BasicPropertiesExtensions.cs``): ``x-message-ttl`` a 64-bit
+  long, the delay header a 32-bit int that keeps a negative value for a due time in the past,
+  ``NServiceBus.TimeSent`` in NServiceBus's wire format, and a ``content_type``. Its
+  ``delays migrate``/``transfer`` tools read exactly these.
 - ``NativeDelayTransport`` is a route in ``mode = "native"``: the engine hands a message to it at
   send time, and RabbitMQ, not tarry's store, holds it until due (so tarry cannot cancel it).
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aio_pika
@@ -26,7 +33,8 @@ from tarry.config import RouteConfig
 from tarry.errors import OptionsError, PreconditionFailed, UnknownDestination
 from tarry.model.message import Message
 from tarry.model.time import Clock, SystemClock
-from tarry.model.topology import QueueType, Topology, delay_seconds_for
+from tarry.model.topology import QueueType, RoutingTopology, Topology, delay_seconds_for
+from tarry.transports.amqp_fields import FieldType, TypedMessage, declare_queue
 from tarry.transports.rabbitmq import (
     AmqpLink,
     RabbitMQTransport,
@@ -35,18 +43,43 @@ from tarry.transports.rabbitmq import (
 )
 
 __all__ = [
+    "CONTENT_TYPE_HEADER",
+    "DEFAULT_CONTENT_TYPE",
     "DELAY_HEADER",
+    "HEADER_TYPES",
+    "QUEUE_ARGUMENT_TYPES",
+    "TIME_SENT_HEADER",
     "NativeDelaySender",
     "NativeDelayTransport",
     "bind_endpoint",
     "declare_topology",
     "delete_topology",
+    "nservicebus_time",
     "rabbitmq_transport",
     "topology_for",
 ]
 
-#: NServiceBus's header with the requested delay in seconds (a 32-bit int); its tools read it.
+#: NServiceBus's header with the requested delay in seconds; its tools read it as a 32-bit int.
 DELAY_HEADER = "NServiceBus.Transport.RabbitMQ.DelayInSeconds"
+#: When the message was sent; NServiceBus's tools add the delay to it to find the due time, and
+#: move a delayed message without it to a poison queue.
+TIME_SENT_HEADER = "NServiceBus.TimeSent"
+#: NServiceBus's content type header, and what it sends when that is absent too.
+CONTENT_TYPE_HEADER = "NServiceBus.ContentType"
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+#: NServiceBus declares ``Convert.ToInt64(...) * 1000`` and writes ``Convert.ToInt32(delay)``;
+#: its ``delays`` tools unbox the header with ``(int)``, which throws on any other type.
+QUEUE_ARGUMENT_TYPES = {"x-message-ttl": FieldType.INT64}
+HEADER_TYPES = {DELAY_HEADER: FieldType.INT32}
+_INT32_MIN = -(1 << 31)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def nservicebus_time(ms: int) -> str:
+    """NServiceBus's wire format for an instant (``DateTimeOffsetHelper``): UTC,
+    ``yyyy-MM-dd HH:mm:ss:ffffff Z`` with a literal ``Z``."""
+    at = _EPOCH + timedelta(milliseconds=ms)
+    return f"{at:%Y-%m-%d %H:%M:%S}:{at.microsecond:06d} Z"
 
 
 async def declare_topology(
@@ -63,9 +96,14 @@ async def declare_topology(
                 name, aio_pika.ExchangeType.TOPIC, durable=True
             )
             exchanges[level] = exchange
-            queue = await channel.declare_queue(
-                name, durable=True, arguments=topology.queue_arguments(level, queue_type)
+            await declare_queue(
+                channel,
+                name,
+                durable=True,
+                arguments=topology.queue_arguments(level, queue_type),
+                field_types=QUEUE_ARGUMENT_TYPES,
             )
+            queue = await channel.get_queue(name, ensure=False)
             await queue.bind(exchange, routing_key=topology.queue_binding_key(level))
         for level in range(topology.levels - 1, 0, -1):
             await exchanges[level - 1].bind(
@@ -90,17 +128,37 @@ async def delete_topology(channel: AbstractChannel, topology: Topology) -> None:
         await channel.exchange_delete(topology.level_name(level))
 
 
-async def bind_endpoint(channel: AbstractChannel, topology: Topology, queue: str) -> None:
-    """Bind ``queue`` to the delivery exchange with ``#.{queue}`` so delayed messages for it
-    arrive there. Raises ``unknown_destination`` when RabbitMQ has no such queue."""
+async def bind_endpoint(
+    channel: AbstractChannel,
+    topology: Topology,
+    queue: str,
+    *,
+    routing_topology: RoutingTopology = RoutingTopology.DIRECT,
+) -> None:
+    """Bind the endpoint ``queue`` to the delivery exchange with ``#.{queue}`` so delayed
+    messages for it arrive there: the queue itself (``direct``), or the exchange of the same
+    name (``conventional``, exchange to exchange). Raises ``unknown_destination`` when RabbitMQ
+    has no such queue (or exchange)."""
+    delivery = await channel.get_exchange(topology.delivery_exchange, ensure=False)
+    key = topology.endpoint_binding_key(queue)
+    if routing_topology is RoutingTopology.CONVENTIONAL:
+        try:
+            endpoint = await channel.declare_exchange(queue, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            raise UnknownDestination(
+                f"RabbitMQ has no exchange named {queue!r}; with routing topology conventional "
+                "the endpoint's exchange is bound (a conventional NServiceBus endpoint declares "
+                "it): declare it, or use routing topology direct"
+            ) from exc
+        await endpoint.bind(delivery, routing_key=key)
+        return
     try:
         declared = await channel.declare_queue(queue, passive=True)
     except aiormq.exceptions.ChannelNotFoundEntity as exc:
         raise UnknownDestination(
             f"RabbitMQ has no queue named {queue!r}; declare it (your endpoint does) first"
         ) from exc
-    delivery = await channel.get_exchange(topology.delivery_exchange, ensure=False)
-    await declared.bind(delivery, routing_key=topology.endpoint_binding_key(queue))
+    await declared.bind(delivery, routing_key=key)
 
 
 class NativeDelaySender:
@@ -113,18 +171,23 @@ class NativeDelaySender:
         *,
         queue_type: QueueType = QueueType.QUORUM,
         declare: bool = True,
+        routing_topology: RoutingTopology = RoutingTopology.DIRECT,
+        clock: Clock | None = None,
     ) -> None:
         self.link = link
         self.topology = topology
         self.queue_type = queue_type
         self.declare = declare
+        self.routing_topology = routing_topology
+        self.clock: Clock = clock or SystemClock()
         self._ready = False
         self._bound: set[str] = set()
         self._setup = asyncio.Lock()
 
     def plan(self, delay_ms: int, address: str) -> tuple[str, str, int]:
-        """(exchange, routing key, delay in s) for a send; ``invalid_argument`` past the max."""
-        delay_s = self.topology.check_delay(delay_seconds_for(delay_ms))
+        """(exchange, routing key, delay in s) for a send; ``invalid_argument`` past the max.
+        The delay is negative for a due time in the past (the key then spells 0)."""
+        delay_s = delay_seconds_for(delay_ms)
         key = self.topology.routing_key(delay_s, address)
         return self.topology.level_name(self.topology.starting_level(delay_s)), key, delay_s
 
@@ -140,7 +203,9 @@ class NativeDelaySender:
                 # A throwaway channel: a missing queue closes the channel it was asked on.
                 side = await self.link.side_channel()
                 try:
-                    await bind_endpoint(side, self.topology, address)
+                    await bind_endpoint(
+                        side, self.topology, address, routing_topology=self.routing_topology
+                    )
                 finally:
                     if not side.is_closed:
                         await side.close()
@@ -152,21 +217,31 @@ class NativeDelaySender:
         message: aio_pika.Message,
         *,
         delay_ms: int,
+        now_ms: int | None = None,
     ) -> tuple[str, str]:
-        """Publish ``message`` for ``address`` after ``delay_ms`` (rounded up to whole seconds);
+        """Publish ``message`` for ``address`` after ``delay_ms`` (rounded up to whole seconds),
+        measured from ``now_ms`` (default: the clock's now), with NServiceBus's headers added;
         returns (exchange, routing key). Raises ``invalid_argument``, ``unknown_destination``,
         ``precondition_failed`` or ``DeliveryFailed``."""
         exchange, key, delay_s = self.plan(delay_ms, address)
+        sent_at_ms = self.clock.now_ms() if now_ms is None else now_ms
         headers = dict(message.headers or {})
-        headers[DELAY_HEADER] = delay_s
-        message.headers = headers
+        # A due time decades in the past is due now all the same; int32 is the header's type.
+        headers[DELAY_HEADER] = max(delay_s, _INT32_MIN)
+        # The moment the delay was measured from, so TimeSent + delay is the due time.
+        headers[TIME_SENT_HEADER] = nservicebus_time(sent_at_ms)
+        typed = TypedMessage.from_message(message, headers=headers, field_types=HEADER_TYPES)
+        if not typed.content_type:
+            # As NServiceBus fills it: its content type header, else a neutral default.
+            named = headers.get(CONTENT_TYPE_HEADER)
+            typed.content_type = named if isinstance(named, str) and named else DEFAULT_CONTENT_TYPE
         try:
             await self._prepare(address)
         except (UnknownDestination, PreconditionFailed):
             raise
         except Exception as exc:
             raise delivery_failed(f"the delay topology {self.topology.prefix!r}", exc) from exc
-        await self.link.publish(exchange, key, message)
+        await self.link.publish(exchange, key, typed)
         return exchange, key
 
 
@@ -192,6 +267,8 @@ class NativeDelayTransport:
             topology_for(route),
             queue_type=QueueType(route.queue_type),
             declare=route.declare_topology,
+            routing_topology=RoutingTopology(route.routing_topology),
+            clock=self.clock,
         )
 
     async def deliver(self, message: Message) -> None:
@@ -206,7 +283,10 @@ class NativeDelayTransport:
             )
         extra: Mapping[str, Any] = self.route.headers
         await self.sender.send(
-            self.address, amqp_message(message, now_ms=now, extra_headers=extra), delay_ms=delay_ms
+            self.address,
+            amqp_message(message, now_ms=now, extra_headers=extra),
+            delay_ms=delay_ms,
+            now_ms=now,
         )
 
     async def close(self) -> None:
