@@ -37,7 +37,7 @@ from tarry.errors import (
     TarryError,
     UnknownDestination,
 )
-from tarry.model.message import MAX_DELAY_MS
+from tarry.model.message import MAX_DELAY_MS, MAX_INSTANT_MS, MAX_TTL_MS
 
 if TYPE_CHECKING:
     from tarry.model.validate import DestinationView, SendLimits, TargetView
@@ -110,10 +110,15 @@ def id_rules(key: str) -> tuple[Rule, ...]:
     )
 
 
+#: The largest value of a span, where syntax bounds it. ``delay_ms`` is bounded once resolved
+#: (``TIME_RULES``), since ``deliver_at`` reaches the same limit.
+_MS_MAXIMUM = {"ttl_ms": (MAX_TTL_MS, "10 years")}
+
+
 @cache
 def ms_rules(key: str) -> tuple[Rule, ...]:
     """An optional span of milliseconds (``delay_ms``, ``ttl_ms``), when given."""
-    return (
+    rules = (
         Rule(
             InvalidArgument,
             lambda *, not_int, **_: not_int,
@@ -123,6 +128,18 @@ def ms_rules(key: str) -> tuple[Rule, ...]:
             InvalidArgument,
             lambda *, value, **_: value < 0,
             lambda *, value, **_: f"{key} ({value}) must not be negative",
+        ),
+    )
+    if key not in _MS_MAXIMUM:
+        return rules
+    most, said = _MS_MAXIMUM[key]
+    return (
+        *rules,
+        # Before any sum with "now": an int64 column would wrap, a store's field overflow.
+        Rule(
+            InvalidArgument,
+            lambda *, value, **_: value > most,
+            lambda *, value, **_: f"{key} ({value}) is out of range; use 0 to {most} ms ({said})",
         ),
     )
 
@@ -135,6 +152,14 @@ def instant_rules(key: str) -> tuple[Rule, ...]:
             InvalidArgument,
             lambda *, value, **_: value < 0,
             lambda *, value, **_: f"{key} ({value}) must not be before 1970",
+        ),
+        Rule(
+            InvalidArgument,
+            lambda *, value, **_: value > MAX_INSTANT_MS,
+            lambda *, value, **_: (
+                f"{key} ({value}) is out of range; use epoch milliseconds from 0 to "
+                f"{MAX_INSTANT_MS} (9999-12-31T23:59:59.999Z)"
+            ),
         ),
     )
 
