@@ -168,7 +168,9 @@ def _int_arg(
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{key} must be a whole number, got {value!r}")
+        raise InvalidArgument(
+            f"{key} must be a whole number from {minimum} to {maximum}, got {value!r}"
+        )
     if not minimum <= value <= maximum:
         raise InvalidArgument(f"{key} ({value}) is out of range; use {minimum} to {maximum}")
     return value

@@ -110,19 +110,22 @@ def id_rules(key: str) -> tuple[Rule, ...]:
     )
 
 
-#: The largest value of a span, where syntax bounds it. ``delay_ms`` is bounded once resolved
-#: (``TIME_RULES``), since ``deliver_at`` reaches the same limit.
-_MS_MAXIMUM = {"ttl_ms": (MAX_TTL_MS, "10 years")}
+#: The range of each span, said when a value is refused. Syntax bounds ``ttl_ms`` only:
+#: ``delay_ms`` is bounded once resolved (``TIME_RULES``), where ``deliver_at`` meets it too.
+_MS_RANGE = {"ttl_ms": (MAX_TTL_MS, "10 years"), "delay_ms": (MAX_DELAY_MS, "2^28 - 1 s")}
 
 
 @cache
 def ms_rules(key: str) -> tuple[Rule, ...]:
-    """An optional span of milliseconds (``delay_ms``, ``ttl_ms``), when given."""
+    """An optional span of milliseconds (``delay_ms`` or ``ttl_ms``), when given."""
+    most, said = _MS_RANGE[key]
     rules = (
         Rule(
             InvalidArgument,
             lambda *, not_int, **_: not_int,
-            lambda *, value, **_: f"{key} must be a whole number of milliseconds, got {value!r}",
+            lambda *, value, **_: (
+                f"{key} must be a whole number of milliseconds, 0 to {most} ({said}), got {value!r}"
+            ),
         ),
         Rule(
             InvalidArgument,
@@ -130,9 +133,8 @@ def ms_rules(key: str) -> tuple[Rule, ...]:
             lambda *, value, **_: f"{key} ({value}) must not be negative",
         ),
     )
-    if key not in _MS_MAXIMUM:
+    if key == "delay_ms":
         return rules
-    most, said = _MS_MAXIMUM[key]
     return (
         *rules,
         # Before any sum with "now": an int64 column would wrap, a store's field overflow.
