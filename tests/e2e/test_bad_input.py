@@ -4,7 +4,6 @@ findings 4, 5 and 10)."""
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -65,40 +64,42 @@ def _receive_all(client: httpx.Client, queue: str, count: int) -> list[dict[str,
 def test_finding_04_a_backtracking_policy_pattern_does_not_stall_the_server(
     make_server: Callable[..., ServerProcess], length: int
 ) -> None:
-    # Given a policy whose pattern backtracks exponentially in Python's re, and queue names
-    # that match it up to their last character
+    # Given queues whose names match ^billing\.(a+)+$ up to their last character: Python's re
+    # backtracks exponentially in the number of "a"s (36 characters: about 5 s a name)
     server = make_server()
     names = [f"billing.{'a' * (length - 10)}-{i}" for i in range(3)]
     assert all(len(name) == length for name in names)
-    took: list[float] = []
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        _queue(client, names[0])  # exists before the policy: matched when the policy is put
+    took: dict[str, float] = {}
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        _queue(client, names[0])
+
+        def timed(what: str, call: Callable[[], httpx.Response]) -> None:
+            started = time.perf_counter()
+            assert call().status_code in (200, 201)
+            took[what] = time.perf_counter() - started
+
         policy = {"pattern": SLOW_PATTERN, "definition": {"max_length": 5}}
-        assert client.put("/v1/policies/slow", json=policy).status_code in (200, 201)
-
-        def declare() -> None:
-            for name in names[1:]:
-                started = time.perf_counter()
-                _queue(client, name)
-                took.append(time.perf_counter() - started)
-
-        # When the other queues are declared while /healthz is asked
-        worker = threading.Thread(target=declare)
-        worker.start()
+        put = threading.Thread(
+            target=timed, args=("policy", lambda: client.put("/v1/policies/slow", json=policy))
+        )
+        # When the policy is set (matched against every queue) and more queues are declared,
+        # while /healthz is asked
         latencies = []
-        with httpx.Client(base_url=server.url, timeout=60) as probe:
+        with httpx.Client(base_url=server.url, timeout=120) as probe:
             probe.get("/healthz")  # the connection, once
-            for _ in range(10):
+            put.start()
+            for _ in range(15):
                 started = time.perf_counter()
                 assert probe.get("/healthz").status_code == 200
                 latencies.append(time.perf_counter() - started)
-                time.sleep(0.02)
-        worker.join(60)
-        policy_in_force = client.get(f"/v1/queues/{names[1]}").json()
-    # Then the server answered at once throughout and the declarations were quick
+                time.sleep(0.01)
+            put.join(120)
+            timed("declare", lambda: client.put(f"/v1/queues/{names[1]}", json={}))
+            details = client.get(f"/v1/queues/{names[1]}").json()
+    # Then the server answered at once throughout, and setting and declaring were quick
     assert max(latencies) < 0.1, latencies
-    assert statistics.median(took) < 1.0, took
-    assert "slow" not in str(policy_in_force)  # the last character does not match
+    assert max(took.values()) < 1.0, took
+    assert "slow" not in str(details)  # the last character does not match
 
 
 @pytest.mark.parametrize(
