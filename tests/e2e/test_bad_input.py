@@ -60,13 +60,22 @@ def _receive_all(client: httpx.Client, queue: str, count: int) -> list[dict[str,
 
 
 # --- finding 4 ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("length", [30, 36])
 def test_finding_04_a_backtracking_policy_pattern_does_not_stall_the_server(
-    make_server: Callable[..., ServerProcess], length: int
+    make_server: Callable[..., ServerProcess],
 ) -> None:
+    _policy_set_while_healthz_is_asked(make_server(), 36)
+
+
+def test_a_backtracking_pattern_with_a_30_character_name_answers_healthz_at_once(
+    make_server: Callable[..., ServerProcess],
+) -> None:
+    # The figure; Python's re took about 65 ms here, so this alone does not show the bug
+    _policy_set_while_healthz_is_asked(make_server(), 30)
+
+
+def _policy_set_while_healthz_is_asked(server: ServerProcess, length: int) -> None:
     # Given queues whose names match ^billing\.(a+)+$ up to their last character: Python's re
     # backtracks exponentially in the number of "a"s (36 characters: about 5 s a name)
-    server = make_server()
     names = [f"billing.{'a' * (length - 10)}-{i}" for i in range(3)]
     assert all(len(name) == length for name in names)
     took: dict[str, float] = {}
@@ -157,13 +166,25 @@ def test_finding_05_a_huge_ttl_is_refused_with_the_range(client: httpx.Client, t
 
 @pytest.mark.parametrize("size", [3, 300])
 @pytest.mark.parametrize(
-    "bad",
-    [{"ttl_ms": BIG}, {"deliver_at": "²"}, {"ttl_ms": 1 << 64}, {"deliver_at": BIG}],
-    ids=["ttl-int64-max", "deliver_at-superscript", "ttl-2^64", "deliver_at-int64-max"],
+    "bad", [{"ttl_ms": BIG}, {"deliver_at": "²"}], ids=["ttl-int64-max", "deliver_at-superscript"]
 )
 def test_finding_05_a_bad_item_fails_only_itself_and_the_rest_are_delivered(
     client: httpx.Client, size: int, bad: dict[str, Any]
 ) -> None:
+    _only_the_bad_item_fails(client, size, bad)
+
+
+@pytest.mark.parametrize("size", [3, 300])
+@pytest.mark.parametrize(
+    "bad", [{"ttl_ms": 1 << 64}, {"deliver_at": BIG}], ids=["ttl-2^64", "deliver_at-int64-max"]
+)
+def test_other_bad_numbers_fail_only_their_item_in_a_batch(
+    client: httpx.Client, size: int, bad: dict[str, Any]
+) -> None:
+    _only_the_bad_item_fails(client, size, bad)
+
+
+def _only_the_bad_item_fails(client: httpx.Client, size: int, bad: dict[str, Any]) -> None:
     # Given a batch (one send at a time below 256, column-wise from it) with one bad item
     queue = _queue(client, f"batch-{size}-{abs(hash(str(bad))) % 10_000}")
     items: list[dict[str, Any]] = [
@@ -223,9 +244,20 @@ def test_a_non_ascii_digit_time_is_not_read_as_a_number(client: httpx.Client) ->
             "PUT",
             "/v1/policies/r6",
             {"pattern": "^zz", "definition": {"message_ttl_ms": BIG}},
-            ["message_ttl_ms", str(MAX_TTL_MS)],
+            ["message_ttl_ms", f"0 to {MAX_TTL_MS}"],
         ),
         ("PUT", "/v1/policies/r7", {"pattern": "^zz", "priority": BIG + 1}, ["priority", str(BIG)]),
+    ],
+)
+def test_finding_05_every_queue_and_policy_number_out_of_range_gets_the_range(
+    client: httpx.Client, method: str, path: str, body: Any, words: list[str]
+) -> None:
+    _refused(client.request(method, path, json=body), *words)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "words"),
+    [
         ("POST", "/v1/queues/q/receive", {"max": BIG}, ["max", "1 and 1000"]),
         ("POST", "/v1/queues/q/receive", {"wait_ms": BIG}, ["wait_ms", "0 and 20000"]),
         ("POST", "/v1/queues/q/receive", {"visibility_ms": BIG}, ["visibility_ms", "between 1"]),
@@ -237,7 +269,7 @@ def test_a_non_ascii_digit_time_is_not_read_as_a_number(client: httpx.Client) ->
         ("POST", "/v1/messages", {"destination": "q", "delay_ms": -BIG}, ["delay_ms"]),
     ],
 )
-def test_finding_05_every_integer_field_out_of_range_gets_the_range(
+def test_every_receive_and_send_number_out_of_range_stays_refused(
     client: httpx.Client, method: str, path: str, body: Any, words: list[str]
 ) -> None:
     _queue(client, "q")
@@ -245,9 +277,7 @@ def test_finding_05_every_integer_field_out_of_range_gets_the_range(
 
 
 @pytest.mark.parametrize("body", [{"delay_ms": BIG}, {"deliver_at": BIG}, {"delay_ms": 1 << 64}])
-def test_finding_05_a_reschedule_out_of_range_is_refused(
-    client: httpx.Client, body: dict[str, Any]
-) -> None:
+def test_a_reschedule_out_of_range_is_refused(client: httpx.Client, body: dict[str, Any]) -> None:
     queue = _queue(client, "resched")
     scheduled = client.post("/v1/messages", json={"destination": queue, "delay_ms": 600_000})
     message_id = scheduled.json()["id"]
