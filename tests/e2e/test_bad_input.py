@@ -4,9 +4,12 @@ findings 4, 5 and 10)."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -290,3 +293,34 @@ def test_the_list_limit_is_bounded_and_a_non_integer_is_invalid_argument(
 ) -> None:
     _refused(client.get("/v1/messages", params={"limit": limit}), "limit")
     assert client.get("/v1/messages", params={"limit": "1000"}).status_code == 200
+
+
+def test_a_stored_policy_re2_cannot_run_is_logged_and_left_out_of_force_at_start(
+    make_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    # Given a policy stored by a version that took Python-only patterns (written here directly)
+    data = tmp_path / "upgrade"
+    server = make_server(data_dir=data)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        _queue(client, "orders")
+        policy = {"pattern": "^orders", "definition": {"max_length": 3}}
+        assert client.put("/v1/policies/old", json=policy).status_code in (200, 201)
+    server.stop()
+    with sqlite3.connect(data / "queues.db") as conn:
+        (definition,) = conn.execute(
+            "SELECT definition FROM policies WHERE name = 'old'"
+        ).fetchone()
+        stored = json.loads(definition)
+        stored["pattern"] = "^orders(?!\\.eu)"
+        conn.execute("UPDATE policies SET definition = ? WHERE name = 'old'", (json.dumps(stored),))
+    # When the server starts
+    server.start()
+    # Then it serves, says which policy is not in force, and the policy can be set again
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/v1/policies").json()["items"] == []
+        assert client.get("/v1/queues/orders").json()["effective"]["max_length"] is None
+        assert client.put("/v1/policies/old", json=policy).status_code in (200, 201)
+        assert client.get("/v1/queues/orders").json()["effective"]["max_length"] == 3
+    logged = "".join(server.stderr_lines)
+    assert "policy 'old' is not in force" in logged and "(?!" in logged
