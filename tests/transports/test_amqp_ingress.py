@@ -12,6 +12,7 @@ import pytest
 
 from tarry.errors import InvalidArgument
 from tarry.model.state import MessageState
+from tarry.model.validate import parse_send
 from tarry.transports.amqp_ingress import send_fields
 from tests.transports.conftest import Broker
 
@@ -47,6 +48,30 @@ def test_unreadable_control_headers_are_invalid_arguments() -> None:
         send_fields(b"", {"tarry-destination": "q", "x-delay": 5, "tarry-delay": "5s"})
     with pytest.raises(InvalidArgument, match="duration"):
         send_fields(b"", {"tarry-destination": "q", "tarry-ttl": "soon"})
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"tarry-delay": "²"},
+        {"tarry-delay": "-²"},
+        {"x-delay": "١٢"},
+        {"tarry-ttl": "9" * 5000},
+        {"tarry-deliver-at": "²"},
+    ],
+)
+def test_finding_05_a_control_header_of_non_ascii_or_endless_digits_is_invalid_argument(
+    headers: dict[str, str],
+) -> None:
+    # str.isdigit() passed these and int() raised ValueError (or read "١٢" as 12)
+    try:
+        fields = send_fields(b"", {"tarry-destination": "q", **headers})
+    except InvalidArgument:
+        return
+    # a time is left as text for parse_send, which refuses it
+    assert fields["deliver_at"] == headers["tarry-deliver-at"]
+    with pytest.raises(InvalidArgument, match="deliver_at"):
+        parse_send(fields)
 
 
 # --- the ingress on the real broker -------------------------------------------------------------

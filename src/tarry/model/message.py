@@ -12,6 +12,9 @@ from tarry.model.state import TERMINAL, MessageState
 
 __all__ = [
     "MAX_DELAY_MS",
+    "MAX_INSTANT_MS",
+    "MAX_INT64",
+    "MAX_TTL_MS",
     "Death",
     "DeathReason",
     "Message",
@@ -27,6 +30,13 @@ __all__ = [
 
 #: 2^28 − 1 seconds (about 8.5 years): the span of the 28-level RabbitMQ delay topology.
 MAX_DELAY_MS = ((1 << 28) - 1) * 1000
+#: RabbitMQ's upper limit for TTLs and queue expiry: 10 years in milliseconds.
+MAX_TTL_MS = 315_360_000_000
+#: The last millisecond of 9999-12-31 UTC: the latest instant RFC 3339 can write.
+MAX_INSTANT_MS = 253_402_300_799_999
+#: The largest whole number every store keeps (SQLite INTEGER, PostgreSQL bigint, the log's
+#: int64 fields): the bound of counts and sizes without a tighter one of their own.
+MAX_INT64 = (1 << 63) - 1
 
 
 class Report(StrEnum):

@@ -37,7 +37,7 @@ from tarry.errors import (
     TarryError,
     UnknownDestination,
 )
-from tarry.model.message import MAX_DELAY_MS
+from tarry.model.message import MAX_DELAY_MS, MAX_INSTANT_MS, MAX_TTL_MS
 
 if TYPE_CHECKING:
     from tarry.model.validate import DestinationView, SendLimits, TargetView
@@ -110,19 +110,38 @@ def id_rules(key: str) -> tuple[Rule, ...]:
     )
 
 
+#: The range of each span, said when a value is refused. Syntax bounds ``ttl_ms`` only:
+#: ``delay_ms`` is bounded once resolved (``TIME_RULES``), where ``deliver_at`` meets it too.
+_MS_RANGE = {"ttl_ms": (MAX_TTL_MS, "10 years"), "delay_ms": (MAX_DELAY_MS, "2^28 - 1 s")}
+
+
 @cache
 def ms_rules(key: str) -> tuple[Rule, ...]:
-    """An optional span of milliseconds (``delay_ms``, ``ttl_ms``), when given."""
-    return (
+    """An optional span of milliseconds (``delay_ms`` or ``ttl_ms``), when given."""
+    most, said = _MS_RANGE[key]
+    rules = (
         Rule(
             InvalidArgument,
             lambda *, not_int, **_: not_int,
-            lambda *, value, **_: f"{key} must be a whole number of milliseconds, got {value!r}",
+            lambda *, value, **_: (
+                f"{key} must be a whole number of milliseconds, 0 to {most} ({said}), got {value!r}"
+            ),
         ),
         Rule(
             InvalidArgument,
             lambda *, value, **_: value < 0,
             lambda *, value, **_: f"{key} ({value}) must not be negative",
+        ),
+    )
+    if key == "delay_ms":
+        return rules
+    return (
+        *rules,
+        # Before any sum with "now": an int64 column would wrap, a store's field overflow.
+        Rule(
+            InvalidArgument,
+            lambda *, value, **_: value > most,
+            lambda *, value, **_: f"{key} ({value}) is out of range; use 0 to {most} ms ({said})",
         ),
     )
 
@@ -135,6 +154,14 @@ def instant_rules(key: str) -> tuple[Rule, ...]:
             InvalidArgument,
             lambda *, value, **_: value < 0,
             lambda *, value, **_: f"{key} ({value}) must not be before 1970",
+        ),
+        Rule(
+            InvalidArgument,
+            lambda *, value, **_: value > MAX_INSTANT_MS,
+            lambda *, value, **_: (
+                f"{key} ({value}) is out of range; use epoch milliseconds from 0 to "
+                f"{MAX_INSTANT_MS} (9999-12-31T23:59:59.999Z)"
+            ),
         ),
     )
 

@@ -24,6 +24,7 @@ __all__ = [
     "parse_duration_ms",
     "parse_instant_ms",
     "wait_at_most",
+    "whole_number",
 ]
 
 
@@ -68,8 +69,19 @@ class ManualClock:
         self._now_ms += ms
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+#: ASCII digits only: ``str.isdigit`` also passes "²" (which ``int`` refuses) and "١" (which it
+#: reads), and ``\d`` matches every script's digits. At most 30 digits: far past any field's
+#: range, so the range rules still answer, and short of ``int``'s limit on digits.
+_WHOLE = re.compile(r"-?[0-9]{1,30}")
+_DURATION = re.compile(r"\s*([0-9]{1,30})(\.[0-9]{1,30})?\s*(ms|s|m|h|d)?\s*")
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def whole_number(text: str) -> int | None:
+    """The whole number ``text`` writes in ASCII decimal digits (an optional leading ``-``,
+    surrounding spaces allowed), else None. Every edge that reads a number from text uses this."""
+    match = _WHOLE.fullmatch(text.strip())
+    return None if match is None else int(match.group())
 
 
 def parse_duration_ms(text: str | int, *, field: str = "duration") -> int:
@@ -80,13 +92,16 @@ def parse_duration_ms(text: str | int, *, field: str = "duration") -> int:
         if text < 0:
             raise InvalidArgument(f"{field} ({text}) must not be negative")
         return text
-    match = _DURATION.match(text)
+    match = _DURATION.fullmatch(text)
     if match is None:
         raise InvalidArgument(
             f"{field} {text!r} is not a duration; write it as 250ms, 5s, 10m, 2h or 3d"
         )
-    number, unit = match.groups()
-    ms = float(number) * _UNIT_MS[unit or "ms"]
+    whole, fraction, unit = match.groups()
+    size = _UNIT_MS[unit or "ms"]
+    if fraction is None:  # whole numbers stay exact (a float has 53 bits)
+        return int(whole) * size
+    ms = float(whole + fraction) * size
     if ms != int(ms):
         raise InvalidArgument(f"{field} {text!r} is finer than 1 ms; round it to whole ms")
     return int(ms)
@@ -112,8 +127,9 @@ def parse_instant_ms(value: str | int, *, field: str = "time") -> int:
     if not isinstance(value, str):
         raise InvalidArgument(f"{field} must be epoch milliseconds or an RFC 3339 time")
     text = value.strip()
-    if text.isdigit():
-        return int(text)
+    number = whole_number(text)
+    if number is not None:
+        return parse_instant_ms(number, field=field)
     try:
         parsed = datetime.fromisoformat(text.replace("z", "Z"))
     except ValueError:
@@ -125,7 +141,10 @@ def parse_instant_ms(value: str | int, *, field: str = "time") -> int:
             f"{field} {value!r} has no time zone; add Z or an offset such as +01:00"
         )
     delta = parsed - datetime(1970, 1, 1, tzinfo=UTC)
-    return (delta.days * 86_400 + delta.seconds) * 1_000 + delta.microseconds // 1_000
+    ms = (delta.days * 86_400 + delta.seconds) * 1_000 + delta.microseconds // 1_000
+    # A time before 1970 written so is only "the past"; one past 9999 (an offset can reach it)
+    # meets the range rule, as epoch milliseconds would.
+    return ms if ms < 0 else parse_instant_ms(ms, field=field)
 
 
 def format_rfc3339(ms: int) -> str:

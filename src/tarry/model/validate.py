@@ -61,7 +61,8 @@ __all__ = [
     "validate_send",
 ]
 
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:@\-]{0,199}$")
+#: Used with ``fullmatch``: ``$`` with ``match`` also matches before a trailing newline.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:@\-]{0,199}")
 _MAX_ID_CHARS = MAX_ID_CHARS
 #: Names already found valid (destinations repeat; the regex is the costly part).
 _GOOD_NAMES: set[str] = set()
@@ -120,7 +121,7 @@ def check_name(name: object, *, field: str = "name") -> str:
     """A queue, topic or destination name: 1–200 of letters, digits and ``._:@-``."""
     if isinstance(name, str) and name in _GOOD_NAMES:
         return name
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidArgument(
             f"{field} {name!r} is not a valid name; use 1 to 200 letters, digits or . _ : @ -, "
             "not starting with a punctuation mark"

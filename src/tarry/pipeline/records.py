@@ -9,7 +9,6 @@ would give for it.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +16,7 @@ import orjson
 
 from tarry.client._base import body_fields
 from tarry.errors import InvalidArgument
+from tarry.model.time import whole_number
 
 __all__ = ["DERIVED_PREFIX", "decode_row", "derived_message_id", "record_json"]
 
@@ -25,15 +25,14 @@ DERIVED_PREFIX = "imp-"
 
 _INT_FIELDS = ("delay_ms", "ttl_ms")
 _BOOL_FIELDS = ("retain", "persistent")
-_INTEGER = re.compile(r"^-?\d+$")
 _TRUE = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
 def _whole(value: Any) -> Any:
     """CSV gives strings and pandas gives floats for whole numbers: read those as int; leave
     anything else for the rules to refuse."""
-    if isinstance(value, str) and _INTEGER.match(value.strip()):
-        return int(value)
+    if isinstance(value, str) and (number := whole_number(value)) is not None:
+        return number
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value

@@ -4,10 +4,12 @@ subscriptions, and policies. Kept in memory for the hot path, written through to
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import orjson
 
+from tarry.errors import InvalidArgument
 from tarry.model.queue_args import (
     EffectiveQueueArgs,
     Overflow,
@@ -19,6 +21,8 @@ from tarry.model.queue_args import (
 from tarry.store.sql import SqlConnection
 
 __all__ = ["Catalog", "QueueEntry"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -66,7 +70,17 @@ class Catalog:
         for topic, queue in conn.execute("SELECT topic, queue FROM subscriptions"):
             self.topics.setdefault(topic, set()).add(queue)
         for name, definition in conn.execute("SELECT name, definition FROM policies"):
-            self.policies[name] = parse_policy(name, orjson.loads(definition))
+            try:
+                self.policies[name] = parse_policy(name, orjson.loads(definition))
+            except InvalidArgument as exc:
+                # Stored by a version with laxer rules (a Python-only regex, say): starting
+                # without it, said at every start, beats not starting, where nothing could fix it.
+                log.error(
+                    "policy %r is not in force: %s; set it again (PUT /v1/policies/%s)",
+                    name,
+                    exc.message,
+                    name,
+                )
         self.recompute()
 
 

@@ -41,7 +41,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from tarry.config import RabbitMQConfig
 from tarry.errors import InvalidArgument, TarryError, Unavailable
-from tarry.model.time import parse_duration_ms
+from tarry.model.time import parse_duration_ms, whole_number
 
 __all__ = ["AmqpIngress", "IngressStats", "send_fields"]
 
@@ -84,8 +84,8 @@ def _duration(header: str, value: Any) -> int:
         raise InvalidArgument(
             f"header {header} must be whole milliseconds or a duration such as 5s, got {value!r}"
         )
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
+    if isinstance(value, str) and (number := whole_number(value)) is not None:
+        value = number
     if isinstance(value, int) and value < 0:
         raise InvalidArgument(f"header {header} ({value}) must not be negative")
     return parse_duration_ms(value, field=f"header {header}")
@@ -118,7 +118,8 @@ def send_fields(
             fields[target] = _duration(key, value)
         elif target == "deliver_at":
             text = _text(value).strip()
-            fields[target] = int(text) if text.isdigit() else text
+            number = whole_number(text)
+            fields[target] = text if number is None else number
         elif target == "report":
             fields[target] = [r.strip() for r in _text(value).split(",") if r.strip()]
         else:

@@ -49,7 +49,7 @@ def _result(result: SendResult | TarryError) -> dict[str, Any]:
 def _instant(value: str | None, name: str) -> int | None:
     if value is None:
         return None
-    return parse_instant_ms(int(value) if value.isdigit() else value, field=name)
+    return parse_instant_ms(value, field=name)
 
 
 @router.get("", summary="List messages ordered by deliver_at")
