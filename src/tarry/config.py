@@ -5,6 +5,7 @@ order. Components receive their own sub-object and never read the environment th
 
 from __future__ import annotations
 
+import hashlib
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +34,7 @@ __all__ = [
     "TokenConfig",
     "load_config",
     "redact_url",
+    "token_sha256",
 ]
 
 
@@ -168,14 +170,52 @@ class DispatchConfig(_Section):
 
 
 class TokenConfig(_Section):
-    token: str
+    """One bearer token and the names it may act on. Give the secret as ``token`` or, to keep it
+    out of the file, as ``token_sha256`` (its SHA-256 in hex, ``tarry token hash`` prints it)."""
+
+    token: str | None = None
+    token_sha256: str | None = None
     name: str = ""
     send: list[str] = []
-    """Glob patterns of destinations this token may send to."""
+    """Glob patterns of destinations this token may send to (and name as ``reply_to`` or
+    ``dead_letter_to``)."""
     receive: list[str] = []
-    """Glob patterns of queues this token may receive from, ack and nack."""
+    """Glob patterns of queues this token may receive from, ack and nack (and read)."""
     admin: list[str] = []
-    """Glob patterns of queues, topics and policies this token may declare, change and delete."""
+    """Glob patterns of queues, topics and policies this token may declare, change and delete
+    (and read); ``"*"`` alone may set policies of any pattern."""
+    read: list[str] = []
+    """Glob patterns of names whose messages' metadata, queue details and listings this token
+    may read (``receive`` and ``admin`` imply it for their own globs)."""
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _sha256_hex(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        digest = value.strip().lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(
+                "token_sha256 must be 64 hex digits, the SHA-256 of the token "
+                "(tarry token hash prints it)"
+            )
+        return digest
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> TokenConfig:
+        if (self.token is None) == (self.token_sha256 is None):
+            raise ValueError(
+                "give each token exactly one of token or token_sha256 "
+                f"(token {self.name or '(unnamed)'!r})"
+            )
+        if self.token is not None and not self.token.strip():
+            raise ValueError("token must not be empty")
+        return self
+
+
+def token_sha256(secret: str) -> str:
+    """What ``token_sha256`` holds for the bearer token ``secret`` (``tarry token hash``)."""
+    return hashlib.sha256(secret.strip().encode("utf-8")).hexdigest()
 
 
 class AuthConfig(_Section):
@@ -315,7 +355,9 @@ class TarryConfig(BaseSettings):
         """The effective configuration for the start-up log, with secrets hidden."""
         data = self.model_dump(mode="json")
         for token in data["auth"]["tokens"]:
-            token["token"] = "***"
+            for key in ("token", "token_sha256"):
+                if token[key] is not None:
+                    token[key] = "***"
         for route in data["routes"].values():
             route["url"] = redact_url(route["url"])
             route["headers"] = {k: "***" for k in route["headers"]}

@@ -11,6 +11,7 @@ from tarry.cli.rabbitmq import rabbitmq
 from tarry.cli.serve import serve
 from tarry.cli.stats import stats
 from tarry.cli.store import store
+from tarry.cli.token import token
 
 EPILOG = (
     "Exit status: 0 success; 1 the server refused (the error code is printed on stderr); "
@@ -53,6 +54,7 @@ for command in (
     policy,
     stats,
     store,
+    token,
 ):
     cli.add_command(command)
 cli.add_command(pipeline)

@@ -53,8 +53,16 @@ async def send_many(
     views: dict[str, DestinationView] = {}
     allowed: dict[str, bool] = {}
     failed: dict[str, TarryError] = {}  # an auto-declare that failed refuses its sends
+
+    def may(name: str) -> bool:
+        """The token's answer per name (destinations and ``reply_to``s), asked once each."""
+        ok = allowed.get(name)
+        if ok is None:
+            ok = allowed[name] = may_send(name) if may_send else True
+        return ok
+
     for name in checking.destinations():
-        allowed[name] = may_send(name) if may_send else True
+        may(name)
         try:
             if (
                 allowed[name]
@@ -66,9 +74,7 @@ async def send_many(
             views[name] = await _view(engine, name)
         except TarryError as exc:
             failed[name] = exc
-    planned = checking.validate(
-        now_ms=now, views=views, may_send=allowed.__getitem__, limits=engine.limits
-    )
+    planned = checking.validate(now_ms=now, views=views, may_send=may, limits=engine.limits)
     await _pause(len(items))
     if failed:
         for index, named in enumerate(checking.row_destinations()):

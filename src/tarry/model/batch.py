@@ -64,7 +64,8 @@ def validate_batch(
 
     ``views`` holds the destinations as the rules should see them; a name missing from it does
     not exist (``unknown_destination``). ``may_send`` answers the token check per destination
-    (None: every destination is allowed). Errors from parsing pass through unchanged."""
+    and per ``reply_to`` (None: every name is allowed). Errors from parsing pass through
+    unchanged."""
     planned: list[Planned] = []
     append = planned.append
     # Per destination, once: its view, the token's answer, and its rules.
@@ -87,7 +88,13 @@ def validate_batch(
         try:
             append(
                 validate_send(
-                    item, now_ms=now_ms, destination=view, may_send=ok, limits=limits, rules=rules
+                    item,
+                    now_ms=now_ms,
+                    destination=view,
+                    may_send=ok,
+                    limits=limits,
+                    rules=rules,
+                    may_send_to=may_send,
                 )
             )
         except TarryError as exc:
@@ -115,7 +122,7 @@ _NO_FIELDS: dict[str, Any] = {}
 
 class BatchCheck:
     """The send rules over JSON-shaped sends in two steps: constructing it checks the syntax
-    (rule 1) and ``destinations`` names what the rest needs; ``validate`` applies rules 2-9 once
+    (rule 1) and ``destinations`` names what the rest needs; ``validate`` applies rules 2-10 once
     the caller has looked those up. The answers are ``parse_batch`` + ``validate_batch``'s, in
     order; big batches get them column-wise (``tarry.model.columns``) for the sends whose fields
     the columns decide, the others one at a time."""

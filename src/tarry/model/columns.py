@@ -428,6 +428,7 @@ class _OneAtATime:
                     destination=self.views.get(name) or DestinationView(name, None),
                     may_send=self.may_send(name) if self.may_send is not None else True,
                     limits=self.limits,
+                    may_send_to=self.may_send,
                 )
             except TarryError as exc:
                 marks.error[i] = exc.with_traceback(None)  # see _Marks.refuse

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BOTH_TIMES",
     "DESTINATION_REQUIRED",
+    "REPLY_TO_ALLOWED",
     "MAX_ID_CHARS",
     "Rule",
     "destination_rules",
@@ -200,7 +201,17 @@ TIME_RULES = (
 )
 
 
-# --- where: rules 5-9 ---------------------------------------------------------------------------
+# --- where: rules 5-10 --------------------------------------------------------------------------
+REPLY_TO_ALLOWED = Rule(
+    NotAuthorized,
+    lambda *, refused, **_: refused,
+    lambda *, reply_to, **_: (
+        f"this token may not send to reply_to {reply_to!r}, where the reports asked for would "
+        "go; ask for a token with send permission on it, or name a queue of your own"
+    ),
+)
+
+
 def _never(**_: Any) -> bool:
     return False
 

@@ -13,6 +13,8 @@ Rules, in the order they are checked (the first that fails is reported):
 7. every target queue is put-enabled                                      → ``put_disabled``
 8. the body fits the server's and every target queue's limit              → ``message_too_large``
 9. no target queue is full under ``overflow = reject_publish``            → ``destination_full``
+10. with a ``report``, the token may send to ``reply_to`` (the reports go there; checked per
+    send, so in a batch only that send is refused)                         → ``not_authorized``
 
 A topic's targets are its subscribed queues at send time (JMS: only subscriptions that exist at
 send); the publish is refused as a whole when any copy would be.
@@ -26,7 +28,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,7 @@ from tarry.model.rules import (
     BOTH_TIMES,
     DESTINATION_REQUIRED,
     MAX_ID_CHARS,
+    REPLY_TO_ALLOWED,
     TIME_RULES,
     Rule,
     destination_rules,
@@ -317,11 +320,14 @@ def validate_send(
     may_send: bool = True,
     limits: SendLimits = SendLimits(),
     rules: Sequence[Rule] | None = None,
+    may_send_to: Callable[[str], bool] | None = None,
 ) -> SendPlan:
     """Apply every send-time rule (see the module docstring) and return the plan, or raise.
 
     ``rules``: the destination's rules as ``destination_rules`` built them for this
-    ``destination``, ``may_send`` and ``limits``; a batch builds them once per destination."""
+    ``destination``, ``may_send`` and ``limits``; a batch builds them once per destination.
+    ``may_send_to``: the token's send check for the other names the send writes to
+    (``reply_to`` with reports); None: every name is allowed."""
     plan = plan_times(request, now_ms=now_ms)
     size = len(request.body)
     if rules is None:
@@ -329,6 +335,10 @@ def validate_send(
     for rule in rules:
         if rule.fails(size=size):
             raise rule.refuse(size=size)
+    reply_to = request.reply_to
+    if request.report and reply_to is not None and may_send_to is not None:
+        if REPLY_TO_ALLOWED.fails(refused=not may_send_to(reply_to)):
+            raise REPLY_TO_ALLOWED.refuse(reply_to=reply_to)
     return plan
 
 

@@ -21,7 +21,7 @@ async def healthz(request: Request) -> JSON:
 
 @router.get("/v1/stats", summary="Counts by state, queues, dispatcher figures")
 async def stats(request: Request) -> JSON:
-    caller(request)
+    caller(request).require_reads_all("the server's statistics")
     return JSON(await engine_of(request).stats())
 
 

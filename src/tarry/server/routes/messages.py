@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from tarry.engine.types import MessageQuery, SendResult
-from tarry.errors import TarryError
+from tarry.errors import NotAuthorized, NotFound, TarryError
 from tarry.model.time import parse_instant_ms
 from tarry.server import schemas
 from tarry.server.deps import batch_messages, caller, engine_of, json_object
@@ -64,7 +64,16 @@ async def list_messages(
     limit: int = 100,
     cursor: str | None = None,
 ) -> JSON:
-    caller(request)
+    principal = caller(request)
+    # A scoped token lists one destination it may read: filtering a listing of everything
+    # would page through every tenant's messages to fill one page of its own.
+    if not principal.reads_all:
+        if destination is None:
+            raise NotAuthorized(
+                "this token may not list every destination's messages: add ?destination=NAME "
+                "(tarry ls --destination NAME) naming one it may read"
+            )
+        principal.require_read(destination)
     query = MessageQuery(
         destination=destination,
         correlation_id=correlation_id,
@@ -81,8 +90,11 @@ async def list_messages(
 
 @router.get("/{message_id}", summary="A message's metadata and state")
 async def get_message(request: Request, message_id: str) -> JSON:
-    caller(request)
+    principal = caller(request)
     message = await engine_of(request).get_message(message_id)
+    if not principal.may_read_message(message):
+        # As if it did not exist: a 403 would tell that this id is in use.
+        raise NotFound(f"no message with id {message_id}")
     return JSON(message.to_public())
 
 

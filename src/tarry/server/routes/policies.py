@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from tarry.engine.api import EngineAPI
+from tarry.model.queue_args import Policy, parse_policy
 from tarry.server import schemas
 from tarry.server.deps import caller, engine_of, json_object
 from tarry.server.responses import JSON
@@ -17,19 +19,33 @@ router = APIRouter(prefix="/v1/policies", tags=["policies"])
 async def put_policy(request: Request, name: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_admin(name), "set policy", name)
-    policy = await engine_of(request).put_policy(name, await json_object(request))
+    engine, data = engine_of(request), await json_object(request)
+    principal.require_policy(parse_policy(name, data), action="set")
+    stored = await _stored(engine, name)
+    if stored is not None:  # replacing it takes it away from the queues it reaches
+        principal.require_policy(stored, action="replace")
+    policy = await engine.put_policy(name, data)
     return JSON(policy.to_dict())
+
+
+async def _stored(engine: EngineAPI, name: str) -> Policy | None:
+    return next((p for p in await engine.list_policies() if p.name == name), None)
 
 
 @router.get("", summary="All policies")
 async def list_policies(request: Request) -> JSON:
-    caller(request)
-    return JSON({"items": [p.to_dict() for p in await engine_of(request).list_policies()]})
+    principal = caller(request)
+    policies = await engine_of(request).list_policies()
+    return JSON({"items": [p.to_dict() for p in policies if principal.may_read(p.name)]})
 
 
 @router.delete("/{name}", summary="Delete a policy")
 async def delete_policy(request: Request, name: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_admin(name), "delete policy", name)
-    await engine_of(request).delete_policy(name)
+    engine = engine_of(request)
+    stored = await _stored(engine, name)
+    if stored is not None:
+        principal.require_policy(stored, action="delete")
+    await engine.delete_policy(name)
     return JSON({"name": name, "deleted": True})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from tarry.errors import InvalidArgument
+from tarry.model.queue_args import parse_queue_args
 from tarry.server import schemas
 from tarry.server.deps import caller, engine_of, json_object
 from tarry.server.responses import JSON
@@ -21,19 +22,21 @@ async def declare(request: Request, name: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_admin(name), "declare", name)
     args = await json_object(request, default={})
+    principal.require_dead_letter_to(parse_queue_args(args))
     info, created = await engine_of(request).declare_queue(name, args)
     return JSON(info.to_public(), status_code=201 if created else 200)
 
 
 @router.get("", summary="All queues with their counts")
 async def list_queues(request: Request) -> JSON:
-    caller(request)
-    return JSON({"items": [q.to_public() for q in await engine_of(request).list_queues()]})
+    principal = caller(request)
+    queues = await engine_of(request).list_queues()
+    return JSON({"items": [q.to_public() for q in queues if principal.may_read(q.name)]})
 
 
 @router.get("/{name}", summary="A queue's counts and the arguments in force")
 async def show(request: Request, name: str) -> JSON:
-    caller(request)
+    caller(request).require_read(name)
     return JSON((await engine_of(request).queue_info(name)).to_public())
 
 

@@ -20,7 +20,7 @@ async def declare(request: Request, name: str) -> JSON:
 
 @router.get("/{name}", summary="A topic and its subscribed queues")
 async def show(request: Request, name: str) -> JSON:
-    caller(request)
+    caller(request).require_read(name)
     return JSON(await engine_of(request).topic_info(name))
 
 
@@ -28,6 +28,7 @@ async def show(request: Request, name: str) -> JSON:
 async def subscribe(request: Request, name: str, queue: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_admin(name), "subscribe to", name)
+    principal.require(principal.may_admin(queue), "subscribe", queue, scope="admin")
     return JSON(await engine_of(request).subscribe(name, queue))
 
 

@@ -1,0 +1,312 @@
+"""Tenants stay apart (issue 26, findings 1, 2, 3 and the token half of 11): a real `tarry serve`
+with several tokens, each scoped to its own names, tried against the other tenant's names the
+ways the issue found open."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tarry.config import AuthConfig, TarryConfig, TokenConfig, load_config
+from tarry.errors import InvalidArgument
+
+HASHED_SECRET = "hashed-secret"
+TOKENS = f"""
+[[auth.tokens]]
+token = "billing-secret"
+name = "billing"
+send = ["billing.*"]
+receive = ["billing.*"]
+admin = ["billing.*"]
+
+[[auth.tokens]]
+token = "orders-secret"
+name = "orders"
+send = ["orders.*"]
+receive = ["orders.*"]
+admin = ["orders.*"]
+
+[[auth.tokens]]
+token = "root-secret"
+name = "root"
+send = ["*"]
+receive = ["*"]
+admin = ["*"]
+
+[[auth.tokens]]
+token = "auditor-secret"
+name = "auditor"
+read = ["billing.*"]
+
+[[auth.tokens]]
+token_sha256 = "{hashlib.sha256(HASHED_SECRET.encode()).hexdigest()}"
+name = "hashed"
+send = ["billing.*"]
+"""
+
+
+def code(response: httpx.Response) -> tuple[int, str | None]:
+    error = response.json().get("error") if response.status_code >= 400 else None
+    return response.status_code, error["code"] if error else None
+
+
+@pytest.fixture
+def clients(make_server: Any) -> Iterator[dict[str, httpx.Client]]:
+    server = make_server(TOKENS)
+    secrets = {
+        "billing": "billing-secret",
+        "orders": "orders-secret",
+        "root": "root-secret",
+        "auditor": "auditor-secret",
+    }
+    made = {
+        who: httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {secret}"})
+        for who, secret in secrets.items()
+    }
+    made["anonymous"] = httpx.Client(base_url=server.url)
+    made["_url"] = server.url  # type: ignore[assignment]
+    root, billing, orders = made["root"], made["billing"], made["orders"]
+    assert billing.put("/v1/queues/billing.q", json={}).status_code == 201
+    assert billing.put("/v1/queues/billing.dead", json={}).status_code == 201
+    assert billing.put("/v1/topics/billing.t").status_code == 201
+    assert orders.put("/v1/queues/orders.q", json={}).status_code == 201
+    assert root.get("/v1/queues/orders.q").status_code == 200
+    yield made
+    for client in made.values():
+        if isinstance(client, httpx.Client):
+            client.close()
+
+
+def receive_all(client: httpx.Client, queue: str) -> list[dict[str, Any]]:
+    response = client.post(f"/v1/queues/{queue}/receive", json={"max": 100})
+    assert response.status_code == 200, response.text
+    messages: list[dict[str, Any]] = response.json()["messages"]
+    return messages
+
+
+# --- finding 1: every name an operation touches -------------------------------------------------
+def test_finding_01_subscription_target_needs_admin_on_the_queue(clients) -> None:
+    billing, orders, root = clients["billing"], clients["orders"], clients["root"]
+    response = billing.put("/v1/topics/billing.t/subscriptions/orders.q")
+    assert code(response) == (403, "not_authorized")
+    assert "orders.q" in response.json()["error"]["message"]
+    assert root.get("/v1/topics/billing.t").json()["subscriptions"] == []
+    # A publish to the topic reaches no queue of the other tenant.
+    assert billing.post("/v1/messages", json={"destination": "billing.t", "body": "x"}).is_success
+    assert receive_all(orders, "orders.q") == []
+    # Neither side alone: the queue's owner may not subscribe it to another tenant's topic.
+    response = orders.put("/v1/topics/billing.t/subscriptions/orders.q")
+    assert code(response) == (403, "not_authorized")
+    # Its own queue it may subscribe, and an admin of both may join the two.
+    assert billing.put("/v1/topics/billing.t/subscriptions/billing.q").status_code == 200
+    assert root.put("/v1/topics/billing.t/subscriptions/orders.q").status_code == 200
+    assert root.get("/v1/topics/billing.t").json()["subscriptions"] == ["billing.q", "orders.q"]
+
+
+def test_finding_01_dead_letter_to_needs_send_on_the_target(clients) -> None:
+    billing, orders, root = clients["billing"], clients["orders"], clients["root"]
+    response = billing.put(
+        "/v1/queues/billing.dl", json={"dead_letter_to": "orders.q", "message_ttl_ms": 1}
+    )
+    assert code(response) == (403, "not_authorized")
+    assert "orders.q" in response.json()["error"]["message"]
+    assert code(root.get("/v1/queues/billing.dl")) == (404, "not_found")
+    # Through a policy's definition too, even one whose pattern is the token's own.
+    response = billing.put(
+        "/v1/policies/billing.dlx",
+        json={"pattern": "^billing\\.", "definition": {"dead_letter_to": "orders.q"}},
+    )
+    assert code(response) == (403, "not_authorized")
+    assert root.get("/v1/policies").json()["items"] == []
+    # Dead-lettering into its own queue works, and nothing reached the other tenant.
+    response = billing.put(
+        "/v1/queues/billing.dl", json={"dead_letter_to": "billing.dead", "message_ttl_ms": 1}
+    )
+    assert response.status_code == 201
+    assert billing.post("/v1/messages", json={"destination": "billing.dl", "body": "x"}).is_success
+    deadline = time.monotonic() + 10
+    while not (dead := receive_all(billing, "billing.dead")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [m["body"] for m in dead] == ["x"]
+    assert receive_all(orders, "orders.q") == []
+
+
+def test_finding_01_reply_to_with_expiry_report_needs_send_on_it(clients) -> None:
+    billing, orders = clients["billing"], clients["orders"]
+    hostile = {
+        "destination": "billing.q",
+        "body": "x",
+        "ttl_ms": 1,
+        "reply_to": "orders.q",
+        "report": ["expiration"],
+    }
+    response = billing.post("/v1/messages", json=hostile)
+    assert code(response) == (403, "not_authorized")
+    assert "reply_to 'orders.q'" in response.json()["error"]["message"]
+    # In a batch only that send fails; small batches and column-checked big ones alike.
+    for size in (2, 300):
+        items = [hostile] + [{"destination": "billing.q", "body": str(i)} for i in range(size - 1)]
+        response = billing.post("/v1/messages/batch", json={"messages": items})
+        assert response.status_code == 200
+        results = response.json()["results"]
+        assert results[0]["error"]["code"] == "not_authorized"
+        assert all("id" in r for r in results[1:]), results[1:3]
+    # Its own queue is a fine reply_to, and the expiry report arrives there.
+    own = {**hostile, "reply_to": "billing.dead"}
+    assert billing.post("/v1/messages", json=own).status_code == 201
+    deadline = time.monotonic() + 10
+    while not (reports := receive_all(billing, "billing.dead")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert reports, "the expiry report to the token's own reply_to queue never came"
+    time.sleep(0.5)  # what would have reached orders.q had by now
+    assert receive_all(orders, "orders.q") == []
+
+
+# --- finding 2: a policy's pattern ---------------------------------------------------------------
+def test_finding_02_scoped_admin_cannot_set_a_catch_all_operator_policy(clients) -> None:
+    billing, root = clients["billing"], clients["root"]
+    catch_all = {"pattern": ".*", "operator": True, "definition": {"message_ttl_ms": 0}}
+    response = billing.put("/v1/policies/billing.ttl", json=catch_all)
+    assert code(response) == (403, "not_authorized")
+    assert "admin" in response.json()["error"]["message"]
+    for pattern in ("^billing\\.|^orders", "billing\\.", "(?i)^BILLING\\.", "(?m)^billing\\."):
+        body = {"pattern": pattern, "definition": {"message_ttl_ms": 0}}
+        response = billing.put("/v1/policies/billing.ttl", json=body)
+        assert code(response) == (403, "not_authorized"), pattern
+    effective = root.get("/v1/queues/orders.q").json()
+    assert (effective["effective"]["message_ttl_ms"], effective["effective"]["policy"]) == (
+        None,
+        None,
+    ), effective
+
+
+def test_finding_02_scoped_admin_may_set_a_policy_inside_its_prefix(clients) -> None:
+    billing, root = clients["billing"], clients["root"]
+    body = {"pattern": "^billing\\.", "operator": True, "definition": {"message_ttl_ms": 60000}}
+    assert billing.put("/v1/policies/billing.ttl", json=body).status_code == 200
+    assert root.get("/v1/queues/billing.q").json()["effective"]["message_ttl_ms"] == 60000
+    assert root.get("/v1/queues/orders.q").json()["effective"]["message_ttl_ms"] is None
+    assert billing.delete("/v1/policies/billing.ttl").status_code == 200
+    # A wide policy an admin-of-all set under the tenant's name stays the admin's.
+    wide = {"pattern": ".*", "definition": {"max_length": 1000}}
+    assert root.put("/v1/policies/billing.wide", json=wide).status_code == 200
+    assert code(billing.delete("/v1/policies/billing.wide")) == (403, "not_authorized")
+    assert code(billing.put("/v1/policies/billing.wide", json=body)) == (403, "not_authorized")
+    assert root.get("/v1/queues/orders.q").json()["effective"]["max_length"] == 1000
+
+
+# --- finding 3: reads ----------------------------------------------------------------------------
+def test_finding_03_message_metadata_needs_read(clients) -> None:
+    billing, orders, auditor = clients["billing"], clients["orders"], clients["auditor"]
+    secret = {
+        "destination": "orders.q",
+        "body": "x",
+        "delay_ms": 60_000,
+        "headers": {"customer": "4711"},
+        "correlation_id": "order-42",
+    }
+    orders_id = orders.post("/v1/messages", json=secret).json()["id"]
+    billing_id = billing.post(
+        "/v1/messages", json={"destination": "billing.q", "body": "b", "delay_ms": 60_000}
+    ).json()["id"]
+    for intruder in (billing, auditor):
+        response = intruder.get(f"/v1/messages/{orders_id}")
+        assert code(response) == (404, "not_found")  # as if it did not exist
+        assert "4711" not in response.text and "order-42" not in response.text
+    assert orders.get(f"/v1/messages/{orders_id}").json()["headers"] == {"customer": "4711"}
+    assert auditor.get(f"/v1/messages/{billing_id}").status_code == 200  # read = billing.*
+    assert code(orders.get(f"/v1/messages/{billing_id}")) == (404, "not_found")
+
+
+def test_finding_03_listing_by_destination_needs_read(clients) -> None:
+    billing, orders, root = clients["billing"], clients["orders"], clients["root"]
+    orders.post("/v1/messages", json={"destination": "orders.q", "body": "o", "delay_ms": 60_000})
+    billing.post("/v1/messages", json={"destination": "billing.q", "body": "b", "delay_ms": 60_000})
+    response = billing.get("/v1/messages", params={"destination": "orders.q"})
+    assert code(response) == (403, "not_authorized")
+    response = billing.get("/v1/messages")  # everything: not for a scoped token
+    assert code(response) == (403, "not_authorized")
+    assert "destination" in response.json()["error"]["message"]
+    items = billing.get("/v1/messages", params={"destination": "billing.q"}).json()["items"]
+    assert [m["destination"] for m in items] == ["billing.q"]
+    everything = root.get("/v1/messages").json()["items"]
+    assert {m["destination"] for m in everything} == {"orders.q", "billing.q"}
+
+
+def test_finding_03_queue_details_need_read(clients) -> None:
+    billing, orders, root, auditor = (
+        clients["billing"],
+        clients["orders"],
+        clients["root"],
+        clients["auditor"],
+    )
+    assert code(billing.get("/v1/queues/orders.q")) == (403, "not_authorized")
+    assert code(auditor.get("/v1/queues/orders.q")) == (403, "not_authorized")
+    assert auditor.get("/v1/queues/billing.q").status_code == 200
+    names = [q["name"] for q in billing.get("/v1/queues").json()["items"]]
+    assert names == ["billing.dead", "billing.q"]
+    assert "orders.q" in [q["name"] for q in root.get("/v1/queues").json()["items"]]
+    assert code(orders.get("/v1/topics/billing.t")) == (403, "not_authorized")
+    assert root.put("/v1/policies/orders.p", json={"pattern": "^orders\\."}).status_code == 200
+    assert billing.get("/v1/policies").json()["items"] == []
+    assert [p["name"] for p in orders.get("/v1/policies").json()["items"]] == ["orders.p"]
+    assert code(billing.get("/v1/stats")) == (403, "not_authorized")
+    assert root.get("/v1/stats").status_code == 200
+
+
+# --- finding 11 (tokens) -------------------------------------------------------------------------
+def test_finding_11_hashed_tokens_authenticate(clients) -> None:
+    url = str(clients["_url"])
+    good = {"authorization": f"Bearer {HASHED_SECRET}"}
+    with httpx.Client(base_url=url, headers=good) as hashed:
+        response = hashed.post("/v1/messages", json={"destination": "billing.q", "body": "h"})
+        assert response.status_code == 201, response.text
+        response = hashed.post("/v1/messages", json={"destination": "orders.q", "body": "h"})
+        assert code(response) == (403, "not_authorized")
+    digest = hashlib.sha256(HASHED_SECRET.encode()).hexdigest()
+    with httpx.Client(base_url=url, headers={"authorization": f"Bearer {digest}"}) as wrong:
+        response = wrong.post("/v1/messages", json={"destination": "billing.q", "body": "h"})
+        assert code(response) == (401, "unauthenticated")  # the hash is not the secret
+
+
+def test_finding_11_token_config_takes_exactly_one_secret_and_redacts_both(tmp_path) -> None:
+    digest = hashlib.sha256(b"s").hexdigest()
+    for body in (
+        f'token = "s"\ntoken_sha256 = "{digest}"',
+        'name = "none"',
+        'token_sha256 = "abc"',
+    ):
+        path = tmp_path / "tarry.toml"
+        path.write_text(f"[[auth.tokens]]\n{body}\n")
+        with pytest.raises(InvalidArgument, match="token"):
+            load_config(path)
+    config = TarryConfig(
+        auth=AuthConfig(tokens=[TokenConfig(token="s"), TokenConfig(token_sha256=digest.upper())])
+    )
+    assert config.auth.tokens[1].token_sha256 == digest
+    shown = config.redacted()["auth"]["tokens"]
+    assert [(t["token"], t["token_sha256"]) for t in shown] == [("***", None), (None, "***")]
+    result = subprocess.run(
+        [sys.executable, "-m", "tarry.cli.main", "token", "hash", "--token", "s"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (result.returncode, result.stdout.strip()) == (0, digest)
+
+
+def test_finding_11_lowercase_bearer_scheme_is_accepted(clients) -> None:
+    url = str(clients["_url"])
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        headers = {"authorization": f"{scheme} billing-secret"}
+        with httpx.Client(base_url=url, headers=headers) as client:
+            assert client.get("/v1/queues/billing.q").status_code == 200, scheme
+    with httpx.Client(base_url=url, headers={"authorization": "Basic billing-secret"}) as client:
+        assert code(client.get("/v1/queues/billing.q")) == (401, "unauthenticated")
