@@ -644,6 +644,9 @@ class Engine:
         purge_every, since_purge = 60.0, 0.0
         while True:
             await asyncio.sleep(interval)
+            if self.breakers.store.is_open and await self.probe_store():
+                # Idle or not, the breaker closes once the store can write again.
+                self.breakers.store.success()
             try:
                 await self.sweep()
                 since_purge += interval
@@ -675,6 +678,15 @@ class Engine:
             ):
                 await self._drop_queue(name, reason=f"expired after {expires} ms unused")
 
+    async def probe_store(self) -> bool:
+        """The store breaker's half-open trial while it is open: one small durable write
+        (``DelayedStore.probe``) tells whether the fault cleared."""
+        try:
+            await self.store.probe()
+            return True
+        except TarryError:
+            return False
+
     # --- operations -----------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         open_names = self.breakers.open_names()
@@ -686,6 +698,8 @@ class Engine:
             "status": "degraded" if open_names or damaged else "ok",
             "open": open_names,
             "breakers": self.breakers.snapshot(),
+            # Why each open breaker is open ("disk full: the log store cannot write ...").
+            "reasons": self.breakers.reasons(),
             "damaged": damaged,
         }
 

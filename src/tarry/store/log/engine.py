@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from tarry.engine.types import MessageQuery
-from tarry.errors import NotCancellable, NotFound, Unavailable
+from tarry.errors import NotCancellable, NotFound, TarryError, Unavailable
 from tarry.model.message import Message
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
@@ -125,7 +125,8 @@ class LogStore:
 
     # --- lifecycle --------------------------------------------------------------------------
     async def open(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._recover)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._recover)
         self._opened = True
 
     def _recover(self) -> None:
@@ -183,7 +184,12 @@ class LogStore:
             await asyncio.gather(self._upkeeping, return_exceptions=True)
         while not self.writer.idle:
             await asyncio.sleep(0.002)
-        if self._opened and self.writer.broken is None:
+        loop = asyncio.get_running_loop()
+        try:  # what a failed write left must go before a clean close vouches for the sizes
+            await loop.run_in_executor(self._executor, self.writer.repair)
+        except TarryError as exc:
+            log.error("closing without a clean-close record: %s", exc)
+        if self._opened and not self.writer.cut_pending:
             groups = self.writer.groups
             manifest = await self.snapshot()
             if manifest is not None and self.writer.idle and self.writer.groups == groups:
@@ -191,7 +197,7 @@ class LogStore:
                 # restart may take its partition sizes without checking the files.
                 self.writer.seal()
                 written = sum(1 for p in self.partitions.values() if p.written)
-                await asyncio.get_running_loop().run_in_executor(
+                await loop.run_in_executor(
                     self._executor, clean.mark, self.root, clean.CleanClose(self._seq, written)
                 )
         self._opened = False
@@ -210,6 +216,14 @@ class LogStore:
             self.partitions[number] = partition
             bisect.insort(self._numbers, number)
         return partition
+
+    async def probe(self) -> None:
+        """The store breaker's trial: cut back what failed writes left, and write and fsync a
+        scratch page (``GroupWriter.probe``). Raises ``StorageFault``."""
+        self._check()
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor, self.writer.probe, self.root
+        )
 
     def _check(self) -> None:
         self.writer.check()
@@ -554,10 +568,22 @@ class LogStore:
         if items:
             # A release into a local queue is recorded in the queue database first: its
             # marker need not wait for an fsync. Other ends (delivered, dead-lettered) do.
-            await self.writer.append(
-                items, durable=state is not MessageState.READY, on_written=on_written
-            )
+            try:
+                await self.writer.append(
+                    items, durable=state is not MessageState.READY, on_written=on_written
+                )
+            except TarryError:
+                self._put_back(taken)
+                raise
         return len(taken)
+
+    def _put_back(self, taken: Sequence[tuple[str, Held]]) -> None:
+        """Markers that could not be written: their messages wait, due again at once, so the
+        step is retried (a release again is a no-op in the queue database; its marker is
+        written then) instead of staying out of circulation until a restart."""
+        for message_id, held in taken:
+            if self._leaving.pop(message_id, None) is not None:
+                self._wait(message_id, held, held.due)
 
     async def record_failure(self, message_id: str, *, error: str, retry_at_ms: int) -> int:
         self._check()
@@ -621,11 +647,15 @@ class LogStore:
         marker = encode_marker(
             CANCELLED, message_id, found.pos, now_ms, destination=message.destination
         )
-        await self.writer.append(
-            [(found.partition, marker)],
-            durable=True,
-            on_written=lambda _: self._finished(message_id, held),
-        )
+        try:
+            await self.writer.append(
+                [(found.partition, marker)],
+                durable=True,
+                on_written=lambda _: self._finished(message_id, held),
+            )
+        except TarryError:
+            self._put_back([(message_id, held)])
+            raise
         message.state, message.updated_at_ms = MessageState.CANCELLED, now_ms
         return message
 
@@ -654,11 +684,15 @@ class LogStore:
             if target.index is not None:
                 target.index.add([deliver_at_ms], [positions[1]])
 
-        await self.writer.append(
-            [(found.partition, marker), (target, encode_message(moved, 0))],
-            durable=True,
-            on_written=on_written,
-        )
+        try:
+            await self.writer.append(
+                [(found.partition, marker), (target, encode_message(moved, 0))],
+                durable=True,
+                on_written=on_written,
+            )
+        except TarryError:
+            self._put_back([(message_id, held)])
+            raise
         return moved
 
     async def get(self, message_id: str) -> Message | None:
