@@ -57,6 +57,7 @@ from tarry.store.log.record import (
     encode_messages,
 )
 from tarry.store.log.recovery import Recovered, load_snapshot, replay, snapshot_root, sweep_orphans
+from tarry.store.log.scrub import damage_line, scrub_partition
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.snapshot import capture, write_snapshot
 from tarry.store.log.writer import GroupWriter
@@ -97,6 +98,11 @@ class LogStore:
         self.state = Recovered()
         self.files = SegmentFiles()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-log")
+        self._scrub_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-scrub")
+        self._scrubbing: asyncio.Task[None] | None = None
+        #: Partitions the start-up scrub has checked (``scrub.py``), and whether it is done.
+        self.scrubbed = 0
+        self.scrub_done = False
         self.writer = GroupWriter(
             self.files,
             self._executor,
@@ -128,6 +134,35 @@ class LogStore:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._recover)
         self._opened = True
+        self._scrubbing = loop.create_task(self._scrub(), name="tarry-log-scrub")
+
+    async def _scrub(self) -> None:
+        """Check every partition found at the start, nearest due first (``scrub.py``)."""
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        for number in list(self._numbers):
+            partition = self.partitions.get(number)
+            if partition is None or not partition.written:
+                continue
+            began = time.perf_counter()
+            try:
+                lines = await loop.run_in_executor(
+                    self._scrub_pool, scrub_partition, partition, list(partition.written)
+                )
+            except Exception as exc:  # unreadable (EIO, permissions): that is damage too
+                lines = [f"{partition.dir}: cannot be read ({exc})"]
+            for line in lines:
+                if self.state.report(line):
+                    log.error("damaged record found by the start-up check: %s", line)
+            self.scrubbed += 1
+            await asyncio.sleep(time.perf_counter() - began)
+        self.scrub_done = True
+        log.info(
+            "start-up check: %d partitions read in %.3f s, %d damaged records or files known",
+            self.scrubbed,
+            time.perf_counter() - started,
+            len(self.state.damaged),
+        )
 
     def _recover(self) -> None:
         started = time.perf_counter()
@@ -180,6 +215,9 @@ class LogStore:
         )
 
     async def close(self) -> None:
+        if self._scrubbing is not None:
+            self._scrubbing.cancel()
+            await asyncio.gather(self._scrubbing, return_exceptions=True)
         if self._upkeeping is not None:
             await asyncio.gather(self._upkeeping, return_exceptions=True)
         while not self.writer.idle:
@@ -203,6 +241,7 @@ class LogStore:
         self._opened = False
         self.files.close()
         self._executor.shutdown(wait=True)
+        self._scrub_pool.shutdown(wait=True)
 
     def _partition(self, number: int, *, now_ms: int | None = None) -> Partition:
         """The partition ``number``, made when it is new. A partition made for a new message
@@ -457,9 +496,9 @@ class LogStore:
     def _damaged(self, partition: Partition, pos: int, reason: str) -> None:
         """Never deliver garbage: the damaged message is reported and left out."""
         segment, offset = split(pos)
-        where = f"{partition.segment_path(segment)} at byte {offset}"
-        log.error("cannot read the message in %s (%s); it is skipped", where, reason)
-        self.state.damaged.append(f"{where}: {reason}")
+        line = damage_line(partition.segment_path(segment), offset, reason)
+        if self.state.report(line):
+            log.error("cannot read a message (%s); it is skipped", line)
 
     async def _upkeep(self, now_ms: int) -> None:
         """Cleanup, then a snapshot if anything changed (every ``snapshot_interval_ms``)."""
@@ -751,6 +790,8 @@ class LogStore:
             "write_groups": self.writer.groups,
             "damaged": list(self.state.damaged),
             "clean_start": self.clean_start,
+            "scrubbed_partitions": self.scrubbed,
+            "scrub_done": self.scrub_done,
         }
 
     @property
