@@ -9,6 +9,8 @@ under ``TARRY_REQUIRE_SERVICES=1``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,7 +28,7 @@ from tests.conftest import REQUIRE_SERVICES
 from tests.e2e.test_serve_and_crash import receive_all
 
 DISK_MB = 20
-FILLER_MB = 8
+FILLER_MB = 12
 BODY_BYTES = 20_000
 
 
@@ -135,6 +137,33 @@ def test_finding_08_a_full_disk_heals_without_a_restart_and_loses_nothing(
     )
 
 
+_ids, _NOW = IdGenerator(), 1_700_000_000_000
+
+
+def message(number: int) -> Message:
+    """A message of about 50 KB due in a minute, its number at the start of its body."""
+    return Message(
+        id=_ids.new_due(_NOW, _NOW + 60_000),
+        destination="q",
+        body=f"{number:06d}".encode() + bytes(50_000),
+        headers={},
+        sent_at_ms=_NOW,
+        deliver_at_ms=_NOW + 60_000,
+        expires_at_ms=None,
+        updated_at_ms=_NOW,
+    )
+
+
+async def fill(store: LogStore) -> list[str]:
+    """Store messages one at a time until the disk refuses one; the ids kept."""
+    kept: list[str] = []
+    with pytest.raises(StorageFault, match="disk full"):
+        for number in range(1_000):
+            kept.append((await store.store([message(number)]))[0].message.id)
+    assert kept
+    return kept
+
+
 @pytest.mark.parametrize("small_disk", [2], indirect=True)
 async def test_finding_08_a_failed_append_is_cut_back_and_the_next_one_succeeds(
     small_disk: Path,
@@ -147,26 +176,8 @@ async def test_finding_08_a_failed_append_is_cut_back_and_the_next_one_succeeds(
     root = small_disk / "log"
     store = LogStore(root, fsync="always")
     await store.open()
-    ids, now = IdGenerator(), 1_700_000_000_000
-
-    def message(number: int) -> Message:
-        return Message(
-            id=ids.new_due(now, now + 60_000),
-            destination="q",
-            body=f"{number:06d}".encode() + bytes(50_000),
-            headers={},
-            sent_at_ms=now,
-            deliver_at_ms=now + 60_000,
-            expires_at_ms=None,
-            updated_at_ms=now,
-        )
-
     # When messages are stored until the disk is full
-    kept: list[str] = []
-    with pytest.raises(StorageFault, match="disk full"):
-        for number in range(100):
-            kept.append((await store.store([message(number)]))[0].message.id)
-    assert kept
+    kept = await fill(store)
     [segment] = sorted(root.glob("p-*/seg-*.log"))
     [partition] = store.partitions.values()
     assert partition.sizes == partition.written  # the failed reservation was given back
@@ -185,3 +196,35 @@ async def test_finding_08_a_failed_append_is_cut_back_and_the_next_one_succeeds(
     assert await store.count_scheduled() == len(kept) + 1
     assert await store.check() == []
     await store.close()
+
+
+@pytest.mark.parametrize("small_disk", [2], indirect=True)
+async def test_finding_08_a_store_closed_on_a_full_disk_reopens_sound(small_disk: Path) -> None:
+    # Given a log store whose disk is full after a refused append
+    filler = small_disk / "filler"
+    filler.write_bytes(bytes(1024 * 1024))
+    root = small_disk / "log"
+    store = LogStore(root, fsync="always")
+    await store.open()
+    kept = await fill(store)
+    with contextlib.suppress(StorageFault):
+        await store.probe()  # cuts the failed append back
+    top_up = small_disk / "top-up"  # and what that freed is taken too
+    fd = os.open(top_up, os.O_WRONLY | os.O_CREAT)
+    with pytest.raises(OSError):
+        while True:
+            os.write(fd, bytes(4096))
+    os.close(fd)
+    # When it is closed there (its final snapshot cannot be written) and opened again
+    await store.close()
+    assert not (root / "CLEAN").exists()  # so the next start checks every file
+    filler.unlink()
+    top_up.unlink()
+    store = LogStore(root)
+    await store.open()
+    # Then it holds exactly what it acknowledged, undamaged, and takes writes
+    assert await store.count_scheduled() == len(kept)
+    await store.store([message(999)])
+    assert await store.check() == []
+    await store.close()
+    assert verify(root)["problems"] == []

@@ -122,6 +122,7 @@ class Engine:
         self.catalog = Catalog()
         self.transports: dict[str, Transport] = dict(transports or {})
         self.breakers = Breakers.from_config(config.dispatch, self.clock)
+        self._probing: asyncio.Future[bool] | None = None
         self.limits = SendLimits(max_message_bytes=config.server.max_message_bytes)
         #: Every listener in its form for many events (``add_listener``).
         self._listeners: list[EventBatchListener] = []
@@ -680,12 +681,20 @@ class Engine:
 
     async def probe_store(self) -> bool:
         """The store breaker's half-open trial while it is open: one small durable write
-        (``DelayedStore.probe``) tells whether the fault cleared."""
+        (``DelayedStore.probe``) tells whether the fault cleared. Callers arriving while one
+        is under way share it (a burst of refused sends makes one probe, not one each)."""
+        if self._probing is None:
+            self._probing = asyncio.ensure_future(self._probe_once())
+        return await asyncio.shield(self._probing)
+
+    async def _probe_once(self) -> bool:
         try:
             await self.store.probe()
             return True
         except TarryError:
             return False
+        finally:
+            self._probing = None
 
     # --- operations -----------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:

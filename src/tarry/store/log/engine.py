@@ -228,16 +228,19 @@ class LogStore:
         except TarryError as exc:
             log.error("closing without a clean-close record: %s", exc)
         if self._opened and not self.writer.cut_pending:
-            groups = self.writer.groups
-            manifest = await self.snapshot()
-            if manifest is not None and self.writer.idle and self.writer.groups == groups:
-                # Nothing written since the snapshot's capture, and nothing from now on: a
-                # restart may take its partition sizes without checking the files.
-                self.writer.seal()
-                written = sum(1 for p in self.partitions.values() if p.written)
-                await loop.run_in_executor(
-                    self._executor, clean.mark, self.root, clean.CleanClose(self._seq, written)
-                )
+            try:
+                groups = self.writer.groups
+                manifest = await self.snapshot()
+                if manifest is not None and self.writer.idle and self.writer.groups == groups:
+                    # Nothing written since the snapshot's capture, and nothing from now on: a
+                    # restart may take its partition sizes without checking the files.
+                    self.writer.seal()
+                    written = sum(1 for p in self.partitions.values() if p.written)
+                    await loop.run_in_executor(
+                        self._executor, clean.mark, self.root, clean.CleanClose(self._seq, written)
+                    )
+            except OSError as exc:  # a full disk: the next start checks every file instead
+                log.error("closing without a final snapshot or clean-close record: %s", exc)
         self._opened = False
         self.files.close()
         self._executor.shutdown(wait=True)

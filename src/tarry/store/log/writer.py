@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -67,8 +68,10 @@ class GroupWriter:
         self.segment_bytes = segment_bytes
         self.sealed = False
         #: Files a failed group may have left bytes in, and the length to cut each back to
-        #: (before the next group writes: ``repair``).
+        #: (before the next group writes: ``repair``). Noted on the event loop, cut on the
+        #: writer thread (a probe may be cutting while a group fails): under ``_cut_lock``.
         self._cut: dict[Path, int] = {}
+        self._cut_lock = threading.Lock()
         self._failing = False
         self.groups = 0
         self._pending: list[_Entry] = []
@@ -168,25 +171,31 @@ class GroupWriter:
     def _cut_back(self, failed: list[_Entry]) -> None:
         """On the event loop, after a failed group: every partition's reservations back to what
         is written, and each touched file noted to be cut back to that length."""
-        for writes, _, _, _ in failed:
-            for partition, pos, _ in writes:
-                segment = split(pos)[0]
-                done = partition.written[segment] if segment < len(partition.written) else 0
-                path = partition.segment_path(segment)
-                self._cut[path] = min(self._cut.get(path, done), done)
-                partition.sizes = list(partition.written)
+        with self._cut_lock:
+            for writes, _, _, _ in failed:
+                for partition, pos, _ in writes:
+                    segment = split(pos)[0]
+                    done = partition.written[segment] if segment < len(partition.written) else 0
+                    path = partition.segment_path(segment)
+                    self._cut[path] = min(self._cut.get(path, done), done)
+                    partition.sizes = list(partition.written)
 
     def repair(self) -> None:
         """On the writer thread: cut back what failed groups may have left (a no-op when
         nothing failed). Raises ``StorageFault`` (or ``Unavailable``) when it cannot."""
-        if not self._cut:
+        with self._cut_lock:
+            cut = dict(self._cut)
+        if not cut:
             return
         try:
-            self.files.cut(self._cut)
+            self.files.cut(cut)
         except OSError as exc:
             raise _as_unavailable(exc) from exc
-        log.info("cut %d segment file(s) back after a failed write", len(self._cut))
-        self._cut.clear()
+        log.info("cut %d segment file(s) back after a failed write", len(cut))
+        with self._cut_lock:  # keep what a group failing meanwhile noted
+            for path, length in cut.items():
+                if self._cut.get(path) == length:
+                    del self._cut[path]
 
     def probe(self, root: Path) -> None:
         """On the writer thread, the store breaker's trial: ``repair``, then write and fsync a
