@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tarry.errors import StorageFault
+from tarry.errors import Unavailable
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.store.log import LogStore
@@ -157,7 +157,7 @@ def message(number: int) -> Message:
 async def fill(store: LogStore) -> list[str]:
     """Store messages one at a time until the disk refuses one; the ids kept."""
     kept: list[str] = []
-    with pytest.raises(StorageFault, match="disk full"):
+    with pytest.raises(Unavailable, match="disk full"):
         for number in range(1_000):
             kept.append((await store.store([message(number)]))[0].message.id)
     assert kept
@@ -207,7 +207,7 @@ async def test_finding_08_a_store_closed_on_a_full_disk_reopens_sound(small_disk
     store = LogStore(root, fsync="always")
     await store.open()
     kept = await fill(store)
-    with contextlib.suppress(StorageFault):
+    with contextlib.suppress(Unavailable):
         await store.probe()  # cuts the failed append back
     top_up = small_disk / "top-up"  # and what that freed is taken too
     fd = os.open(top_up, os.O_WRONLY | os.O_CREAT)
