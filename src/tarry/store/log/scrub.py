@@ -11,6 +11,7 @@ long as it read, so it takes at most about half a core from a start that has muc
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from tarry.store.log.partition import Partition
@@ -18,9 +19,13 @@ from tarry.store.log.record import Damage, scan
 
 __all__ = ["damage_line", "scrub_partition"]
 
+#: Records checked between two offers of the GIL: the thread would otherwise keep it for the
+#: interpreter's whole switch interval while the event loop waits for it.
+_YIELD_EVERY = 1_000
+
 
 def damage_line(path: Path, offset: int, reason: str) -> str:
-    """One damaged stretch as ``/healthz`` and ``tarry store verify`` name it (the same line
+    """One damaged stretch as ``/healthz`` names it (the same line
     whichever path finds it first: recovery, a read, or the scrub)."""
     return f"{path} at byte {offset}: {reason}"
 
@@ -36,7 +41,9 @@ def scrub_partition(partition: Partition, lengths: list[int]) -> list[str]:
                 data = handle.read(length)
         except FileNotFoundError:
             return found
-        for item in scan(data):
+        for count, item in enumerate(scan(data)):
+            if count % _YIELD_EVERY == 0:
+                time.sleep(0)  # let the event loop's thread have the GIL
             if isinstance(item, Damage):
                 short = item.torn and len(data) < length
                 reason = f"file ends at byte {len(data)} of {length}" if short else item.reason
