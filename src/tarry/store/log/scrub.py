@@ -25,8 +25,8 @@ _YIELD_EVERY = 1_000
 
 
 def damage_line(path: Path, offset: int, reason: str) -> str:
-    """One damaged stretch as ``/healthz`` names it (the same line
-    whichever path finds it first: recovery, a read, or the scrub)."""
+    """One damaged stretch as ``/healthz`` names it: the same line whichever path finds it
+    first (recovery, a read, or the scrub)."""
     return f"{path} at byte {offset}: {reason}"
 
 
