@@ -16,6 +16,8 @@ Hierarchy::
     ├── MessageTooLarge        message_too_large     413
     ├── DestinationFull        destination_full      429
     ├── Unavailable            unavailable           503
+    │   └── StorageFault       (unavailable, 503: the disk refused a write; the store breaker
+    │                          opens at once)
     └── DeliveryFailed         delivery_failed       502 (raised by transports, never to producers)
 
 Each subclass registers itself under its ``code`` so that a code read off the wire (an HTTP
@@ -38,6 +40,7 @@ __all__ = [
     "OptionsError",
     "PreconditionFailed",
     "PutDisabled",
+    "StorageFault",
     "TarryError",
     "Unauthenticated",
     "Unavailable",
@@ -170,6 +173,18 @@ class Unavailable(TarryError):
 
     code = "unavailable"
     http_status = 503
+
+
+class StorageFault(Unavailable):
+    """Raised when the disk refused a write (full, read-only, failing): nothing was stored.
+    Same code as ``Unavailable`` (a client retries either alike); the server opens its store
+    breaker at once instead of after ``time_to_trigger_store_ms``, since waiting will not
+    clear it, and keeps probing until a write succeeds again."""
+
+    def __init__(self, message: str, *, cause: str = "write failed", **details: Any) -> None:
+        super().__init__(message, **details)
+        #: Why, in a few words for ``/healthz`` ("disk full", "I/O error", ...).
+        self.cause = cause
 
 
 class DeliveryFailed(TarryError):

@@ -77,6 +77,38 @@ def test_a_damaged_snapshot_part_is_named_and_everything_is_rebuilt_from_the_log
     assert sorted(m["id"] for m, _ in got) == sorted(sent)
 
 
+def test_finding_09_damage_in_a_far_partition_is_reported_at_once_after_a_clean_restart(
+    make_server,
+) -> None:
+    # Given messages due in one hour and in two (the later partition is read by nobody before
+    # then: the dispatcher indexes only the earliest), and a clean stop
+    server = make_server()
+    sent = send_batch(server.url, 10, delay_ms=3_600_000)
+    sent |= send_batch(server.url, 10, delay_ms=7_200_000)
+    server.stop()
+    assert (server.data_dir / "log" / "CLEAN").exists()  # the restart trusts the snapshot
+    partitions = sorted((server.data_dir / "log").glob("p-*"))
+    assert len(partitions) == 2
+    segment = sorted(partitions[-1].glob("seg-*.log"))[-1]
+    # When a byte inside one of those messages is flipped and the server starts again
+    flip(segment, 300)
+    server.start()
+    # Then /healthz names the damaged file within a couple of seconds, and /metrics counts it
+    deadline = time.monotonic() + 3
+    while True:
+        health = httpx.get(server.url + "/healthz").json()
+        if health["damaged"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert health["status"] == "degraded", health
+    assert [line for line in health["damaged"] if str(segment) in line], health
+    metrics = httpx.get(server.url + "/metrics").text
+    assert "tarry_store_damaged 1.0" in metrics.splitlines()
+    # And the other messages are still kept
+    stats = httpx.get(server.url + "/v1/stats").json()
+    assert stats["messages"]["scheduled"] == len(sent)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("plain", [False, True], ids=["message-ids", "plain"])
 def test_kill_9_five_times_under_load_loses_nothing_and_duplicates_nothing(

@@ -93,3 +93,27 @@ async def test_many_concurrent_writes_all_commit_and_close_waits_for_them(tmp_pa
         )
     finally:
         await again.close()
+
+
+async def test_finding_08_a_checkpointed_wal_gives_back_its_copies_of_the_bodies(
+    tmp_path: Path,
+) -> None:
+    # Given a database that took a 16 MB burst of bodies (every one of them in the WAL)
+    db = Database(tmp_path / "q.db", queues_only=True)
+    await db.open()
+    wal = tmp_path / "q.db-wal"
+    await db.write(lambda conn: conn.execute("CREATE TABLE bodies (b BLOB)"))
+    for _ in range(8):
+        await db.write(
+            lambda conn: conn.executemany("INSERT INTO bodies VALUES (?)", [(bytes(20_000),)] * 100)
+        )
+    assert wal.stat().st_size > 8_000_000
+    # When the checkpointer has copied it into the database and the next write reuses the WAL
+    deadline = time.monotonic() + 10
+    while wal.stat().st_size > 4 * 1024 * 1024 + 100_000:
+        assert time.monotonic() < deadline, wal.stat().st_size
+        await asyncio.sleep(0.6)
+        await db.write(lambda conn: conn.execute("INSERT INTO bodies VALUES (x'00')"))
+    # Then the WAL is cut back, not kept at its largest as a second copy of the burst
+    assert (tmp_path / "q.db").stat().st_size > 16_000_000
+    await db.close()

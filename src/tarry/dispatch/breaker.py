@@ -2,7 +2,9 @@
 ``RepeatedFailuresOverTimeCircuitBreaker``) and for failure handling (its failure-rate breaker).
 
 No timers: the injected clock decides. A breaker armed by a failure and never disarmed by a
-success reads ``triggered`` once ``time_to_trigger_ms`` has passed.
+success reads ``triggered`` once ``time_to_trigger_ms`` has passed; a ``StorageFault`` (the disk
+refused a write: full, failing) triggers it at once, since waiting will not clear that, and it
+closes at the next success (a send, a release, or the engine's probe while it is open).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 from enum import StrEnum
 
 from tarry.config import DispatchConfig
+from tarry.errors import StorageFault, TarryError
 from tarry.model.time import Clock
 
 __all__ = ["BreakerState", "Breakers", "CircuitBreaker", "FailureRateBreaker"]
@@ -48,13 +51,15 @@ class CircuitBreaker:
         self.triggered_wait_ms = triggered_wait_ms
         self.armed_since_ms: int | None = None
         self.last_error: str | None = None
+        #: Triggered at once by a ``StorageFault``, until the next success.
+        self.tripped = False
         self._announced = False
 
     @property
     def state(self) -> BreakerState:
         if self.armed_since_ms is None:
             return BreakerState.CLOSED
-        if self._clock.now_ms() - self.armed_since_ms >= self.time_to_trigger_ms:
+        if self.tripped or self._clock.now_ms() - self.armed_since_ms >= self.time_to_trigger_ms:
             return BreakerState.TRIGGERED
         return BreakerState.ARMED
 
@@ -64,11 +69,19 @@ class CircuitBreaker:
 
     def failure(self, exc: BaseException) -> int:
         """Count a failure; returns how long (ms) the caller should pause before trying again."""
-        self.last_error = str(exc)
+        self.last_error = exc.message if isinstance(exc, TarryError) else str(exc)
         if self.armed_since_ms is None:
             self.armed_since_ms = self._clock.now_ms()
             log.warning("%s breaker armed: %s", self.name, exc)
-        if self.state is BreakerState.TRIGGERED:
+        if isinstance(exc, StorageFault) and not self.tripped:
+            self.tripped = True
+            if not self._announced:
+                self._announced = True
+                log.error("%s breaker triggered at once: %s", self.name, exc)
+                if self._on_trigger is not None:
+                    self._on_trigger(self.name, exc)
+        failing_ms = self._clock.now_ms() - self.armed_since_ms
+        if failing_ms >= self.time_to_trigger_ms:
             if not self._announced:
                 self._announced = True
                 log.error(
@@ -80,6 +93,7 @@ class CircuitBreaker:
                 if self._on_trigger is not None:
                     self._on_trigger(self.name, exc)
             return self.triggered_wait_ms
+        # Tripped by the disk or not: retried at the armed pace, so freed space is noticed.
         return self.armed_wait_ms
 
     def success(self) -> None:
@@ -88,6 +102,7 @@ class CircuitBreaker:
         if self.state is BreakerState.TRIGGERED:
             log.info("%s breaker recovered", self.name)
         self.armed_since_ms = None
+        self.tripped = False
         self._announced = False
 
 
@@ -195,3 +210,7 @@ class Breakers:
 
     def snapshot(self) -> dict[str, str]:
         return {b.name: b.state.value for b in self._all()}
+
+    def reasons(self) -> dict[str, str]:
+        """Why each open breaker is open: its last error (``/healthz``)."""
+        return {b.name: b.last_error or "" for b in self._all() if b.is_open}

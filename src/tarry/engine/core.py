@@ -122,6 +122,7 @@ class Engine:
         self.catalog = Catalog()
         self.transports: dict[str, Transport] = dict(transports or {})
         self.breakers = Breakers.from_config(config.dispatch, self.clock)
+        self._probing: asyncio.Future[bool] | None = None
         self.limits = SendLimits(max_message_bytes=config.server.max_message_bytes)
         #: Every listener in its form for many events (``add_listener``).
         self._listeners: list[EventBatchListener] = []
@@ -644,6 +645,9 @@ class Engine:
         purge_every, since_purge = 60.0, 0.0
         while True:
             await asyncio.sleep(interval)
+            if self.breakers.store.is_open and await self.probe_store():
+                # Idle or not, the breaker closes once the store can write again.
+                self.breakers.store.success()
             try:
                 await self.sweep()
                 since_purge += interval
@@ -675,6 +679,23 @@ class Engine:
             ):
                 await self._drop_queue(name, reason=f"expired after {expires} ms unused")
 
+    async def probe_store(self) -> bool:
+        """The store breaker's half-open trial while it is open: one small durable write
+        (``DelayedStore.probe``) tells whether the fault cleared. Callers arriving while one
+        is under way share it (a burst of refused sends makes one probe, not one each)."""
+        if self._probing is None:
+            self._probing = asyncio.ensure_future(self._probe_once())
+        return await asyncio.shield(self._probing)
+
+    async def _probe_once(self) -> bool:
+        try:
+            await self.store.probe()
+            return True
+        except TarryError:
+            return False
+        finally:
+            self._probing = None
+
     # --- operations -----------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         open_names = self.breakers.open_names()
@@ -686,6 +707,8 @@ class Engine:
             "status": "degraded" if open_names or damaged else "ok",
             "open": open_names,
             "breakers": self.breakers.snapshot(),
+            # Why each open breaker is open ("disk full: the log store cannot write ...").
+            "reasons": self.breakers.reasons(),
             "damaged": damaged,
         }
 

@@ -90,8 +90,11 @@ async def send_many(
     ]
     await _pause(len(items))
     if accepted:
-        if engine.breakers.store.is_open and not await _store_probe(engine):
-            error = Unavailable("the store cannot take writes now; nothing was stored, retry later")
+        if engine.breakers.store.is_open and not await engine.probe_store():
+            why = engine.breakers.store.last_error or "it failed to write"
+            error = Unavailable(
+                f"the store cannot take writes now ({why}); nothing was stored, retry later"
+            )
             for index, _, _ in accepted:
                 results[index] = error
             return [r for r in results if r is not None]
@@ -140,18 +143,6 @@ async def send_many(
             engine.dispatcher.notify_due(earliest)
             cluster.announce_due(engine, earliest, now)
     return [r for r in results if r is not None]
-
-
-async def _store_probe(engine: Engine) -> bool:
-    """While the store breaker is open, one cheap write tells whether the fault cleared."""
-    try:
-        if engine.shared:
-            await engine.qdb.write(lambda conn: conn.execute("SELECT 1").fetchone())
-        else:
-            await engine.store.next_due_time()
-        return True
-    except TarryError:
-        return False
 
 
 def _store_work(

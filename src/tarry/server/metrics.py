@@ -39,6 +39,11 @@ class Metrics:
             ["breaker"],
             registry=self.registry,
         )
+        self.damaged = Gauge(
+            "tarry_store_damaged",
+            "Damaged records and files the store knows of (each named in /healthz)",
+            registry=self.registry,
+        )
 
     def record(
         self, event: str, message: Message, time_ms: int, queue: str | None, reason: str | None
@@ -66,8 +71,10 @@ class Metrics:
         stats: dict[str, Any] = await engine.stats()
         for state, count in stats["messages"].items():
             self.by_state.labels(state).set(count)
-        for name, state in engine.health()["breakers"].items():
+        health = engine.health()
+        for name, state in health["breakers"].items():
             self.breaker_open.labels(name).set(1 if state == "triggered" else 0)
+        self.damaged.set(len(health["damaged"]))
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 

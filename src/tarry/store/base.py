@@ -131,6 +131,11 @@ class DelayedStore(Protocol):
         """Integrity problems found (empty when sound); every store test ends with it."""
         ...
 
+    async def probe(self) -> None:
+        """The store breaker's trial while it is open: a small write no reader sees, to tell
+        whether the fault cleared. Raises ``Unavailable`` (``StorageFault`` for the disk)."""
+        ...
+
     async def close(self) -> None: ...
 
 

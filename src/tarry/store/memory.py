@@ -91,6 +91,9 @@ class MemoryStore:
             heapq.heappush(self._heap, entry)
         return due
 
+    async def probe(self) -> None:
+        self._maybe_fail()
+
     async def next_due_time(self) -> int | None:
         self._maybe_fail()
         times = [

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from tarry.engine.types import MessageQuery
-from tarry.errors import NotCancellable, NotFound, Unavailable
+from tarry.errors import NotCancellable, NotFound, TarryError, Unavailable
 from tarry.model.message import Message
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
@@ -57,6 +57,7 @@ from tarry.store.log.record import (
     encode_messages,
 )
 from tarry.store.log.recovery import Recovered, load_snapshot, replay, snapshot_root, sweep_orphans
+from tarry.store.log.scrub import damage_line, scrub_partition
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.snapshot import capture, write_snapshot
 from tarry.store.log.writer import GroupWriter
@@ -97,6 +98,11 @@ class LogStore:
         self.state = Recovered()
         self.files = SegmentFiles()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-log")
+        self._scrub_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-scrub")
+        self._scrubbing: asyncio.Task[None] | None = None
+        #: Partitions the start-up scrub has checked (``scrub.py``), and whether it is done.
+        self.scrubbed = 0
+        self.scrub_done = False
         self.writer = GroupWriter(
             self.files,
             self._executor,
@@ -125,8 +131,38 @@ class LogStore:
 
     # --- lifecycle --------------------------------------------------------------------------
     async def open(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._recover)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._recover)
         self._opened = True
+        self._scrubbing = loop.create_task(self._scrub(), name="tarry-log-scrub")
+
+    async def _scrub(self) -> None:
+        """Check every partition found at the start, nearest due first (``scrub.py``)."""
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        for number in list(self._numbers):
+            partition = self.partitions.get(number)
+            if partition is None or not partition.written:
+                continue
+            began = time.perf_counter()
+            try:
+                lines = await loop.run_in_executor(
+                    self._scrub_pool, scrub_partition, partition, list(partition.written)
+                )
+            except Exception as exc:  # unreadable (EIO, permissions): that is damage too
+                lines = [f"{partition.dir}: cannot be read ({exc})"]
+            for line in lines:
+                if self.state.report(line):
+                    log.error("damaged record found by the start-up check: %s", line)
+            self.scrubbed += 1
+            await asyncio.sleep(time.perf_counter() - began)
+        self.scrub_done = True
+        log.info(
+            "start-up check: %d partitions read in %.3f s, %d damaged records or files known",
+            self.scrubbed,
+            time.perf_counter() - started,
+            len(self.state.damaged),
+        )
 
     def _recover(self) -> None:
         started = time.perf_counter()
@@ -179,24 +215,36 @@ class LogStore:
         )
 
     async def close(self) -> None:
+        if self._scrubbing is not None:
+            self._scrubbing.cancel()
+            await asyncio.gather(self._scrubbing, return_exceptions=True)
         if self._upkeeping is not None:
             await asyncio.gather(self._upkeeping, return_exceptions=True)
         while not self.writer.idle:
             await asyncio.sleep(0.002)
-        if self._opened and self.writer.broken is None:
-            groups = self.writer.groups
-            manifest = await self.snapshot()
-            if manifest is not None and self.writer.idle and self.writer.groups == groups:
-                # Nothing written since the snapshot's capture, and nothing from now on: a
-                # restart may take its partition sizes without checking the files.
-                self.writer.seal()
-                written = sum(1 for p in self.partitions.values() if p.written)
-                await asyncio.get_running_loop().run_in_executor(
-                    self._executor, clean.mark, self.root, clean.CleanClose(self._seq, written)
-                )
+        loop = asyncio.get_running_loop()
+        try:  # what a failed write left must go before a clean close vouches for the sizes
+            await loop.run_in_executor(self._executor, self.writer.repair)
+        except TarryError as exc:
+            log.error("closing without a clean-close record: %s", exc)
+        if self._opened and not self.writer.cut_pending:
+            try:
+                groups = self.writer.groups
+                manifest = await self.snapshot()
+                if manifest is not None and self.writer.idle and self.writer.groups == groups:
+                    # Nothing written since the snapshot's capture, and nothing from now on: a
+                    # restart may take its partition sizes without checking the files.
+                    self.writer.seal()
+                    written = sum(1 for p in self.partitions.values() if p.written)
+                    await loop.run_in_executor(
+                        self._executor, clean.mark, self.root, clean.CleanClose(self._seq, written)
+                    )
+            except OSError as exc:  # a full disk: the next start checks every file instead
+                log.error("closing without a final snapshot or clean-close record: %s", exc)
         self._opened = False
         self.files.close()
         self._executor.shutdown(wait=True)
+        self._scrub_pool.shutdown(wait=True)
 
     def _partition(self, number: int, *, now_ms: int | None = None) -> Partition:
         """The partition ``number``, made when it is new. A partition made for a new message
@@ -210,6 +258,14 @@ class LogStore:
             self.partitions[number] = partition
             bisect.insort(self._numbers, number)
         return partition
+
+    async def probe(self) -> None:
+        """The store breaker's trial: cut back what failed writes left, and write and fsync a
+        scratch page (``GroupWriter.probe``). Raises ``StorageFault``."""
+        self._check()
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor, self.writer.probe, self.root
+        )
 
     def _check(self) -> None:
         self.writer.check()
@@ -443,9 +499,9 @@ class LogStore:
     def _damaged(self, partition: Partition, pos: int, reason: str) -> None:
         """Never deliver garbage: the damaged message is reported and left out."""
         segment, offset = split(pos)
-        where = f"{partition.segment_path(segment)} at byte {offset}"
-        log.error("cannot read the message in %s (%s); it is skipped", where, reason)
-        self.state.damaged.append(f"{where}: {reason}")
+        line = damage_line(partition.segment_path(segment), offset, reason)
+        if self.state.report(line):
+            log.error("cannot read a message (%s); it is skipped", line)
 
     async def _upkeep(self, now_ms: int) -> None:
         """Cleanup, then a snapshot if anything changed (every ``snapshot_interval_ms``)."""
@@ -554,10 +610,22 @@ class LogStore:
         if items:
             # A release into a local queue is recorded in the queue database first: its
             # marker need not wait for an fsync. Other ends (delivered, dead-lettered) do.
-            await self.writer.append(
-                items, durable=state is not MessageState.READY, on_written=on_written
-            )
+            try:
+                await self.writer.append(
+                    items, durable=state is not MessageState.READY, on_written=on_written
+                )
+            except TarryError:
+                self._put_back(taken)
+                raise
         return len(taken)
+
+    def _put_back(self, taken: Sequence[tuple[str, Held]]) -> None:
+        """Markers that could not be written: their messages wait, due again at once, so the
+        step is retried (a release again is a no-op in the queue database; its marker is
+        written then) instead of staying out of circulation until a restart."""
+        for message_id, held in taken:
+            if self._leaving.pop(message_id, None) is not None:
+                self._wait(message_id, held, held.due)
 
     async def record_failure(self, message_id: str, *, error: str, retry_at_ms: int) -> int:
         self._check()
@@ -621,11 +689,15 @@ class LogStore:
         marker = encode_marker(
             CANCELLED, message_id, found.pos, now_ms, destination=message.destination
         )
-        await self.writer.append(
-            [(found.partition, marker)],
-            durable=True,
-            on_written=lambda _: self._finished(message_id, held),
-        )
+        try:
+            await self.writer.append(
+                [(found.partition, marker)],
+                durable=True,
+                on_written=lambda _: self._finished(message_id, held),
+            )
+        except TarryError:
+            self._put_back([(message_id, held)])
+            raise
         message.state, message.updated_at_ms = MessageState.CANCELLED, now_ms
         return message
 
@@ -654,11 +726,15 @@ class LogStore:
             if target.index is not None:
                 target.index.add([deliver_at_ms], [positions[1]])
 
-        await self.writer.append(
-            [(found.partition, marker), (target, encode_message(moved, 0))],
-            durable=True,
-            on_written=on_written,
-        )
+        try:
+            await self.writer.append(
+                [(found.partition, marker), (target, encode_message(moved, 0))],
+                durable=True,
+                on_written=on_written,
+            )
+        except TarryError:
+            self._put_back([(message_id, held)])
+            raise
         return moved
 
     async def get(self, message_id: str) -> Message | None:
@@ -717,6 +793,8 @@ class LogStore:
             "write_groups": self.writer.groups,
             "damaged": list(self.state.damaged),
             "clean_start": self.clean_start,
+            "scrubbed_partitions": self.scrubbed,
+            "scrub_done": self.scrub_done,
         }
 
     @property

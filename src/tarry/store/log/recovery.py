@@ -55,6 +55,14 @@ class Recovered:
     damaged: list[str] = field(default_factory=list)
     replayed_records: int = 0
 
+    def report(self, line: str) -> bool:
+        """Add a damage line unless it is known already (recovery, a read and the scrub may
+        each come across the same record); True when it is new."""
+        if line in self.damaged:
+            return False
+        self.damaged.append(line)
+        return True
+
 
 def snapshot_root(root: Path) -> Path:
     return root / "snapshots"
@@ -202,7 +210,7 @@ def replay(
                 if index_only and item.torn:
                     continue
                 if item.torn and last and readonly:
-                    out.damaged.append(f"{where}: torn tail ({item.reason}), cut on next start")
+                    out.report(f"{where}: torn tail ({item.reason}), cut on next start")
                     size = start + item.offset
                 elif item.torn and last:
                     log.warning("cutting a torn tail off %s (%s)", where, item.reason)
@@ -210,7 +218,7 @@ def replay(
                     size = start + item.offset
                 else:
                     log.error("damaged record in %s (%s); skipped", where, item.reason)
-                    out.damaged.append(f"{where}: {item.reason}")
+                    out.report(f"{where}: {item.reason}")
                 continue
             out.replayed_records += 1
             pos = position(segment, start + item.offset)

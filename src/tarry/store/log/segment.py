@@ -115,6 +115,25 @@ class SegmentFiles:
             fsync_dir(directory)
         self._new_dirs.clear()
 
+    def cut(self, lengths: dict[Path, int]) -> None:
+        """Truncate each file to its length (what a failed group left past it), durably, and
+        forget its read map (it may span the bytes cut). Missing files have nothing to cut."""
+        for path, length in lengths.items():
+            with self._lock:
+                view = self._read.pop(path, None)
+                if view is not None:
+                    view.close()
+            try:
+                fd = os.open(path, os.O_WRONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                if os.fstat(fd).st_size > length:
+                    os.ftruncate(fd, length)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
     def trim(self) -> None:
         """Close the least recently used write descriptors past ``MAX_OPEN`` (between groups:
         everything written through them has had its group's fsync)."""

@@ -5,20 +5,28 @@ call order, on the event loop) and wait; one writer thread writes each group wit
 in the same step that advances the partitions' ``written`` sizes, so a snapshot taken at any
 moment sees sizes and in-memory state that agree.
 
-A failed write breaks the writer for good (reserved positions no longer match the files):
-every later call raises ``Unavailable`` until tarry restarts and recovers.
+A failed group (a full disk, an I/O error) fails every caller waiting (``StorageFault`` for a
+disk fault, 503 to a producer: nothing was stored) and is cut back: each partition's reserved
+sizes return to what is written, and before the next group writes, the writer thread truncates
+(and fsyncs) every file the failed group touched to that length, so a later group never follows
+a partial record and a failed write never turns up after a restart. The next append simply
+tries again; ``probe`` is the store breaker's trial while no producer is let through.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from tarry.errors import Unavailable
+from tarry.errors import TarryError, Unavailable
+from tarry.store.faults import storage_fault
 from tarry.store.log.partition import Partition, split
 from tarry.store.log.segment import SegmentFiles
 
@@ -30,6 +38,17 @@ log = logging.getLogger(__name__)
 OnWritten = Callable[[list[int]], None]
 _Write = tuple[Partition, int, bytes]
 _Entry = tuple[list[_Write], "asyncio.Future[None]", bool, OnWritten | None]
+#: The probe's write: one page, what any append needs at least.
+_PROBE_BYTES = 4096
+
+
+def _as_unavailable(exc: BaseException) -> TarryError:
+    if isinstance(exc, TarryError):
+        return exc
+    fault = storage_fault(exc, what="the log store")
+    return fault or Unavailable(
+        f"the log store cannot write ({exc}); nothing was stored, retry later"
+    )
 
 
 class GroupWriter:
@@ -47,8 +66,13 @@ class GroupWriter:
         self.fsync = fsync
         self.commit_interval_ms = commit_interval_ms
         self.segment_bytes = segment_bytes
-        self.broken: BaseException | None = None
         self.sealed = False
+        #: Files a failed group may have left bytes in, and the length to cut each back to
+        #: (before the next group writes: ``repair``). Noted on the event loop, cut on the
+        #: writer thread (a probe may be cutting while a group fails): under ``_cut_lock``.
+        self._cut: dict[Path, int] = {}
+        self._cut_lock = threading.Lock()
+        self._failing = False
         self.groups = 0
         self._pending: list[_Entry] = []
         self._flushing = False
@@ -58,11 +82,12 @@ class GroupWriter:
     def idle(self) -> bool:
         return not self._pending and not self._flushing
 
+    @property
+    def cut_pending(self) -> bool:
+        """A failed group's bytes may still be in its files (``repair`` has not succeeded)."""
+        return bool(self._cut)
+
     def check(self) -> None:
-        if self.broken is not None:
-            raise Unavailable(
-                f"the log store failed to write ({self.broken}); restart tarry to recover"
-            )
         if self.sealed:
             raise Unavailable("the log store is closed; retry once tarry has restarted")
 
@@ -104,14 +129,23 @@ class GroupWriter:
                 try:
                     await loop.run_in_executor(self.executor, self._write_group, batch, durable)
                 except BaseException as exc:
-                    log.exception("log store write failed; the store stops taking writes")
-                    self.broken = exc
-                    error = Unavailable(f"the log store cannot write ({exc}); retry later")
-                    for entry in batch + self._pending:
+                    # Everything reserved is in ``batch`` or ``_pending``: fail it all and give
+                    # its reservations back, in this step, before another append reserves.
+                    failed, self._pending = batch + self._pending, []
+                    self._cut_back(failed)
+                    error = _as_unavailable(exc)
+                    if not self._failing:  # once per outage, not once per group
+                        self._failing = True
+                        log.error("log store write failed; retrying with each write: %s", error)
+                    for entry in failed:
                         if not entry[1].done():
                             entry[1].set_exception(error)
-                    self._pending = []
-                    return
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+                if self._failing:
+                    self._failing = False
+                    log.warning("log store writes succeed again")
                 self._last_fsync = time.monotonic()
                 self.groups += 1
                 for writes, future, _, on_written in batch:
@@ -134,7 +168,54 @@ class GroupWriter:
         finally:
             self._flushing = False
 
+    def _cut_back(self, failed: list[_Entry]) -> None:
+        """On the event loop, after a failed group: every partition's reservations back to what
+        is written, and each touched file noted to be cut back to that length."""
+        with self._cut_lock:
+            for writes, _, _, _ in failed:
+                for partition, pos, _ in writes:
+                    segment = split(pos)[0]
+                    done = partition.written[segment] if segment < len(partition.written) else 0
+                    path = partition.segment_path(segment)
+                    self._cut[path] = min(self._cut.get(path, done), done)
+                    partition.sizes = list(partition.written)
+
+    def repair(self) -> None:
+        """On the writer thread: cut back what failed groups may have left (a no-op when
+        nothing failed). Raises ``StorageFault`` (or ``Unavailable``) when it cannot."""
+        with self._cut_lock:
+            cut = dict(self._cut)
+        if not cut:
+            return
+        try:
+            self.files.cut(cut)
+        except OSError as exc:
+            raise _as_unavailable(exc) from exc
+        log.info("cut %d segment file(s) back after a failed write", len(cut))
+        with self._cut_lock:  # keep what a group failing meanwhile noted
+            for path, length in cut.items():
+                if self._cut.get(path) == length:
+                    del self._cut[path]
+
+    def probe(self, root: Path) -> None:
+        """On the writer thread, the store breaker's trial: ``repair``, then write and fsync a
+        page-sized scratch file under ``root`` (a full disk refuses it), and delete it."""
+        self.repair()
+        path = root / ".probe"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, bytes(_PROBE_BYTES))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise _as_unavailable(exc) from exc
+        finally:
+            path.unlink(missing_ok=True)
+
     def _write_group(self, batch: list[Any], durable: bool) -> None:
+        self.repair()
         grouped: dict[tuple[int, int], list[bytes]] = {}
         owners: dict[tuple[int, int], Partition] = {}
         for writes, _, _, _ in batch:

@@ -188,6 +188,9 @@ class PostgresStore:
         self.listener.subscribe(CHANNEL_FILLED, handler)
 
     # --- DelayedStore -------------------------------------------------------------------------
+    async def probe(self) -> None:
+        await self.db.run(lambda conn: conn.execute("SELECT 1").fetchone())
+
     async def store(self, messages: Sequence[Message]) -> list[StoreOutcome]:
         outcomes = await self.db.run(lambda conn: insert_messages(conn, messages))
         created = [o.message.deliver_at_ms for o in outcomes if o.created]

@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tarry.errors import TarryError, Unavailable
+from tarry.errors import StorageFault, TarryError, Unavailable
+from tarry.store.faults import storage_fault
 from tarry.store.sqlite.schema import is_keyed, migrate
 
 __all__ = ["Database"]
@@ -33,6 +34,9 @@ T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], Any]
 #: Batches the database thread commits before it lets other executor work in (``_flush``).
 _BATCHES_IN_A_ROW = 16
+#: The size a checkpointed WAL is cut back to (about what ``wal_autocheckpoint``'s default of
+#: 1,000 pages keeps).
+_WAL_KEEP_BYTES = 4 * 1024 * 1024
 
 
 class Database:
@@ -65,6 +69,8 @@ class Database:
         self._lock = threading.Lock()
         self._level = ""
         self.commits = 0
+        #: The last batch met a disk fault (``_give_back_wal`` before the next one).
+        self._refused = False
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
@@ -94,6 +100,9 @@ class Database:
             conn.execute(f"PRAGMA max_page_count={int(self._max_pages)}")
         # The checkpointer thread keeps the WAL short; this is only the safety net.
         conn.execute("PRAGMA wal_autocheckpoint=20000")
+        # Once checkpointed, a WAL a burst grew is cut back when it is reused: otherwise the
+        # file keeps its largest size, a second copy of every body the burst wrote.
+        conn.execute(f"PRAGMA journal_size_limit={_WAL_KEEP_BYTES}")
         migrate(conn, queues_only=self._queues_only)
         conn.keyed = is_keyed(conn)
         self._conn = conn
@@ -170,12 +179,25 @@ class Database:
                     self._flushing = False
                     return
             try:
+                if self._refused:
+                    self._give_back_wal()
                 results = self._run_batch(batch)
             except BaseException as exc:  # the commit itself failed: nothing was stored
                 error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
                 results = [(False, error)] * len(batch)
+            self._refused = any(isinstance(value, StorageFault) for _, value in results)
             loop.call_soon_threadsafe(_settle, batch, results)
         self._executor.submit(self._flush, loop)
+
+    def _give_back_wal(self) -> None:
+        """After the disk refused a write: checkpoint the whole WAL into the database and
+        truncate it, before the next batch. The WAL holds older copies of the pages a burst
+        rewrote; giving them back is often what lets the next write through, and the periodic
+        checkpoint cannot do it while writes keep appending to the WAL."""
+        try:
+            self._require().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error as exc:
+            log.debug("WAL checkpoint after a refused write failed: %s", exc)
 
     def _run_batch(
         self, batch: list[tuple[Work, asyncio.Future[Any], bool]]
@@ -246,4 +268,7 @@ def _connect(target: str) -> Connection:
 
 
 def _unavailable(exc: BaseException) -> Unavailable:
-    return Unavailable(f"the store cannot take writes now ({exc}); nothing was stored, retry later")
+    fault = storage_fault(exc, what="the SQLite database")
+    return fault or Unavailable(
+        f"the store cannot take writes now ({exc}); nothing was stored, retry later"
+    )

@@ -71,6 +71,9 @@ class SQLiteStore:
         return await self.db.read(work)
 
     # --- DelayedStore -------------------------------------------------------------------------
+    async def probe(self) -> None:
+        await self.db.write(lambda conn: conn.execute("SELECT 1").fetchone())
+
     async def store(self, messages: Sequence[Message]) -> list[StoreOutcome]:
         return await self.db.write(lambda conn: insert_messages(conn, messages), durable=True)
 
