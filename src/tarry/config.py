@@ -262,6 +262,13 @@ class RouteConfig(_Section):
             raise ValueError(exc.message) from None
         return self
 
+    def redacted(self) -> dict[str, Any]:
+        """The route as logs and ``GET /v1/routes`` show it: no credentials, no header values."""
+        data = self.model_dump(mode="json")
+        data["url"] = redact_url(self.url)
+        data["headers"] = {k: "***" for k in self.headers}
+        return data
+
 
 class RabbitMQConfig(_Section):
     """The AMQP ingress: any AMQP client schedules by publishing to ``ingress_queue``."""
@@ -358,9 +365,7 @@ class TarryConfig(BaseSettings):
             for key in ("token", "token_sha256"):
                 if token[key] is not None:
                     token[key] = "***"
-        for route in data["routes"].values():
-            route["url"] = redact_url(route["url"])
-            route["headers"] = {k: "***" for k in route["headers"]}
+        data["routes"] = {name: route.redacted() for name, route in self.routes.items()}
         if data["store"]["dsn"]:
             data["store"]["dsn"] = redact_url(data["store"]["dsn"])
         data["rabbitmq"]["url"] = redact_url(data["rabbitmq"]["url"])

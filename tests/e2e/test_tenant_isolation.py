@@ -49,6 +49,15 @@ read = ["billing.*"]
 token_sha256 = "{hashlib.sha256(HASHED_SECRET.encode()).hexdigest()}"
 name = "hashed"
 send = ["billing.*"]
+
+[routes."billing.hook"]
+transport = "http"
+url = "http://user:pw@127.0.0.1:9/hook"
+headers = {{ x-api-key = "hook-secret" }}
+
+[routes."orders.hook"]
+transport = "http"
+url = "http://127.0.0.1:9/orders"
 """
 
 
@@ -259,6 +268,39 @@ def test_finding_03_queue_details_need_read(clients) -> None:
     assert [p["name"] for p in orders.get("/v1/policies").json()["items"]] == ["orders.p"]
     assert code(billing.get("/v1/stats")) == (403, "not_authorized")
     assert root.get("/v1/stats").status_code == 200
+
+
+def test_finding_03_a_send_only_token_inspects_its_destinations_not_their_messages(
+    clients, make_server
+) -> None:
+    """Who may send to a destination sees what it accepts (a pipeline checks its rows against
+    the queue's arguments and needs the route names), never its messages nor other tenants'."""
+    url = clients["_url"]
+    sender = httpx.Client(base_url=url, headers={"authorization": f"Bearer {HASHED_SECRET}"})
+    with sender:
+        sent = sender.post("/v1/messages", json={"destination": "billing.q", "delay_ms": 60_000})
+        assert sent.status_code == 201, sent.text
+        assert sender.get("/v1/queues/billing.q").status_code == 200
+        assert [q["name"] for q in sender.get("/v1/queues").json()["items"]] == [
+            "billing.dead",
+            "billing.q",
+        ]
+        assert sender.get("/v1/topics/billing.t").status_code == 200
+        assert code(sender.get("/v1/queues/orders.q")) == (403, "not_authorized")
+        assert code(sender.get(f"/v1/messages/{sent.json()['id']}")) == (404, "not_found")
+        assert code(sender.get("/v1/messages", params={"destination": "billing.q"})) == (
+            403,
+            "not_authorized",
+        )
+        routes = sender.get("/v1/routes").json()["items"]
+        assert [r["name"] for r in routes] == ["billing.hook"]
+        assert routes[0]["url"] == "http://***@127.0.0.1:9/hook"
+        assert routes[0]["headers"] == {"x-api-key": "***"}
+        assert code(sender.get("/v1/routes/orders.hook")) == (403, "not_authorized")
+        assert sender.get("/v1/routes/billing.hook").json()["transport"] == "http"
+    root_routes = clients["root"].get("/v1/routes").json()["items"]
+    assert [r["name"] for r in root_routes] == ["billing.hook", "orders.hook"]
+    assert code(clients["root"].get("/v1/routes/nowhere")) == (404, "not_found")
 
 
 # --- finding 11 (tokens) -------------------------------------------------------------------------

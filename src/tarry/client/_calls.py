@@ -221,6 +221,15 @@ def delete_policy(name: str) -> Spec[dict[str, Any]]:
     return Call("DELETE", f"/v1/policies/{name}"), _same
 
 
+def list_routes() -> Spec[builtins.list[dict[str, Any]]]:
+    """The routes (destinations outside tarry) this token may send to or read."""
+    return Call("GET", "/v1/routes"), lambda data: data["items"]
+
+
+def get_route(name: str) -> Spec[dict[str, Any]]:
+    return Call("GET", f"/v1/routes/{name}"), _same
+
+
 def health() -> Spec[dict[str, Any]]:
     return Call("GET", "/healthz"), _same
 

@@ -84,6 +84,8 @@ class Client:
     put_policy = _method(_calls.put_policy)
     list_policies = _method(_calls.list_policies)
     delete_policy = _method(_calls.delete_policy)
+    list_routes = _method(_calls.list_routes)
+    get_route = _method(_calls.get_route)
     health = _method(_calls.health)
     stats = _method(_calls.stats)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tarry.client import Client
-from tarry.errors import InvalidArgument, NotFound
+from tarry.errors import InvalidArgument, NotAuthorized, NotFound
 from tarry.model.validate import DestinationView, TargetView
 from tarry.queues.catalog import Catalog
 
@@ -33,7 +33,7 @@ def views_from_server(client: Client, names: Iterable[str]) -> dict[str, Destina
     """Look up ``names`` on a running server: its queues in one call, then each topic. A name
     that is neither is left out (the rules answer ``unknown_destination``)."""
     queues = {q.name: _target(q.name, q.effective) for q in client.list_queues()}
-    routes = set(client.stats().get("routes") or ())
+    routes = {route["name"] for route in client.list_routes()}
     views: dict[str, DestinationView] = {}
     for name in names:
         if name in routes:
@@ -44,6 +44,12 @@ def views_from_server(client: Client, names: Iterable[str]) -> dict[str, Destina
             try:
                 topic = client.get_topic(name)
             except NotFound:
+                continue
+            except NotAuthorized:
+                # The token may neither send to nor read this name (who may send may inspect),
+                # so the server refuses its rows with not_authorized; a view without local
+                # checks (as a route's) lets them reach it and get that answer.
+                views[name] = DestinationView(name, "route")
                 continue
             subscribed = sorted(topic.get("subscriptions") or ())
             views[name] = DestinationView(

@@ -29,7 +29,7 @@ from tarry.server.errors import install_error_handlers
 from tarry.server.metrics import Metrics
 from tarry.server.refusals import RefusalLog
 from tarry.server.responses import JSON
-from tarry.server.routes import health, messages, policies, queues, topics
+from tarry.server.routes import health, messages, policies, queues, routes, topics
 
 __all__ = ["create_app", "serve", "tune_runtime"]
 
@@ -69,7 +69,7 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
     app.state.refusals = refusals
     app.state.body_limits = BodyLimits.from_config(config.server)
     install_error_handlers(app)
-    for module in (messages, queues, topics, policies, health):
+    for module in (messages, queues, topics, policies, routes, health):
         app.include_router(module.router)
     return app
 

@@ -53,6 +53,12 @@ class Principal:
             fnmatchcase(name, p) for p in (*self.token.read, *self.token.receive, *self.token.admin)
         )
 
+    def may_describe(self, name: str) -> bool:
+        """A destination's declaration and counts (queue and topic details, the route list):
+        who may send there sees what it accepts (a pipeline checks its rows against it);
+        messages and their metadata still need ``read``."""
+        return self.may_read(name) or self.may_send(name)
+
     def may_read_message(self, message: Message) -> bool:
         """A message is readable on its queue and, for a topic's copy, on its topic."""
         return self.may_read(message.destination) or (
@@ -100,6 +106,11 @@ class Principal:
 
     def require_read(self, name: str) -> None:
         self.require(self.may_read(name), "read", name, scope="read (or receive or admin)")
+
+    def require_describe(self, name: str) -> None:
+        self.require(
+            self.may_describe(name), "inspect", name, scope="send or read (or receive or admin)"
+        )
 
     def require_reads_all(self, what: str) -> None:
         if not self.reads_all:

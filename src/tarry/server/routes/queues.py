@@ -31,12 +31,12 @@ async def declare(request: Request, name: str) -> JSON:
 async def list_queues(request: Request) -> JSON:
     principal = caller(request)
     queues = await engine_of(request).list_queues()
-    return JSON({"items": [q.to_public() for q in queues if principal.may_read(q.name)]})
+    return JSON({"items": [q.to_public() for q in queues if principal.may_describe(q.name)]})
 
 
 @router.get("/{name}", summary="A queue's counts and the arguments in force")
 async def show(request: Request, name: str) -> JSON:
-    caller(request).require_read(name)
+    caller(request).require_describe(name)
     return JSON((await engine_of(request).queue_info(name)).to_public())
 
 

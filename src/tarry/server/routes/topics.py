@@ -20,7 +20,7 @@ async def declare(request: Request, name: str) -> JSON:
 
 @router.get("/{name}", summary="A topic and its subscribed queues")
 async def show(request: Request, name: str) -> JSON:
-    caller(request).require_read(name)
+    caller(request).require_describe(name)
     return JSON(await engine_of(request).topic_info(name))
 
 
