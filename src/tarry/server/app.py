@@ -21,6 +21,7 @@ from tarry.server.auth import check_bind_safety
 from tarry.server.diagnostics import install_stack_dump
 from tarry.server.errors import install_error_handlers
 from tarry.server.metrics import Metrics
+from tarry.server.openapi import install_openapi
 from tarry.server.responses import JSON
 from tarry.server.routes import health, messages, policies, queues, topics
 
@@ -58,6 +59,7 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
     app.state.config = config
     app.state.metrics = metrics
     install_error_handlers(app)
+    install_openapi(app)
     for module in (messages, queues, topics, policies, health):
         app.include_router(module.router)
     return app
