@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from tarry.errors import InvalidArgument
-from tarry.model import batch, columns, validate
+from tarry.model import batch, columns, queue_args, validate
 from tarry.model.fields import CHECKED_COLUMNS, COLUMN_FIELDS, FIELDS, NAME_PATTERN
 from tarry.pipeline import sources
 from tarry.pipeline.validation import CHECKED_DDL, CHECKED_SCHEMA, MESSAGE_FIELDS
@@ -58,6 +58,7 @@ def test_finding_12_the_field_table_drives_every_form() -> None:
     assert schema["additionalProperties"] is False
     delay = schema["properties"]["delay_ms"]["anyOf"][0]
     assert (delay["minimum"], delay["maximum"]) == (0, 268_435_455_000)
+    assert schema["properties"]["ttl_ms"]["anyOf"][0]["maximum"] == queue_args.MAX_TTL_MS
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,10 @@ __all__ = [
 #: Python's ``re`` read alike.
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._:@\-]{0,199}$"
 NAME_MAX_CHARS = 200
+#: RabbitMQ's limit for a TTL: 10 years (``queue_args.MAX_TTL_MS``; a test holds them equal).
+TTL_MAX_MS = 315_360_000_000
+#: The last millisecond RFC 3339 can write (9999-12-31T23:59:59.999Z).
+INSTANT_MAX_MS = 253_402_300_799_999
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,7 @@ FIELDS: tuple[SendField, ...] = (
         checked=("deliver_at_ms", "int64"),
         column="int64",
         minimum=0,
+        maximum=INSTANT_MAX_MS,
     ),
     SendField(
         "ttl_ms",
@@ -122,6 +127,7 @@ FIELDS: tuple[SendField, ...] = (
         checked=("expires_at_ms", "int64"),
         column="int64",
         minimum=0,
+        maximum=TTL_MAX_MS,
     ),
     _id("message_id", "idempotency key per destination", "message_id"),
     _id("correlation_id", "the producer's correlation id", "correlation_id"),

@@ -29,6 +29,10 @@ __all__ = [
 ]
 
 
+#: The largest whole number every store keeps (SQLite INTEGER, PostgreSQL bigint).
+_INT64 = (1 << 63) - 1
+
+
 def _name() -> Any:
     """An optional queue name, as ``check_name`` accepts it."""
     return Field(None, min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)
@@ -109,9 +113,9 @@ class QueueArguments(BaseModel):
     message_ttl_ms: int | None = Field(None, ge=0, le=MAX_TTL_MS)
     expires_ms: int | None = Field(None, gt=0, le=MAX_TTL_MS)
     dead_letter_to: str | None = _name()
-    max_length: int | None = Field(None, ge=0)
+    max_length: int | None = Field(None, ge=0, le=_INT64)
     overflow: Literal["drop_head", "reject_publish"] | None = None
-    max_message_bytes: int | None = Field(None, gt=0)
+    max_message_bytes: int | None = Field(None, gt=0, le=_INT64)
     put_enabled: bool | None = None
 
 
@@ -135,7 +139,7 @@ class PolicyDefinition(BaseModel):
     message_ttl_ms: int | None = Field(None, ge=0, le=MAX_TTL_MS)
     expires_ms: int | None = Field(None, gt=0, le=MAX_TTL_MS)
     dead_letter_to: str | None = _name()
-    max_length: int | None = Field(None, ge=0)
+    max_length: int | None = Field(None, ge=0, le=_INT64)
     overflow: Literal["drop_head", "reject_publish"] | None = None
 
 
@@ -143,7 +147,7 @@ class PolicyBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     pattern: str = Field(description="a regular expression over queue names")
     apply_to: Literal["queues"] = "queues"
-    priority: int = 0
+    priority: int | None = Field(0, ge=-_INT64, le=_INT64)
     operator: bool = False
     definition: PolicyDefinition | None = None
 
