@@ -59,6 +59,21 @@ def test_finding_12_the_field_table_drives_every_form() -> None:
     delay = schema["properties"]["delay_ms"]["anyOf"][0]
     assert (delay["minimum"], delay["maximum"]) == (0, 268_435_455_000)
     assert schema["properties"]["ttl_ms"]["anyOf"][0]["maximum"] == queue_args.MAX_TTL_MS
+    # And the pairs parse_send refuses: one of delay_ms/deliver_at and of body/body_base64,
+    # report only with reply_to
+    pairs = {(rule["if"]["required"][0], *rule["then"]["properties"]) for rule in schema["allOf"]}
+    assert pairs == {("delay_ms", "deliver_at"), ("body", "body_base64"), ("report", "reply_to")}
+    for given, other in [("delay_ms", "deliver_at"), ("body", "body_base64")]:
+        with pytest.raises(InvalidArgument, match="not both"):
+            validate.parse_send(
+                {
+                    "destination": "q",
+                    given: 1 if given == "delay_ms" else "a",
+                    other: 2 if other == "deliver_at" else "YQ==",
+                }
+            )
+    with pytest.raises(InvalidArgument, match="report needs reply_to"):
+        validate.parse_send({"destination": "q", "report": ["expiration"]})
 
 
 @pytest.mark.parametrize(

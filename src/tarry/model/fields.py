@@ -65,6 +65,12 @@ class SendField:
     pattern: str | None = None
     #: The allowed text values (for a list, of its items).
     enum: tuple[str, ...] = ()
+    #: A field that may not be given with this one (``delay_ms`` or ``deliver_at``).
+    excludes: str | None = None
+    #: A field this one needs (``report`` goes to ``reply_to``).
+    needs: str | None = None
+    #: A JSON Schema format of its text (``byte``: base64).
+    format: str | None = None
 
 
 def _id(name: str, description: str, checked: str | None = None) -> SendField:
@@ -92,12 +98,20 @@ FIELDS: tuple[SendField, ...] = (
         max_length=NAME_MAX_CHARS,
         pattern=NAME_PATTERN,
     ),
-    SendField("body", ("string",), "UTF-8 text", checked=("body", "binary"), column="string"),
+    SendField(
+        "body",
+        ("string",),
+        "UTF-8 text",
+        checked=("body", "binary"),
+        column="string",
+        excludes="body_base64",
+    ),
     SendField(
         "body_base64",
         ("string",),
         "a binary body, base64 (not with body)",
         checked=("body", "binary"),
+        format="byte",
     ),
     SendField(
         "headers", ("object",), "string keys to string values", checked=("headers", "string")
@@ -110,6 +124,7 @@ FIELDS: tuple[SendField, ...] = (
         column="int64",
         minimum=0,
         maximum=MAX_DELAY_MS,
+        excludes="deliver_at",
     ),
     SendField(
         "deliver_at",
@@ -146,6 +161,7 @@ FIELDS: tuple[SendField, ...] = (
         "reports sent to reply_to",
         checked=("report", "string"),
         enum=("expiration", "exception"),
+        needs="reply_to",
     ),
     SendField(
         "on_undeliverable",

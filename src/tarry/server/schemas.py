@@ -73,6 +73,8 @@ def _field_schema(f: SendField) -> dict[str, Any]:
                 schema["pattern"] = f.pattern
             if f.enum:
                 schema["enum"] = list(f.enum)
+            if f.format is not None:
+                schema["format"] = f.format
         elif kind == "integer":
             if f.minimum is not None:
                 schema["minimum"] = f.minimum
@@ -89,6 +91,24 @@ def _field_schema(f: SendField) -> dict[str, Any]:
     return {**shape, "description": f.description}
 
 
+def _given(name: str) -> dict[str, Any]:
+    """``name`` is given: present, and neither null nor an empty list (both mean "none")."""
+    empty = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
+    return {"required": [name], "properties": {name: {"not": empty}}}
+
+
+def _pairs() -> list[dict[str, Any]]:
+    """The table's exclusions and needs, as conditions on a send."""
+    pairs: list[dict[str, Any]] = []
+    for f in FIELDS:
+        if f.excludes is not None:
+            other = f.excludes
+            pairs.append({"if": _given(f.name), "then": {"properties": {other: {"type": "null"}}}})
+        if f.needs is not None:
+            pairs.append({"if": _given(f.name), "then": _given(f.needs)})
+    return pairs
+
+
 def send_schema() -> dict[str, Any]:
     """The JSON Schema of one send, from the field table: what ``parse_send`` reads."""
     return {
@@ -97,6 +117,7 @@ def send_schema() -> dict[str, Any]:
         "properties": {f.name: _field_schema(f) for f in FIELDS},
         "required": [f.name for f in FIELDS if f.required],
         "additionalProperties": False,
+        "allOf": _pairs(),
     }
 
 
