@@ -578,6 +578,7 @@ class Engine:
         return await self.topic_info(topic)
 
     async def unsubscribe(self, topic: str, queue: str) -> None:
+        check_name(queue, field="queue name")
         if topic not in self.catalog.topics:
             raise NotFound(f"no topic named {topic!r}")
         await self.qdb.write(

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from tarry.errors import TarryError
 from tarry.model.columns import ParsedColumns, parse_columns, validate_columns
+from tarry.model.fields import COLUMN_FIELDS
 from tarry.model.message import SendPlan, SendRequest
 from tarry.model.rules import Rule, destination_rules
 from tarry.model.validate import DestinationView, SendLimits, parse_send, validate_send
@@ -106,16 +107,7 @@ def validate_batch(
 #: (a few dozen Arrow calls a batch) is more than the per-send work it saves.
 COLUMN_MIN = 256
 #: The fields the columns decide; a send with any other field is checked one at a time.
-_COLUMN_FIELDS = (
-    "destination",
-    "body",
-    "delay_ms",
-    "deliver_at",
-    "ttl_ms",
-    "message_id",
-    "correlation_id",
-    "group_id",
-)
+_COLUMN_FIELDS = tuple(COLUMN_FIELDS)
 _COLUMN_SET = frozenset(_COLUMN_FIELDS)
 _NO_FIELDS: dict[str, Any] = {}
 

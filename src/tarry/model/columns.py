@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tarry.errors import TarryError
+from tarry.model.fields import CHECKED_COLUMNS, COLUMN_FIELDS
 from tarry.model.message import SendPlan, reports_text
 from tarry.model.rules import (
     BOTH_TIMES,
@@ -55,9 +56,8 @@ __all__ = [
     "validate_columns",
 ]
 
-#: Fields the columns decide, and which Arrow types they do it for.
-_TEXT = ("destination", "message_id", "correlation_id", "group_id", "body")
-_INTS = ("delay_ms", "ttl_ms", "deliver_at")
+#: Fields the columns decide, and which Arrow type each is read as.
+_COLUMN_TYPES = {name: pa.type_for_alias(kind) for name, kind in COLUMN_FIELDS.items()}
 _DEFAULT_LIMITS = SendLimits()
 
 Decode = Callable[[dict[str, Any]], dict[str, Any]]
@@ -92,9 +92,10 @@ class CheckedColumns:
 def _fast_type(name: str, kind: pa.DataType) -> bool:
     if pa.types.is_null(kind):
         return True
-    if name in _TEXT:
+    read_as = _COLUMN_TYPES.get(name)
+    if read_as == pa.string():
         return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
-    if name in _INTS:  # (uint64 may not fit the int64 the rules compute in)
+    if read_as == pa.int64():  # (uint64 may not fit the int64 the rules compute in)
         return bool(pa.types.is_integer(kind)) and kind != pa.uint64()
     return False
 
@@ -338,19 +339,8 @@ def check_columns(
     return CheckedColumns(code=code, message=message, by_row=by_row, **out.arrays())
 
 
-_OUT_TYPES = {
-    "destination": pa.string(),
-    "deliver_at_ms": pa.int64(),
-    "expires_at_ms": pa.int64(),
-    "body": pa.binary(),
-    "headers": pa.string(),
-    "message_id": pa.string(),
-    "correlation_id": pa.string(),
-    "reply_to": pa.string(),
-    "report": pa.string(),
-    "discard": pa.bool_(),
-    "persistent": pa.bool_(),
-}
+#: The checked form's columns (``tarry.model.fields``).
+_OUT_TYPES = {name: pa.type_for_alias(kind) for name, kind in CHECKED_COLUMNS.items()}
 
 
 class _Out:

@@ -234,7 +234,10 @@ def parse_policy(name: str, data: Mapping[str, Any]) -> Policy:
     operator = data.get("operator", False)
     if not isinstance(operator, bool):
         raise InvalidArgument(f"operator must be true or false, got {operator!r}")
-    definition = _parse_args(data.get("definition") or {}, _POLICY_KEYS, "policy definition")
+    definition = data.get("definition")
+    definition = _parse_args(
+        {} if definition is None else definition, _POLICY_KEYS, "policy definition"
+    )
     return Policy(
         name=name,
         pattern=pattern,

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tarry.errors import ExpiryError, InvalidArgument
+from tarry.model.fields import field_names
 from tarry.model.message import (
     MAX_DELAY_MS,
     NO_REPORT,
@@ -72,25 +73,8 @@ _GOOD_NAMES: set[str] = set()
 _MAX_HEADERS = 256
 _MAX_HEADER_CHARS = 4096
 
-SEND_FIELDS = frozenset(
-    {
-        "destination",
-        "body",
-        "body_base64",
-        "headers",
-        "delay_ms",
-        "deliver_at",
-        "ttl_ms",
-        "message_id",
-        "correlation_id",
-        "reply_to",
-        "report",
-        "on_undeliverable",
-        "group_id",
-        "retain",
-        "persistent",
-    }
-)
+#: Every field a send may carry (the table in ``tarry.model.fields``).
+SEND_FIELDS = field_names()
 
 
 @dataclass(frozen=True, slots=True)

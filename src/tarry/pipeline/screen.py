@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from tarry.pipeline.catalog import views_from_json
+from tarry.pipeline.ddl import spark_ddl
 from tarry.pipeline.dedupe import Repeats, duplicate_rejects
 from tarry.pipeline.sources import ROW
 from tarry.pipeline.validation import ImportRules, check_batch
@@ -39,11 +40,6 @@ REJECT, DUPLICATE_ROW, VERDICTS = "reject", "duplicate", "verdicts"
 REJECT_FIELDS = (ROW, "code", "message", "destination", "message_id", "record")
 
 Rejects = tuple[str, dict[str, Any], int]
-
-
-def spark_ddl(schema: pa.Schema) -> str:
-    """The Spark DDL of a sink's output schema (its fields are text or 64-bit integers)."""
-    return ", ".join(f"{f.name} {'string' if f.type == pa.string() else 'long'}" for f in schema)
 
 
 def kind_rows(schema: pa.Schema, kind: str, columns: dict[str, Any], n: int) -> pa.RecordBatch:

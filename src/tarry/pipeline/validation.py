@@ -21,8 +21,10 @@ import pyarrow.compute as pc
 from tarry.errors import TarryError
 from tarry.model.columns import CheckedColumns, check_columns
 from tarry.model.fanout import targets_of
+from tarry.model.fields import CHECKED_COLUMNS
 from tarry.model.validate import DestinationView, SendLimits
 from tarry.pipeline.catalog import views_from_json
+from tarry.pipeline.ddl import spark_ddl
 from tarry.pipeline.records import decode_row, derived_message_id, record_json
 from tarry.pipeline.sources import ROW
 from tarry.store.log.record_columns import needs_json_escape
@@ -38,6 +40,13 @@ __all__ = [
 ]
 
 
+#: The normalised message fields, passed through from the model's verdicts: the checked form's
+#: columns (``tarry.model.fields``) but those ``check_batch`` fills in itself.
+MESSAGE_FIELDS = tuple(
+    name
+    for name in CHECKED_COLUMNS
+    if name not in ("destination", "message_id", "deliver_at_ms", "expires_at_ms")
+)
 CHECKED_SCHEMA = pa.schema(
     [
         (ROW, pa.int64()),
@@ -50,38 +59,15 @@ CHECKED_SCHEMA = pa.schema(
         ("partition_ms", pa.int64()),
         ("targets", pa.list_(pa.string())),
         ("record", pa.string()),
-        ("body", pa.binary()),
-        ("headers", pa.string()),
-        ("correlation_id", pa.string()),
-        ("reply_to", pa.string()),
-        ("report", pa.string()),
-        ("discard", pa.bool_()),
-        ("persistent", pa.bool_()),
+        *((name, pa.type_for_alias(CHECKED_COLUMNS[name])) for name in MESSAGE_FIELDS),
     ]
 )
-CHECKED_DDL = (
-    f"{ROW} long, destination string, message_id string, code string, message string, "
-    "deliver_at_ms long, expires_at_ms long, partition_ms long, targets array<string>, "
-    "record string, body binary, headers string, correlation_id string, reply_to string, "
-    "report string, discard boolean, persistent boolean"
-)
+CHECKED_DDL = spark_ddl(CHECKED_SCHEMA)
 #: ``verdicts``' narrow rows: the rules' answer without the message itself (``record``, the
 #: input row as JSON, only for rejected rows).
 VERDICT_COLUMNS = (ROW, "destination", "message_id", "code", "message", "record")
 VERDICT_SCHEMA = pa.schema([CHECKED_SCHEMA.field(name) for name in VERDICT_COLUMNS])
-VERDICT_DDL = (
-    f"{ROW} long, destination string, message_id string, code string, message string, record string"
-)
-#: The normalised message fields, passed through from the model's verdicts.
-MESSAGE_FIELDS = (
-    "body",
-    "headers",
-    "correlation_id",
-    "reply_to",
-    "report",
-    "discard",
-    "persistent",
-)
+VERDICT_DDL = spark_ddl(VERDICT_SCHEMA)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from tarry.server.deps import BodyLimits
 from tarry.server.diagnostics import install_stack_dump
 from tarry.server.errors import install_error_handlers
 from tarry.server.metrics import Metrics
+from tarry.server.openapi import install_openapi
 from tarry.server.refusals import RefusalLog
 from tarry.server.responses import JSON
 from tarry.server.routes import health, messages, policies, queues, routes, topics
@@ -69,6 +70,7 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
     app.state.refusals = refusals
     app.state.body_limits = BodyLimits.from_config(config.server)
     install_error_handlers(app)
+    install_openapi(app)
     for module in (messages, queues, topics, policies, routes, health):
         app.include_router(module.router)
     return app

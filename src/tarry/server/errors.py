@@ -5,6 +5,8 @@ bugs) are translated here, once."""
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,8 +20,24 @@ __all__ = ["error_response", "install_error_handlers"]
 log = logging.getLogger(__name__)
 
 
-def error_response(status: int, code: str, message: str) -> JSON:
-    return JSON({"error": {"code": code, "message": message}}, status_code=status)
+def error_response(
+    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+) -> JSON:
+    return JSON({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method the OpenAPI document lists for this path (Starlette's 405 names only the
+    first route's, where a path has one route per method)."""
+    paths = request.app.openapi()["paths"]
+    path = request.url.path
+    if path in paths:  # a literal path is served by its own routes alone
+        return sorted(m.upper() for m in paths[path])
+    methods: set[str] = set()
+    for template, operations in paths.items():
+        if re.fullmatch(re.sub(r"\\{[^}]+\\}", "[^/]+", re.escape(template)), path):
+            methods.update(m.upper() for m in operations)
+    return sorted(methods)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -45,7 +63,10 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(404, "not_found", f"no such path: {request.url.path}")
         if exc.status_code == 405:
             return error_response(
-                405, "invalid_argument", f"{request.method} is not allowed on {request.url.path}"
+                405,
+                "invalid_argument",
+                f"{request.method} is not allowed on {request.url.path}",
+                {"Allow": ", ".join(_allowed_methods(request))},
             )
         return error_response(exc.status_code, "invalid_argument", str(exc.detail))
 

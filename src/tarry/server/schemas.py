@@ -1,63 +1,146 @@
 """Request and response shapes of api.md, for the OpenAPI document. The routes pass bodies to
-the engine as they are, so the rules stay in ``tarry.model`` and are not written twice here."""
+the engine as they are, so the rules stay in ``tarry.model`` and are not written twice here:
+a send's schema is built from the field table (``tarry.model.fields``), and the bounds the
+other request models state are the ones the engine enforces.
+
+Every model a route names is published in ``components/schemas`` (``tarry.server.openapi``),
+so the ``$ref``s of the document resolve."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["body"]
+from tarry.engine.consuming import MAX_VISIBILITY_MS
+from tarry.errors import error_class_for, registered_codes
+from tarry.model.fields import FIELDS, NAME_MAX_CHARS, NAME_PATTERN, SendField
+from tarry.model.message import MAX_DELAY_MS, MAX_INT64
+from tarry.model.queue_args import MAX_TTL_MS
+from tarry.model.state import MessageState
 
-
-class SendMessage(BaseModel):
-    destination: str = Field(description="a declared queue, topic or route")
-    body: str | None = Field(None, description="UTF-8 text")
-    body_base64: str | None = Field(None, description="binary body, base64")
-    headers: dict[str, str] | None = None
-    delay_ms: int | None = Field(None, ge=0, description="at most 268,435,455,000 (2^28 - 1 s)")
-    deliver_at: int | str | None = Field(None, description="epoch ms or RFC 3339; past = now")
-    ttl_ms: int | None = Field(None, ge=0, description="counts from the send; >= delay_ms")
-    message_id: str | None = Field(None, description="idempotency key per destination")
-    correlation_id: str | None = None
-    reply_to: str | None = Field(None, description="queue receiving the reports")
-    report: list[Literal["expiration", "exception"]] | None = None
-    on_undeliverable: Literal["dead_letter", "discard"] | None = None
-    group_id: str | None = Field(None, description="refused together with a delay")
-    retain: bool | None = Field(None, description="refused together with a delay")
-    persistent: bool | None = None
+__all__ = [
+    "REQUEST_MODELS",
+    "answers",
+    "batch_schema",
+    "body",
+    "error_statuses",
+    "send_schema",
+]
 
 
-class SendBatch(BaseModel):
-    messages: list[SendMessage]
+def _name() -> Any:
+    """An optional queue name, as ``check_name`` accepts it."""
+    return Field(None, min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)
 
 
-class Scheduled(BaseModel):
-    id: str
-    state: str
-    deliver_at: int
-    expires_at: int | None
+# --- errors -------------------------------------------------------------------------------------
+def _codes() -> tuple[str, ...]:
+    # delivery_failed is a transport's, never sent to a client.
+    return tuple(sorted(c for c in registered_codes() if c != "delivery_failed"))
+
+
+class ErrorDetail(BaseModel):
+    """What went wrong: a stable code and a sentence saying what to fix (plus details a client
+    can act on, such as ``max_batch``)."""
+
+    model_config = ConfigDict(extra="allow")
+    code: str = Field(json_schema_extra={"enum": list(_codes())})
+    message: str
+
+
+class Error(BaseModel):
+    """Every error response: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+# --- requests -----------------------------------------------------------------------------------
+def _field_schema(f: SendField) -> dict[str, Any]:
+    one: list[dict[str, Any]] = []
+    for kind in f.json_types:
+        schema: dict[str, Any] = {"type": kind}
+        if kind == "string":
+            if f.min_length is not None:
+                schema["minLength"] = f.min_length
+            if f.max_length is not None:
+                schema["maxLength"] = f.max_length
+            if f.pattern is not None:
+                schema["pattern"] = f.pattern
+            if f.enum:
+                schema["enum"] = list(f.enum)
+            if f.format is not None:
+                schema["format"] = f.format
+        elif kind == "integer":
+            if f.minimum is not None:
+                schema["minimum"] = f.minimum
+            if f.maximum is not None:
+                schema["maximum"] = f.maximum
+        elif kind == "array":
+            schema["items"] = {"type": "string", "enum": list(f.enum)}
+        elif kind == "object":
+            schema["additionalProperties"] = {"type": "string"}
+        one.append(schema)
+    if not f.required:
+        one.append({"type": "null"})
+    shape = one[0] if len(one) == 1 else {"anyOf": one}
+    return {**shape, "description": f.description}
+
+
+def _given(name: str) -> dict[str, Any]:
+    """``name`` is given: present, and neither null nor an empty list (both mean "none")."""
+    empty = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
+    return {"required": [name], "properties": {name: {"not": empty}}}
+
+
+def _pairs() -> list[dict[str, Any]]:
+    """The table's exclusions and needs, as conditions on a send."""
+    pairs: list[dict[str, Any]] = []
+    for f in FIELDS:
+        if f.excludes is not None:
+            other = f.excludes
+            pairs.append({"if": _given(f.name), "then": {"properties": {other: {"type": "null"}}}})
+        if f.needs is not None:
+            pairs.append({"if": _given(f.name), "then": _given(f.needs)})
+    return pairs
+
+
+def send_schema() -> dict[str, Any]:
+    """The JSON Schema of one send, from the field table: what ``parse_send`` reads."""
+    return {
+        "title": "SendMessage",
+        "type": "object",
+        "properties": {f.name: _field_schema(f) for f in FIELDS},
+        "required": [f.name for f in FIELDS if f.required],
+        "additionalProperties": False,
+        "allOf": _pairs(),
+    }
 
 
 class Reschedule(BaseModel):
-    delay_ms: int | None = None
-    deliver_at: int | str | None = None
+    """Exactly one of ``delay_ms`` (from now) or ``deliver_at``."""
+
+    model_config = ConfigDict(extra="forbid")
+    delay_ms: int | None = Field(None, ge=0, le=MAX_DELAY_MS)
+    deliver_at: int | str | None = Field(None, description="epoch ms or RFC 3339")
 
 
 class QueueArguments(BaseModel):
-    message_ttl_ms: int | None = Field(None, ge=0)
-    expires_ms: int | None = Field(None, gt=0)
-    dead_letter_to: str | None = None
-    max_length: int | None = Field(None, ge=0)
+    model_config = ConfigDict(extra="forbid")
+    message_ttl_ms: int | None = Field(None, ge=0, le=MAX_TTL_MS)
+    expires_ms: int | None = Field(None, gt=0, le=MAX_TTL_MS)
+    dead_letter_to: str | None = _name()
+    max_length: int | None = Field(None, ge=0, le=MAX_INT64)
     overflow: Literal["drop_head", "reject_publish"] | None = None
-    max_message_bytes: int | None = Field(None, gt=0)
+    max_message_bytes: int | None = Field(None, gt=0, le=MAX_INT64)
     put_enabled: bool | None = None
 
 
 class Receive(BaseModel):
-    max: int = Field(1, ge=1, le=1000)
-    wait_ms: int = Field(0, ge=0, le=20000)
-    visibility_ms: int | None = Field(None, ge=1)
+    model_config = ConfigDict(extra="forbid")
+    max: int | None = Field(1, ge=1, le=1000)
+    wait_ms: int | None = Field(0, ge=0, le=20000)
+    visibility_ms: int | None = Field(None, ge=1, le=MAX_VISIBILITY_MS)
 
 
 class Ack(BaseModel):
@@ -69,26 +152,286 @@ class Nack(Ack):
 
 
 class PolicyDefinition(BaseModel):
-    message_ttl_ms: int | None = None
-    expires_ms: int | None = None
-    dead_letter_to: str | None = None
-    max_length: int | None = None
+    model_config = ConfigDict(extra="forbid")
+    message_ttl_ms: int | None = Field(None, ge=0, le=MAX_TTL_MS)
+    expires_ms: int | None = Field(None, gt=0, le=MAX_TTL_MS)
+    dead_letter_to: str | None = _name()
+    max_length: int | None = Field(None, ge=0, le=MAX_INT64)
     overflow: Literal["drop_head", "reject_publish"] | None = None
 
 
 class PolicyBody(BaseModel):
-    pattern: str
+    model_config = ConfigDict(extra="forbid")
+    pattern: str = Field(description="a regular expression over queue names")
     apply_to: Literal["queues"] = "queues"
-    priority: int = 0
+    priority: int | None = Field(0, ge=-MAX_INT64, le=MAX_INT64)
     operator: bool = False
+    definition: PolicyDefinition | None = None
+
+
+# --- responses ----------------------------------------------------------------------------------
+class Copy(BaseModel):
+    id: str
+    queue: str
+
+
+class Scheduled(BaseModel):
+    id: str
+    state: MessageState | Literal["no_subscribers"] = Field(
+        description="no_subscribers: a topic without subscribers, nothing was stored"
+    )
+    deliver_at: int
+    expires_at: int | None
+    duplicate: bool = Field(False, description="a repeated message_id: nothing was stored")
+    copies: list[Copy] = Field([], description="a topic's copies, one per subscribed queue")
+
+
+class Refused(BaseModel):
+    error: ErrorDetail
+
+
+class BatchResults(BaseModel):
+    results: list[Scheduled | Refused] = Field(description="one per message, in order")
+
+
+class Death(BaseModel):
+    reason: Literal["expired", "rejected", "maxlen", "delivery_failed"]
+    queue: str
+    time: int
+    count: int
+    destination: str
+
+
+class MessageInfo(BaseModel):
+    id: str
+    destination: str
+    topic: str | None
+    state: MessageState
+    deliver_at: int
+    expires_at: int | None
+    sent_at: int
+    message_id: str | None
+    correlation_id: str | None
+    reply_to: str | None
+    report: list[Literal["expiration", "exception"]]
+    on_undeliverable: Literal["dead_letter", "discard"]
+    headers: dict[str, str]
+    size: int | None = Field(description="the body's bytes; null once the message is finished")
+    failures: int
+    last_error: str | None
+    deaths: list[Death]
+    queue: str | None
+    redelivered: bool
+
+
+class MessagePage(BaseModel):
+    items: list[MessageInfo]
+    next_cursor: str | None
+
+
+class Cancelled(BaseModel):
+    id: str
+    state: MessageState
+
+
+class QueueArgumentsSet(BaseModel):
+    message_ttl_ms: int | None
+    expires_ms: int | None
+    dead_letter_to: str | None
+    max_length: int | None
+    overflow: Literal["drop_head", "reject_publish"] | None
+    max_message_bytes: int | None
+    put_enabled: bool
+
+
+class QueueArgumentsInForce(QueueArgumentsSet):
+    overflow: Literal["drop_head", "reject_publish"]
+    policy: str | None
+    operator_policy: str | None
+
+
+class QueueInfo(BaseModel):
+    name: str
+    ready: int
+    in_flight: int
+    scheduled: int
+    consumers_waiting: int
+    arguments: QueueArgumentsSet
+    effective: QueueArgumentsInForce
+    created_at: int
+    last_used: int
+
+
+class QueueList(BaseModel):
+    items: list[QueueInfo]
+
+
+class Deleted(BaseModel):
+    name: str
+    deleted: bool
+
+
+class Delivered(BaseModel):
+    id: str
+    receipt: str
+    body: str | None = Field(description="UTF-8 text; null when the body is not (see body_base64)")
+    body_base64: str | None = None
+    headers: dict[str, str]
+    deliver_at: int
+    expires_at: int | None
+    sent_at: int
+    message_id: str | None
+    correlation_id: str | None
+    redelivered: bool
+    delivery_count: int
+    deaths: list[Death]
+
+
+class Received(BaseModel):
+    messages: list[Delivered]
+
+
+class Acked(BaseModel):
+    acked: int
+    unknown: list[str] = Field(description="receipts that matched no message in flight")
+
+
+class Nacked(BaseModel):
+    nacked: int
+    unknown: list[str] = Field(description="receipts that matched no message in flight")
+
+
+class TopicInfo(BaseModel):
+    name: str
+    subscriptions: list[str]
+    created_at: int | None
+
+
+class PolicyInfo(BaseModel):
+    name: str
+    pattern: str
+    apply_to: Literal["queues"]
+    priority: int
+    operator: bool
     definition: PolicyDefinition
 
 
-def body(model: type[BaseModel]) -> dict[str, Any]:
-    """An ``openapi_extra`` that documents ``model`` as the JSON request body."""
+class PolicyList(BaseModel):
+    items: list[PolicyInfo]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    open: list[str] = Field(description="the open circuit breakers")
+    breakers: dict[str, str]
+    reasons: dict[str, str] = Field(
+        default_factory=dict, description="why each open breaker opened (e.g. disk full)"
+    )
+    damaged: list[str] = Field(description="files a store found damaged")
+
+
+class RouteInfo(BaseModel):
+    """A route as ``tarry.toml`` declares it; credentials in its URL and header values are
+    shown as ``***``. Transport-specific settings (``mode``, ``prefix``, ...) come too."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    transport: Literal["http", "rabbitmq"]
+    url: str
+    timeout_ms: int
+    headers: dict[str, str]
+
+
+class RouteList(BaseModel):
+    items: list[RouteInfo]
+
+
+class Stats(BaseModel):
+    messages: dict[str, int]
+    queues: int
+    topics: int
+    policies: int
+    routes: list[str]
+    consumers_waiting: int
+    dispatch: dict[str, int]
+    store_commits: int
+    journal_dropped: int
+    health: Health
+
+
+#: The request bodies by component name: pydantic models, and the send built from the table.
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    Reschedule,
+    QueueArguments,
+    Receive,
+    Ack,
+    Nack,
+    PolicyBody,
+)
+
+
+def batch_schema() -> dict[str, Any]:
+    """``{"messages": [send, ...]}``: each send is checked on its own (a refused one gets its
+    error in the results, the others go on), so the body is refused only when it is not this
+    shape."""
+    return {
+        "title": "SendBatch",
+        "type": "object",
+        "properties": {"messages": {"type": "array", "items": _ref("SendMessage"), "minItems": 1}},
+        "required": ["messages"],
+    }
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def body(name: str | type[BaseModel], *, required: bool = True) -> dict[str, Any]:
+    """An ``openapi_extra`` that documents the component ``name`` as the JSON request body."""
+    if not isinstance(name, str):
+        name = name.__name__
     return {
         "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema()}},
+            "required": required,
+            "content": {"application/json": {"schema": _ref(name)}},
         }
     }
+
+
+#: What each error status means, in the document.
+_STATUS_TEXT = {
+    400: "the request is invalid (the message says what to fix)",
+    401: "no or an unknown bearer token",
+    403: "the token does not allow this",
+    404: "no such thing",
+    409: "the state does not allow it",
+    413: "the message is too large",
+    429: "the destination is full",
+    503: "the store cannot accept now; nothing was stored",
+}
+
+
+def error_statuses() -> dict[int, list[str]]:
+    """Each error status with the codes it carries (api.md's list, from the registry)."""
+    out: dict[int, list[str]] = {}
+    for code in _codes():
+        out.setdefault(error_class_for(code).http_status, []).append(code)
+    return out
+
+
+def answers(
+    ok: dict[int, type[BaseModel]], *errors: int, description: str = "done"
+) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a route: its answers and the error statuses it can send, each with
+    the ``Error`` body and the codes it carries."""
+    codes = error_statuses()
+    out: dict[int | str, dict[str, Any]] = {
+        status: {"model": model, "description": description} for status, model in ok.items()
+    }
+    for status in errors:
+        out[status] = {
+            "model": Error,
+            "description": f"{_STATUS_TEXT[status]}: {', '.join(codes[status])}",
+        }
+    return out

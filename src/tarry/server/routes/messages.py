@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
 from tarry.engine.types import MessageQuery, SendResult
 from tarry.errors import NotAuthorized, NotFound, TarryError
@@ -20,8 +20,11 @@ router = APIRouter(prefix="/v1/messages", tags=["messages"])
     "",
     status_code=201,
     summary="Schedule one message",
-    openapi_extra=schemas.body(schemas.SendMessage),
-    responses={201: {"model": schemas.Scheduled}, 200: {"description": "duplicate message_id"}},
+    openapi_extra=schemas.body("SendMessage"),
+    responses={
+        **schemas.answers({201: schemas.Scheduled}, 400, 401, 403, 404, 409, 413, 429, 503),
+        200: {"model": schemas.Scheduled, "description": "a repeated message_id: nothing stored"},
+    },
 )
 async def send(request: Request) -> JSON:
     data = await json_object(request, kind="message")
@@ -32,7 +35,8 @@ async def send(request: Request) -> JSON:
 @router.post(
     "/batch",
     summary="Schedule many messages; each accepted or rejected on its own",
-    openapi_extra=schemas.body(schemas.SendBatch),
+    openapi_extra=schemas.body("SendBatch"),
+    responses=schemas.answers({200: schemas.BatchResults}, 400, 401, 403, 413, 503),
 )
 async def send_batch(request: Request) -> JSON:
     messages = await batch_messages(request, max_batch=request.app.state.config.server.max_batch)
@@ -52,17 +56,35 @@ def _instant(value: str | None, name: str) -> int | None:
     return parse_instant_ms(value, field=name)
 
 
-@router.get("", summary="List messages ordered by deliver_at")
+def _instant_query() -> Any:
+    """A time filter: epoch ms or RFC 3339 (documented here; ``_instant`` reads it)."""
+    return Query(
+        None,
+        description="epoch ms or an RFC 3339 time",
+        json_schema_extra={
+            "anyOf": [
+                {"type": "string", "pattern": "^[0-9]{1,15}$"},
+                {"type": "string", "format": "date-time"},
+            ]
+        },
+    )
+
+
+@router.get(
+    "",
+    summary="List messages ordered by deliver_at",
+    responses=schemas.answers({200: schemas.MessagePage}, 400, 401, 403, 503),
+)
 async def list_messages(
     request: Request,
     destination: str | None = None,
     correlation_id: str | None = None,
     message_id: str | None = None,
     state: str | None = None,
-    due_after: str | None = None,
-    due_before: str | None = None,
-    limit: int = 100,
-    cursor: str | None = None,
+    due_after: str | None = _instant_query(),
+    due_before: str | None = _instant_query(),
+    limit: int = Query(100, json_schema_extra={"minimum": 1, "maximum": 1000}),
+    cursor: str | None = Query(None, description="next_cursor of the page before"),
 ) -> JSON:
     principal = caller(request)
     # A scoped token lists one destination it may read: filtering a listing of everything
@@ -88,7 +110,11 @@ async def list_messages(
     return JSON({"items": [m.to_public() for m in items], "next_cursor": next_cursor})
 
 
-@router.get("/{message_id}", summary="A message's metadata and state")
+@router.get(
+    "/{message_id}",
+    summary="A message's metadata and state",
+    responses=schemas.answers({200: schemas.MessageInfo}, 400, 401, 403, 404, 503),
+)
 async def get_message(request: Request, message_id: str) -> JSON:
     principal = caller(request)
     message = await engine_of(request).get_message(message_id)
@@ -98,7 +124,11 @@ async def get_message(request: Request, message_id: str) -> JSON:
     return JSON(message.to_public())
 
 
-@router.delete("/{message_id}", summary="Cancel a scheduled message")
+@router.delete(
+    "/{message_id}",
+    summary="Cancel a scheduled message",
+    responses=schemas.answers({200: schemas.Cancelled}, 400, 401, 403, 404, 409, 503),
+)
 async def cancel(request: Request, message_id: str) -> JSON:
     message = await engine_of(request).cancel(message_id, may_send=caller(request).may_send)
     return JSON({"id": message.id, "state": message.state.value})
@@ -108,6 +138,7 @@ async def cancel(request: Request, message_id: str) -> JSON:
     "/{message_id}/reschedule",
     summary="Move a scheduled message to another time",
     openapi_extra=schemas.body(schemas.Reschedule),
+    responses=schemas.answers({200: schemas.MessageInfo}, 400, 401, 403, 404, 409, 503),
 )
 async def reschedule(request: Request, message_id: str) -> JSON:
     data = await json_object(request)

@@ -14,7 +14,10 @@ router = APIRouter(prefix="/v1/policies", tags=["policies"])
 
 
 @router.put(
-    "/{name}", summary="Create or replace a policy", openapi_extra=schemas.body(schemas.PolicyBody)
+    "/{name}",
+    summary="Create or replace a policy",
+    openapi_extra=schemas.body(schemas.PolicyBody),
+    responses=schemas.answers({200: schemas.PolicyInfo}, 400, 401, 403, 503),
 )
 async def put_policy(request: Request, name: str) -> JSON:
     principal = caller(request)
@@ -32,14 +35,22 @@ async def _stored(engine: EngineAPI, name: str) -> Policy | None:
     return next((p for p in await engine.list_policies() if p.name == name), None)
 
 
-@router.get("", summary="All policies")
+@router.get(
+    "",
+    summary="All policies",
+    responses=schemas.answers({200: schemas.PolicyList}, 401, 403, 503),
+)
 async def list_policies(request: Request) -> JSON:
     principal = caller(request)
     policies = await engine_of(request).list_policies()
     return JSON({"items": [p.to_dict() for p in policies if principal.may_read(p.name)]})
 
 
-@router.delete("/{name}", summary="Delete a policy")
+@router.delete(
+    "/{name}",
+    summary="Delete a policy",
+    responses=schemas.answers({200: schemas.Deleted}, 400, 401, 403, 404, 503),
+)
 async def delete_policy(request: Request, name: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_admin(name), "delete policy", name)

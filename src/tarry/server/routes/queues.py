@@ -16,7 +16,10 @@ router = APIRouter(prefix="/v1/queues", tags=["queues"])
 @router.put(
     "/{name}",
     summary="Declare a queue (idempotent for equal arguments)",
-    openapi_extra=schemas.body(schemas.QueueArguments),
+    openapi_extra=schemas.body(schemas.QueueArguments, required=False),
+    responses=schemas.answers(
+        {200: schemas.QueueInfo, 201: schemas.QueueInfo}, 400, 401, 403, 409, 503
+    ),
 )
 async def declare(request: Request, name: str) -> JSON:
     principal = caller(request)
@@ -27,20 +30,32 @@ async def declare(request: Request, name: str) -> JSON:
     return JSON(info.to_public(), status_code=201 if created else 200)
 
 
-@router.get("", summary="All queues with their counts")
+@router.get(
+    "",
+    summary="All queues with their counts",
+    responses=schemas.answers({200: schemas.QueueList}, 401, 403, 503),
+)
 async def list_queues(request: Request) -> JSON:
     principal = caller(request)
     queues = await engine_of(request).list_queues()
     return JSON({"items": [q.to_public() for q in queues if principal.may_describe(q.name)]})
 
 
-@router.get("/{name}", summary="A queue's counts and the arguments in force")
+@router.get(
+    "/{name}",
+    summary="A queue's counts and the arguments in force",
+    responses=schemas.answers({200: schemas.QueueInfo}, 400, 401, 403, 404, 503),
+)
 async def show(request: Request, name: str) -> JSON:
     caller(request).require_describe(name)
     return JSON((await engine_of(request).queue_info(name)).to_public())
 
 
-@router.delete("/{name}", summary="Delete a queue and its messages (not dead-lettered)")
+@router.delete(
+    "/{name}",
+    summary="Delete a queue and its messages (not dead-lettered)",
+    responses=schemas.answers({200: schemas.Deleted}, 400, 401, 403, 404, 409, 503),
+)
 async def delete(request: Request, name: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_admin(name), "delete", name)
@@ -60,7 +75,8 @@ def _int(body: dict[str, object], key: str, default: int | None) -> int | None:
 @router.post(
     "/{name}/receive",
     summary="Take up to max ready messages, waiting up to wait_ms for the first",
-    openapi_extra=schemas.body(schemas.Receive),
+    openapi_extra=schemas.body(schemas.Receive, required=False),
+    responses=schemas.answers({200: schemas.Received}, 400, 401, 403, 404, 503),
 )
 async def receive(request: Request, name: str) -> JSON:
     principal = caller(request)
@@ -85,7 +101,12 @@ def _receipts(body: dict[str, object]) -> list[str]:
     return receipts
 
 
-@router.post("/{name}/ack", summary="Acknowledge messages", openapi_extra=schemas.body(schemas.Ack))
+@router.post(
+    "/{name}/ack",
+    summary="Acknowledge messages",
+    openapi_extra=schemas.body(schemas.Ack),
+    responses=schemas.answers({200: schemas.Acked}, 400, 401, 403, 404, 503),
+)
 async def ack(request: Request, name: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_receive(name), "ack on", name)
@@ -97,6 +118,7 @@ async def ack(request: Request, name: str) -> JSON:
     "/{name}/nack",
     summary="Requeue (requeue=true) or dead-letter with reason rejected",
     openapi_extra=schemas.body(schemas.Nack),
+    responses=schemas.answers({200: schemas.Nacked}, 400, 401, 403, 404, 503),
 )
 async def nack(request: Request, name: str) -> JSON:
     principal = caller(request)

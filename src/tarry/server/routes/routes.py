@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 
 from tarry.config import RouteConfig
 from tarry.errors import NotFound
+from tarry.server import schemas
 from tarry.server.deps import caller
 from tarry.server.responses import JSON
 
@@ -19,7 +20,11 @@ def _public(name: str, route: RouteConfig) -> dict[str, Any]:
     return {"name": name, **route.redacted()}
 
 
-@router.get("", summary="The routes this token may send to or read")
+@router.get(
+    "",
+    summary="The routes this token may send to or read",
+    responses=schemas.answers({200: schemas.RouteList}, 401, 503),
+)
 async def list_routes(request: Request) -> JSON:
     principal = caller(request)
     routes: dict[str, RouteConfig] = request.app.state.config.routes
@@ -34,7 +39,11 @@ async def list_routes(request: Request) -> JSON:
     )
 
 
-@router.get("/{name}", summary="A route's settings (credentials and header values hidden)")
+@router.get(
+    "/{name}",
+    summary="A route's settings (credentials and header values hidden)",
+    responses=schemas.answers({200: schemas.RouteInfo}, 400, 401, 403, 404, 503),
+)
 async def get_route(request: Request, name: str) -> JSON:
     caller(request).require_describe(name)
     route: RouteConfig | None = request.app.state.config.routes.get(name)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from tarry.server import schemas
 from tarry.server.deps import caller, engine_of
 from tarry.server.responses import JSON
 
 router = APIRouter(prefix="/v1/topics", tags=["topics"])
 
 
-@router.put("/{name}", summary="Declare a topic")
+@router.put(
+    "/{name}",
+    summary="Declare a topic",
+    responses=schemas.answers(
+        {200: schemas.TopicInfo, 201: schemas.TopicInfo}, 400, 401, 403, 409, 503
+    ),
+)
 async def declare(request: Request, name: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_admin(name), "declare", name)
@@ -18,13 +25,21 @@ async def declare(request: Request, name: str) -> JSON:
     return JSON(info, status_code=201 if created else 200)
 
 
-@router.get("/{name}", summary="A topic and its subscribed queues")
+@router.get(
+    "/{name}",
+    summary="A topic and its subscribed queues",
+    responses=schemas.answers({200: schemas.TopicInfo}, 400, 401, 403, 404, 503),
+)
 async def show(request: Request, name: str) -> JSON:
     caller(request).require_describe(name)
     return JSON(await engine_of(request).topic_info(name))
 
 
-@router.put("/{name}/subscriptions/{queue}", summary="Subscribe a queue to the topic")
+@router.put(
+    "/{name}/subscriptions/{queue}",
+    summary="Subscribe a queue to the topic",
+    responses=schemas.answers({200: schemas.TopicInfo}, 400, 401, 403, 404, 503),
+)
 async def subscribe(request: Request, name: str, queue: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_admin(name), "subscribe to", name)
@@ -32,7 +47,11 @@ async def subscribe(request: Request, name: str, queue: str) -> JSON:
     return JSON(await engine_of(request).subscribe(name, queue))
 
 
-@router.delete("/{name}/subscriptions/{queue}", summary="Unsubscribe a queue")
+@router.delete(
+    "/{name}/subscriptions/{queue}",
+    summary="Unsubscribe a queue",
+    responses=schemas.answers({200: schemas.TopicInfo}, 400, 401, 403, 404, 503),
+)
 async def unsubscribe(request: Request, name: str, queue: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_admin(name), "unsubscribe from", name)

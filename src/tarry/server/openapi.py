@@ -1,0 +1,96 @@
+"""The OpenAPI document, built once from the routes: FastAPI's generation, plus what it cannot
+know of routes that read their bodies themselves (so the rules stay in ``tarry.model``):
+
+- the request bodies' schemas, published in ``components/schemas`` where the routes'
+  ``$ref``s point (a send's built from the field table);
+- 400 ``invalid_argument`` where FastAPI would document 422: the server never sends 422
+  (``server/errors.py`` turns FastAPI's validation errors into 400);
+- names in paths with the syntax ``check_name`` accepts;
+- the bearer token on every operation that can answer 401 (a server with tokens configured
+  asks for one; without tokens it answers every caller).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic.json_schema import models_json_schema
+
+from tarry.model.fields import NAME_MAX_CHARS, NAME_PATTERN
+from tarry.server import schemas
+
+__all__ = ["install_openapi"]
+
+#: Path parameters that are queue, topic or policy names.
+_NAMES = frozenset({"name", "queue"})
+_REF = "#/components/schemas/{model}"
+
+
+def _components() -> dict[str, Any]:
+    _, top = models_json_schema(
+        [(model, "validation") for model in schemas.REQUEST_MODELS], ref_template=_REF
+    )
+    found: dict[str, Any] = top.get("$defs", {})
+    found["SendMessage"] = schemas.send_schema()
+    found["SendBatch"] = schemas.batch_schema()
+    return found
+
+
+def _fix_operation(op: dict[str, Any]) -> None:
+    responses = op.get("responses", {})
+    if "401" in responses:
+        op["security"] = [{"bearer": []}]
+    if "422" in responses:
+        del responses["422"]
+        responses.setdefault("400", _bad_request())
+    for param in op.get("parameters", []):
+        if param.get("in") == "path" and param.get("name") in _NAMES:
+            param["schema"] = {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": NAME_MAX_CHARS,
+                "pattern": NAME_PATTERN,
+                "title": param["schema"].get("title", param["name"]),
+            }
+
+
+def _bad_request() -> dict[str, Any]:
+    codes = ", ".join(schemas.error_statuses()[400])
+    return {
+        "description": f"the request is invalid (the message says what to fix): {codes}",
+        "content": {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}},
+    }
+
+
+def build(app: FastAPI) -> dict[str, Any]:
+    """The document of ``app``'s routes, as ``GET /openapi.json`` serves it."""
+    doc = get_openapi(
+        title=app.title,
+        version=app.version,
+        description=app.description,
+        routes=app.routes,
+    )
+    doc["components"]["securitySchemes"] = {
+        "bearer": {"type": "http", "scheme": "bearer", "description": "a token of [[auth.tokens]]"}
+    }
+    components = doc["components"].setdefault("schemas", {})
+    components.update(_components())
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    for operations in doc["paths"].values():
+        for op in operations.values():
+            _fix_operation(op)
+    return doc
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Serve ``build(app)`` (made on first request) as the app's document."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = build(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
