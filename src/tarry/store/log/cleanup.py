@@ -7,12 +7,10 @@ commit) runs first. De-duplication keys and reschedule forwards into it are drop
 from __future__ import annotations
 
 import logging
-import shutil
 from typing import TYPE_CHECKING
 
 from tarry.model.ids import id_due_ms
 from tarry.store.log.partition import PartitionState
-from tarry.store.log.segment import fsync_dir
 
 if TYPE_CHECKING:
     from tarry.store.log.engine import LogStore
@@ -50,7 +48,7 @@ async def delete_released(store: LogStore, now_ms: int) -> int:
     for partition in doomed:
         files = sorted(partition.dir.glob("*"))
         store.files.close_partition(partition)
-        shutil.rmtree(partition.dir, ignore_errors=True)
+        store.files.fs.remove_tree(partition.dir)
         del store.partitions[partition.number]
         store._numbers.remove(partition.number)
         log.info(
@@ -59,7 +57,7 @@ async def delete_released(store: LogStore, now_ms: int) -> int:
             partition.dir,
             len(files),
         )
-    fsync_dir(store.root)
+    store.files.fs.fsync_dir(store.root)
     granularity = store.granularity_ms
 
     def gone(message_id: str) -> bool:
