@@ -39,6 +39,7 @@ from tarry.store.base import StoreOutcome
 from tarry.store.log import clean, cleanup
 from tarry.store.log.adopt import adopt_imports
 from tarry.store.log.batch import group_records
+from tarry.store.log.figures import SnapshotTimes
 from tarry.store.log.fs import Files
 from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash
 from tarry.store.log.index import DueIndex
@@ -100,6 +101,7 @@ class LogStore:
         self.state = Recovered()
         #: Every change to the store's files goes through ``files.fs`` (``fs.py``).
         self.files = SegmentFiles(fs)
+        self.snapshot_times = SnapshotTimes()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-log")
         self._scrub_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-scrub")
         self._scrubbing: asyncio.Task[None] | None = None
@@ -772,6 +774,7 @@ class LogStore:
         if self._snapshotting:
             return None
         self._snapshotting = True
+        started = time.perf_counter()
         try:
             if self.writer.fsync == "never":
                 # The manifest must not name bytes the disk may not have.
@@ -787,6 +790,7 @@ class LogStore:
                     snapshot_root(self.root), manifest, indexes, (hashes, ids), fs=self.files.fs
                 ),
             )
+            self.snapshot_times.observe(time.perf_counter() - started)
             sweep_orphans(self.root, manifest.seq, fs=self.files.fs)
             return path
         finally:
@@ -805,6 +809,15 @@ class LogStore:
             "clean_start": self.clean_start,
             "scrubbed_partitions": self.scrubbed,
             "scrub_done": self.scrub_done,
+        }
+
+    def write_path(self) -> dict[str, Any]:
+        """What the write path has done (``/metrics``): fsyncs by what they made durable,
+        group commits, and snapshot durations (``figures.py``)."""
+        return {
+            "fsyncs": dict(self.files.fs.fsyncs),
+            "group_commits": self.writer.groups,
+            "snapshot_seconds": self.snapshot_times.figures(),
         }
 
     @property
