@@ -172,7 +172,12 @@ class LogStore:
     def _recover(self) -> None:
         started = time.perf_counter()
         fs = self.files.fs
-        fs.mkdir(snapshot_root(self.root))
+        if not snapshot_root(self.root).is_dir():
+            # A new store: its directories' entries are made durable before any write is
+            # acknowledged, or a power loss could take the store's directory with everything.
+            fs.mkdir(snapshot_root(self.root))
+            fs.fsync_dir(self.root.parent)
+            fs.fsync_dir(self.root)
         with os.scandir(self.root) as entries:
             numbers = sorted(
                 int(e.name[2:])
