@@ -292,3 +292,28 @@ async def test_a_manifest_naming_a_missing_part_is_ignored_and_the_log_replayed(
     due = await store.fetch_due(NOW + 1000, limit=100, lease_ms=1000)
     assert [m.id for m in due] == [m.id for m in batch]
     await store.close()
+
+
+async def test_a_rescheduled_message_is_found_by_id_after_its_first_partition_is_deleted(
+    tmp_path: Path,
+) -> None:
+    from tarry.store.log.cleanup import delete_released
+
+    # Given a message moved out of its partition, whose partition is then drained and deleted
+    store = await opened(tmp_path)
+    moved, other = message(NOW + 5), message(NOW + 6)
+    await store.store([moved, other])
+    await store.reschedule(moved.id, deliver_at_ms=NOW + 10 * G, now_ms=NOW)
+    due = await store.fetch_due(NOW + 10, limit=10, lease_ms=1000)
+    await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 10)
+    assert await delete_released(store, NOW + G + 1) == 1
+    # When it is looked up by id, now and after a crash (the MOVED marker went with its partition)
+    found_now = await store.get(moved.id)
+    await crash(store)
+    store = await opened(tmp_path)
+    found_after = await store.get(moved.id)
+    # Then it is found each time, due at its new time
+    assert found_now is not None and found_now.deliver_at_ms == NOW + 10 * G
+    assert found_after is not None and found_after.deliver_at_ms == NOW + 10 * G
+    assert await store.check() == []
+    await store.close()

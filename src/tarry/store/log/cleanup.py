@@ -45,6 +45,18 @@ async def delete_released(store: LogStore, now_ms: int) -> int:
             and store.partitions.get(p.number) is p
         ]
     numbers = {p.number for p in doomed}
+    granularity = store.granularity_ms
+
+    def gone(message_id: str) -> bool:
+        due = id_due_ms(message_id)
+        return due is not None and due // granularity in numbers
+
+    if any(gone(k) for k in store.state.forwards):
+        # A reschedule out of a doomed partition is on disk only as its MOVED marker there:
+        # a snapshot keeps the forward (find by id) before the marker goes; while another
+        # snapshot is being written, the next round deletes.
+        if await store.snapshot() is None:
+            return 0
     for partition in doomed:
         files = sorted(partition.dir.glob("*"))
         store.files.close_partition(partition)
@@ -58,12 +70,6 @@ async def delete_released(store: LogStore, now_ms: int) -> int:
             len(files),
         )
     store.files.fs.fsync_dir(store.root)
-    granularity = store.granularity_ms
-
-    def gone(message_id: str) -> bool:
-        due = id_due_ms(message_id)
-        return due is not None and due // granularity in numbers
-
     store.state.dedupe = {k: v for k, v in store.state.dedupe.items() if not gone(v)}
     store.state.forwards = {
         k: v for k, v in store.state.forwards.items() if v // granularity not in numbers
