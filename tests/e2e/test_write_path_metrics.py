@@ -4,8 +4,11 @@ they made durable, group commits, snapshot durations)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import httpx
+
+from tests.conftest import ServerProcess
 
 SNAPSHOTS_OFTEN = (
     '[store]\nengine = "log"\nsnapshot_interval_ms = 200\n[dispatch]\nmax_sleep_ms = 100\n'
@@ -23,7 +26,7 @@ def samples(url: str) -> dict[str, float]:
 
 
 def test_metrics_count_the_log_stores_fsyncs_group_commits_and_snapshot_durations(
-    make_server,
+    make_server: Callable[..., ServerProcess],
 ) -> None:
     # Given a log store server that snapshots every 200 ms (the dispatcher looks every 100)
     server = make_server(SNAPSHOTS_OFTEN)
@@ -56,7 +59,9 @@ def test_metrics_count_the_log_stores_fsyncs_group_commits_and_snapshot_duration
     assert after["tarry_store_snapshot_seconds_sum"] > 0
 
 
-def test_metrics_of_a_sqlite_store_have_no_log_store_figures(make_server) -> None:
+def test_metrics_of_a_sqlite_store_have_no_log_store_figures(
+    make_server: Callable[..., ServerProcess],
+) -> None:
     # Given a server on the SQLite store, when /metrics is read
     server = make_server('[store]\nengine = "sqlite"\n')
     text = httpx.get(server.url + "/metrics").text
