@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, Protocol
 
-__all__ = ["Files", "FsyncWhat", "OsFiles"]
+__all__ = ["HAS_SYNCFS", "Files", "FsyncWhat", "OsFiles"]
 
 #: What an fsync makes durable (the label of ``tarry_store_fsyncs_total``).
 FsyncWhat = Literal["segment", "directory", "snapshot", "manifest", "filesystem", "probe"]
@@ -88,6 +88,8 @@ def _load_syncfs() -> Callable[[int], int] | None:
 
 
 _syncfs = _load_syncfs()
+#: ``sync_filesystem`` is one ``syncfs`` (Linux), not a ``sync`` of every file system.
+HAS_SYNCFS = _syncfs is not None
 
 
 class OsFiles:

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from tarry.model.message import Message
-from tarry.store.log.fs import Files, OsFiles
+from tarry.store.log.fs import HAS_SYNCFS, Files, OsFiles
 from tarry.store.log.partition import OFFSET_MASK, SEGMENT_SHIFT, Partition, split
 from tarry.store.log.record import (
     HEADER,
@@ -70,7 +70,7 @@ class SegmentFiles:
 
     def sync(self, paths: set[Path]) -> None:
         """Make the given files, and the directories that gained entries, durable."""
-        if len(paths) + len(self._new_dirs) > SYNCFS_ABOVE and paths:
+        if HAS_SYNCFS and len(paths) + len(self._new_dirs) > SYNCFS_ABOVE and paths:
             self.fs.sync_filesystem(next(iter(paths)).parent)
             self._new_dirs.clear()
             return
