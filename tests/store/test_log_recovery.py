@@ -317,3 +317,28 @@ async def test_a_rescheduled_message_is_found_by_id_after_its_first_partition_is
     assert found_after is not None and found_after.deliver_at_ms == NOW + 10 * G
     assert await store.check() == []
     await store.close()
+
+
+async def test_a_segment_shorter_than_its_snapshot_says_takes_appends_at_its_real_end(
+    tmp_path: Path,
+) -> None:
+    # Given a snapshot naming a release marker's bytes, and a power loss that took them (the
+    # marker was written without an fsync)
+    store = await opened(tmp_path)
+    first, second = message(NOW + 5), message(NOW + 6)
+    await store.store([first, second])
+    due = await store.fetch_due(NOW + 5, limit=1, lease_ms=1000)
+    await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 5)
+    await store.snapshot()
+    await crash(store)
+    [segment] = segments(tmp_path)
+    segment.write_bytes(segment.read_bytes()[: -len(b"x")])  # any cut into the marker
+    # When the store recovers and accepts a message into that partition
+    store = await opened(tmp_path)
+    late = message(NOW + 7)
+    await store.store([late])
+    # Then that message is served from where it was written, with the others
+    got = await store.fetch_due(NOW + 10, limit=10, lease_ms=1000)
+    assert late.id in {m.id for m in got}
+    assert await store.check() == []
+    await store.close()

@@ -781,20 +781,20 @@ class LogStore:
         self._snapshotting = True
         started = time.perf_counter()
         try:
-            if self.writer.fsync == "never":
-                # The manifest must not name bytes the disk may not have.
-                await asyncio.get_running_loop().run_in_executor(
-                    self._executor, self.writer.sync_all
-                )
             self._seq += 1
             manifest, indexes, (hashes, ids) = capture(self, self._seq)
             self._changes = 0
-            path = await asyncio.get_running_loop().run_in_executor(
-                self._executor,
-                lambda: write_snapshot(
+
+            def write() -> Path:
+                # The manifest must not name bytes the disk may not have: markers (and under
+                # ``never`` everything) are written without an fsync. On the writer thread,
+                # after every group the capture saw.
+                self.writer.sync_dirty()
+                return write_snapshot(
                     snapshot_root(self.root), manifest, indexes, (hashes, ids), fs=self.files.fs
-                ),
-            )
+                )
+
+            path = await asyncio.get_running_loop().run_in_executor(self._executor, write)
             self.snapshot_times.observe(time.perf_counter() - started)
             sweep_orphans(self.root, manifest.seq, fs=self.files.fs)
             return path

@@ -157,6 +157,17 @@ def _unchanged(partition: Partition, known: list[int]) -> bool:
     return True
 
 
+def _whole_records_end(path: Path, length: int) -> int:
+    """Where the last whole record of the first ``length`` bytes of ``path`` ends."""
+    with open(path, "rb") as handle:
+        data = handle.read(length)
+    end = 0
+    for item in scan(data):
+        if not isinstance(item, Damage):
+            end = item.offset + item.size
+    return end
+
+
 def replay(
     partition: Partition,
     out: Recovered,
@@ -193,7 +204,16 @@ def replay(
     gone: list[int] = []
     for segment, path in enumerate(files):
         start = known[segment] if segment < len(known) else 0
-        if not index_only and entries[segment].stat().st_size == start:
+        actual = entries[segment].stat().st_size
+        if not index_only and actual < start:
+            # The snapshot named bytes the disk does not have (written without an fsync, lost
+            # to a power loss): appends must go on from the end of its last whole record.
+            log.warning("%s holds %d bytes, fewer than the snapshot recorded", path, actual)
+            start = _whole_records_end(path, actual)
+            if start < actual and fs is not None:
+                fs.truncate_path(path, start)
+                actual = start
+        if not index_only and actual == start:
             sizes.append(start)  # nothing past what the snapshot covers: no read at all
             continue
         with open(path, "rb") as handle:

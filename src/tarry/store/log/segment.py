@@ -51,6 +51,8 @@ class SegmentFiles:
         self._write: OrderedDict[Path, int] = OrderedDict()
         self._read: OrderedDict[Path, mmap.mmap] = OrderedDict()
         self._new_dirs: set[Path] = set()
+        #: Segments written since their last fsync (markers are appended without one).
+        self._dirty: set[Path] = set()
         self._lock = threading.Lock()
 
     def write(self, partition: Partition, segment: int, data: bytes) -> Path:
@@ -66,6 +68,7 @@ class SegmentFiles:
             self._write[path] = fd
         self._write.move_to_end(path)
         self.fs.write(fd, data)
+        self._dirty.add(path)
         return path
 
     def sync(self, paths: set[Path]) -> None:
@@ -73,9 +76,11 @@ class SegmentFiles:
         if HAS_SYNCFS and len(paths) + len(self._new_dirs) > SYNCFS_ABOVE and paths:
             self.fs.sync_filesystem(next(iter(paths)).parent)
             self._new_dirs.clear()
+            self._dirty.clear()
             return
         for path in paths:
             self.fs.fsync(self._write[path], what="segment")
+        self._dirty -= paths
         for directory in sorted(self._new_dirs, key=lambda d: len(d.parts)):
             self.fs.fsync_dir(directory)
         self._new_dirs.clear()
@@ -97,6 +102,7 @@ class SegmentFiles:
                 self.fs.fsync(fd, what="segment")
             finally:
                 self.fs.close(fd)
+            self._dirty.discard(path)
 
     def trim(self) -> None:
         """Close the least recently used write descriptors past ``MAX_OPEN`` (between groups:
@@ -105,12 +111,26 @@ class SegmentFiles:
             _, fd = self._write.popitem(last=False)
             self.fs.close(fd)
 
-    def sync_all(self) -> None:
-        for fd in list(self._write.values()):
-            self.fs.fsync(fd, what="segment")
-        for directory in self._new_dirs:
+    def sync_dirty(self) -> None:
+        """fsync every segment written since its last fsync, open or not (a snapshot must not
+        name bytes the disk may not have), and the directories that gained entries."""
+        for path in sorted(self._dirty):
+            fd = self._write.get(path)
+            if fd is not None:
+                self.fs.fsync(fd, what="segment")
+                continue
+            try:  # closed since (``trim``); gone with its partition when missing
+                fd = self.fs.open_existing(path)
+            except FileNotFoundError:
+                continue
+            try:
+                self.fs.fsync(fd, what="segment")
+            finally:
+                self.fs.close(fd)
+        for directory in sorted(self._new_dirs, key=lambda d: len(d.parts)):
             self.fs.fsync_dir(directory)
         self._new_dirs.clear()
+        self._dirty.clear()
 
     def close_partition(self, partition: Partition) -> None:
         with self._lock:

@@ -224,6 +224,7 @@ class GroupWriter:
         if durable:
             self.files.sync(paths)
 
-    def sync_all(self) -> None:
-        """fsync every segment open for writing (before a snapshot under ``never``)."""
-        self.files.sync_all()
+    def sync_dirty(self) -> None:
+        """fsync every segment written since its last fsync (before a snapshot: markers, and
+        under ``never`` everything, are written without one)."""
+        self.files.sync_dirty()
