@@ -6,7 +6,8 @@ in both modes (nothing unsynced survives; a random prefix of it does), a fresh `
 recovers what the disk would hold and must show:
 
 - no acknowledged message lost (acknowledged: its call returned; under ``fsync = batch`` that
-  means fsynced), with the body it was sent with;
+  means fsynced), with the body it was sent with, and a producer's retry of one sent with a
+  ``message_id`` is recognised (not kept twice);
 - none delivered early (before its acknowledged due time, a reschedule's included);
 - none released twice (a delivered or cancelled message never comes back; a message the queue
   database holds may come back, where the release is a no-op, but only once);
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,7 @@ def message(due_ms: int, n: int) -> Message:
         sent_at_ms=NOW,
         deliver_at_ms=due_ms,
         expires_at_ms=None,
+        message_id=f"m-{n}" if n % 2 else None,
         updated_at_ms=NOW,
     )
 
@@ -185,6 +187,11 @@ async def check_recovery(
             if message_id in acked["moved"]:
                 dues = {w.moves[message_id]}
             assert got.deliver_at_ms in dues, f"{where}: {message_id} due {got.deliver_at_ms}"
+            if sent.message_id is not None:  # sent again (a producer's retry): not kept twice
+                again = replace(sent, id=ids.new_due(NOW, sent.deliver_at_ms))
+                [outcome] = await store.store([again])
+                assert not outcome.created, f"{where}: {message_id} kept twice"
+                assert outcome.message.id == message_id, where
         # A message acknowledged after the restart, into a partition that holds records
         # already, is kept where its position says (appends continue at the real end).
         after = message(NOW + 2 * G + 100, 99)

@@ -342,3 +342,32 @@ async def test_a_segment_shorter_than_its_snapshot_says_takes_appends_at_its_rea
     assert late.id in {m.id for m in got}
     assert await store.check() == []
     await store.close()
+
+
+async def test_a_rescheduled_message_keeps_its_message_id_after_its_first_partition_is_deleted(
+    tmp_path: Path,
+) -> None:
+    from dataclasses import replace
+
+    from tarry.store.log.cleanup import delete_released
+
+    # Given a message sent with a message_id, moved out of its partition, which is then drained
+    # and deleted, and a crash
+    store = await opened(tmp_path)
+    moved = replace(message(NOW + 5), message_id="order-1")
+    await store.store([moved, message(NOW + 6)])
+    await store.reschedule(moved.id, deliver_at_ms=NOW + 10 * G, now_ms=NOW)
+    due = await store.fetch_due(NOW + 10, limit=10, lease_ms=1000)
+    await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 10)
+    assert await delete_released(store, NOW + G + 1) == 1
+    retry = replace(moved, id=ids.new_due(NOW, NOW + 5))
+    [before] = await store.store([retry])
+    await crash(store)
+    store = await opened(tmp_path)
+    # When the producer sends it again
+    [after] = await store.store([retry])
+    # Then the message kept is returned each time, not a second one
+    assert (before.created, before.message.id) == (False, moved.id)
+    assert (after.created, after.message.id) == (False, moved.id)
+    assert await store.check() == []
+    await store.close()

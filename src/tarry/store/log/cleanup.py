@@ -70,7 +70,14 @@ async def delete_released(store: LogStore, now_ms: int) -> int:
             len(files),
         )
     store.files.fs.fsync_dir(store.root)
-    store.state.dedupe = {k: v for k, v in store.state.dedupe.items() if not gone(v)}
+    forwards = store.state.forwards
+
+    def kept(message_id: str) -> bool:
+        """The message lives on outside the deleted partitions (moved out of one, perhaps)."""
+        due = forwards.get(message_id) or id_due_ms(message_id)
+        return due is None or due // granularity not in numbers
+
+    store.state.dedupe = {k: v for k, v in store.state.dedupe.items() if kept(v)}
     store.state.forwards = {
         k: v for k, v in store.state.forwards.items() if v // granularity not in numbers
     }
