@@ -52,7 +52,7 @@ def message(due_ms: int, n: int) -> Message:
     )
 
 
-def open_store(root: Path, fs: CrashFiles | None = None) -> LogStore:
+def open_store(root: Path, fs: CrashFiles | None = None, *, fsync: str = "batch") -> LogStore:
     # Small segments: groups roll over to new segment files (and new directory entries).
     return LogStore(
         root,
@@ -60,6 +60,7 @@ def open_store(root: Path, fs: CrashFiles | None = None) -> LogStore:
         segment_bytes=2048,
         commit_interval_ms=0,
         snapshot_interval_ms=10 * DAY,
+        fsync=fsync,
         fs=fs,
     )
 
@@ -84,9 +85,9 @@ class Workload:
     moves: dict[str, int] = field(default_factory=dict)
 
 
-async def run_workload(fs: CrashFiles, root: Path) -> Workload:
+async def run_workload(fs: CrashFiles, root: Path, *, fsync: str = "batch") -> Workload:
     w = Workload()
-    store = open_store(root, fs)
+    store = open_store(root, fs, fsync=fsync)
     await store.open()
 
     async def send(dues: list[int]) -> list[Message]:
@@ -196,14 +197,14 @@ async def check_recovery(
         # already, is kept where its position says (appends continue at the real end).
         after = message(NOW + 2 * G + 100, 99)
         await store.store([after])
-        sent = {**w.sent, after.id: after}
+        all_sent = {**w.sent, after.id: after}
         must_have.add(after.id)
         # Everything falls due in order; none early, none twice, nothing garbled.
-        times = sorted({m.deliver_at_ms for m in sent.values()} | set(w.moves.values()))
+        times = sorted({m.deliver_at_ms for m in all_sent.values()} | set(w.moves.values()))
         released: dict[str, int] = {}
         for now_ms in times:
             for got in await store.fetch_due(now_ms, limit=1000, lease_ms=DAY * 365):
-                was = sent.get(got.id)
+                was = all_sent.get(got.id)
                 assert was is not None, f"{where}: served {got.id}, never sent"
                 assert (got.body, got.destination) == (was.body, was.destination), where
                 assert got.id not in finished, f"{where}: {got.id} finished, yet served again"
@@ -223,12 +224,14 @@ async def check_recovery(
         await shut(store)
 
 
-async def crash_everywhere(tmp_path: Path, mode: Mode, *, during_reschedule: bool) -> None:
+async def crash_everywhere(
+    tmp_path: Path, mode: Mode, *, during_reschedule: bool, fsync: str = "batch"
+) -> None:
     # Given the scripted workload, recorded change by change
     base = tmp_path / "live"
     base.mkdir()
     fs = CrashFiles(base)
-    w = await run_workload(fs, base / "log")
+    w = await run_workload(fs, base / "log", fsync=fsync)
     points = fs.crash_points()
     assert len(points) > 100  # the workload reached every step
     if during_reschedule:
@@ -243,11 +246,13 @@ async def crash_everywhere(tmp_path: Path, mode: Mode, *, during_reschedule: boo
             )
 
 
-@pytest.mark.parametrize("mode", ["drop", "prefix"])
+@pytest.mark.parametrize(
+    ("mode", "fsync"), [("drop", "batch"), ("prefix", "batch"), ("drop", "always")]
+)
 async def test_a_power_loss_at_every_crash_point_loses_no_acknowledged_message(
-    tmp_path: Path, mode: Mode
+    tmp_path: Path, mode: Mode, fsync: str
 ) -> None:
-    await crash_everywhere(tmp_path, mode, during_reschedule=False)
+    await crash_everywhere(tmp_path, mode, during_reschedule=False, fsync=fsync)
 
 
 @pytest.mark.xfail(
