@@ -292,3 +292,82 @@ async def test_a_manifest_naming_a_missing_part_is_ignored_and_the_log_replayed(
     due = await store.fetch_due(NOW + 1000, limit=100, lease_ms=1000)
     assert [m.id for m in due] == [m.id for m in batch]
     await store.close()
+
+
+async def test_a_rescheduled_message_is_found_by_id_after_its_first_partition_is_deleted(
+    tmp_path: Path,
+) -> None:
+    from tarry.store.log.cleanup import delete_released
+
+    # Given a message moved out of its partition, whose partition is then drained and deleted
+    store = await opened(tmp_path)
+    moved, other = message(NOW + 5), message(NOW + 6)
+    await store.store([moved, other])
+    await store.reschedule(moved.id, deliver_at_ms=NOW + 10 * G, now_ms=NOW)
+    due = await store.fetch_due(NOW + 10, limit=10, lease_ms=1000)
+    await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 10)
+    assert await delete_released(store, NOW + G + 1) == 1
+    # When it is looked up by id, now and after a crash (the MOVED marker went with its partition)
+    found_now = await store.get(moved.id)
+    await crash(store)
+    store = await opened(tmp_path)
+    found_after = await store.get(moved.id)
+    # Then it is found each time, due at its new time
+    assert found_now is not None and found_now.deliver_at_ms == NOW + 10 * G
+    assert found_after is not None and found_after.deliver_at_ms == NOW + 10 * G
+    assert await store.check() == []
+    await store.close()
+
+
+async def test_a_segment_shorter_than_its_snapshot_says_takes_appends_at_its_real_end(
+    tmp_path: Path,
+) -> None:
+    # Given a snapshot naming a release marker's bytes, and a power loss that took them (the
+    # marker was written without an fsync)
+    store = await opened(tmp_path)
+    first, second = message(NOW + 5), message(NOW + 6)
+    await store.store([first, second])
+    due = await store.fetch_due(NOW + 5, limit=1, lease_ms=1000)
+    await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 5)
+    await store.snapshot()
+    await crash(store)
+    [segment] = segments(tmp_path)
+    segment.write_bytes(segment.read_bytes()[: -len(b"x")])  # any cut into the marker
+    # When the store recovers and accepts a message into that partition
+    store = await opened(tmp_path)
+    late = message(NOW + 7)
+    await store.store([late])
+    # Then that message is served from where it was written, with the others
+    got = await store.fetch_due(NOW + 10, limit=10, lease_ms=1000)
+    assert late.id in {m.id for m in got}
+    assert await store.check() == []
+    await store.close()
+
+
+async def test_a_rescheduled_message_keeps_its_message_id_after_its_first_partition_is_deleted(
+    tmp_path: Path,
+) -> None:
+    from dataclasses import replace
+
+    from tarry.store.log.cleanup import delete_released
+
+    # Given a message sent with a message_id, moved out of its partition, which is then drained
+    # and deleted, and a crash
+    store = await opened(tmp_path)
+    moved = replace(message(NOW + 5), message_id="order-1")
+    await store.store([moved, message(NOW + 6)])
+    await store.reschedule(moved.id, deliver_at_ms=NOW + 10 * G, now_ms=NOW)
+    due = await store.fetch_due(NOW + 10, limit=10, lease_ms=1000)
+    await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 10)
+    assert await delete_released(store, NOW + G + 1) == 1
+    retry = replace(moved, id=ids.new_due(NOW, NOW + 5))
+    [before] = await store.store([retry])
+    await crash(store)
+    store = await opened(tmp_path)
+    # When the producer sends it again
+    [after] = await store.store([retry])
+    # Then the message kept is returned each time, not a second one
+    assert (before.created, before.message.id) == (False, moved.id)
+    assert (after.created, after.message.id) == (False, moved.id)
+    assert await store.check() == []
+    await store.close()

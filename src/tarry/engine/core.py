@@ -740,5 +740,9 @@ class Engine:
             },
             "store_commits": getattr(getattr(self.qdb, "db", None), "commits", 0),
             "journal_dropped": getattr(self.journal, "dropped", 0),
+            # The log store's fsyncs, group commits and snapshot durations (``/metrics``).
+            "store_write_path": write_path()
+            if (write_path := getattr(self.store, "write_path", None))
+            else None,
             "health": self.health(),
         }

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -29,6 +29,8 @@ class Metrics:
         )
         self.lateness = _Lateness()
         self.registry.register(self.lateness)
+        self.write_path = _WritePath()
+        self.registry.register(self.write_path)
         self.by_state = Gauge(
             "tarry_messages_by_state", "Messages kept, by state", ["state"], registry=self.registry
         )
@@ -75,6 +77,7 @@ class Metrics:
         for name, state in health["breakers"].items():
             self.breaker_open.labels(name).set(1 if state == "triggered" else 0)
         self.damaged.set(len(health["damaged"]))
+        self.write_path.figures = stats.get("store_write_path")
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
@@ -115,4 +118,41 @@ class _Lateness(Collector):
             "How long after its due time a message was released or delivered",
             buckets=buckets,
             sum_value=self.sum_ms / 1000,
+        )
+
+
+class _WritePath(Collector):
+    """The log store's write path as its ``write_path()`` figures were at this scrape (other
+    stores have none: nothing is exported)."""
+
+    def __init__(self) -> None:
+        self.figures: dict[str, Any] | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        figures = self.figures
+        if figures is None:
+            return
+        fsyncs = CounterMetricFamily(
+            "tarry_store_fsyncs",
+            "fsyncs the log store made, by what they made durable",
+            labels=["what"],
+        )
+        for what, count in sorted(figures["fsyncs"].items()):
+            fsyncs.add_metric([what], count)
+        yield fsyncs
+        yield CounterMetricFamily(
+            "tarry_store_group_commits",
+            "Group commits of the log store (one write per touched file each)",
+            value=figures["group_commits"],
+        )
+        times = figures["snapshot_seconds"]
+        cumulative, buckets = 0, []
+        for bound, count in zip((*times["bounds"], "+Inf"), times["counts"], strict=True):
+            cumulative += count
+            buckets.append((bound if bound == "+Inf" else str(float(bound)), cumulative))
+        yield HistogramMetricFamily(
+            "tarry_store_snapshot_seconds",
+            "How long each log store snapshot took to write, manifest included",
+            buckets=buckets,
+            sum_value=times["sum"],
         )

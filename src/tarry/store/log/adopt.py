@@ -29,8 +29,6 @@ still being written (or abandoned): it is left alone.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,11 +37,11 @@ from typing import Any
 import google_crc32c
 import orjson
 
+from tarry.store.log.fs import Files, OsFiles
 from tarry.store.log.manifest import frame, unframe, write_last
 from tarry.store.log.partition import Partition
 from tarry.store.log.record import MESSAGE, Damage, scan
 from tarry.store.log.recovery import Recovered, replay
-from tarry.store.log.segment import fsync_dir
 
 __all__ = ["IMPORT_MAGIC", "ImportManifest", "adopt_imports", "write_manifest"]
 
@@ -84,8 +82,9 @@ class ImportManifest:
 
 
 def write_manifest(area: Path, manifest: ImportManifest) -> Path:
-    """``IMPORT``, last: temp file, fsync, rename, fsync the directory."""
-    return write_last(area / "IMPORT", manifest.encode())
+    """``IMPORT``, last: temp file, fsync, rename, fsync the directory (written by the offline
+    import, outside any store)."""
+    return write_last(area / "IMPORT", manifest.encode(), fs=OsFiles())
 
 
 class ImportRefused(Exception):
@@ -113,7 +112,7 @@ def _verify(area: Path, granularity_ms: int) -> ImportManifest:
     return manifest
 
 
-def _survivors(path: Path, state: Recovered) -> tuple[Path | None, int]:
+def _survivors(path: Path, state: Recovered, fs: Files) -> tuple[Path | None, int]:
     """The file to move in (filtered when some records are already stored) and its count."""
     data = path.read_bytes()
     kept: list[bytes] = []
@@ -132,15 +131,12 @@ def _survivors(path: Path, state: Recovered) -> tuple[Path | None, int]:
     if not dropped:
         return path, len(kept)
     filtered = path.with_suffix(".adopt")
-    with open(filtered, "wb") as handle:
-        handle.write(b"".join(kept))
-        handle.flush()
-        os.fsync(handle.fileno())
+    fs.write_file(filtered, b"".join(kept), what="segment")
     return filtered, len(kept)
 
 
-def _write_plan(area: Path, moves: list[tuple[str, str, int]]) -> None:
-    write_last(area / PLAN, orjson.dumps(moves))
+def _write_plan(area: Path, moves: list[tuple[str, str, int]], fs: Files) -> None:
+    write_last(area / PLAN, orjson.dumps(moves), fs=fs)
 
 
 def _carry_out(
@@ -149,6 +145,7 @@ def _carry_out(
     moves: list[tuple[str, str, int]],
     partition_of: Callable[[int], Partition],
     state: Recovered,
+    fs: Files,
 ) -> int:
     touched: dict[int, Partition] = {}
     for source, target, number in moves:
@@ -156,17 +153,17 @@ def _carry_out(
         src, dst = area / source, root / target
         if src.exists():
             new_dir = not dst.parent.exists()
-            dst.parent.mkdir(parents=True, exist_ok=True)
+            fs.mkdir(dst.parent)
             if new_dir:
-                fsync_dir(dst.parent.parent)
-            os.replace(src, dst)
-            fsync_dir(dst.parent)
+                fs.fsync_dir(dst.parent.parent)
+            fs.rename(src, dst)
+            fs.fsync_dir(dst.parent)
         elif not dst.exists():
             raise ImportRefused(f"{source} is gone and {target} does not exist")
     before = state.replayed_records
     for partition in touched.values():
-        replay(partition, state, build_index=partition.index is not None)
-    shutil.rmtree(area, ignore_errors=True)
+        replay(partition, state, build_index=partition.index is not None, fs=fs)
+    fs.remove_tree(area)
     return state.replayed_records - before
 
 
@@ -176,16 +173,17 @@ def _adopt(
     granularity_ms: int,
     partition_of: Callable[[int], Partition],
     state: Recovered,
+    fs: Files,
 ) -> int:
     moves: list[tuple[str, str, int]] = []
     if (area / PLAN).exists():  # a crash during a previous adoption: roll it forward
         moves = [(str(a), str(b), int(n)) for a, b, n in orjson.loads((area / PLAN).read_bytes())]
-        return _carry_out(area, root, moves, partition_of, state)
+        return _carry_out(area, root, moves, partition_of, state, fs)
     manifest = _verify(area, granularity_ms)
     planned: dict[int, int] = {}
     for entry in sorted(manifest.files, key=lambda e: (e["partition"], e["name"])):
         number = int(entry["partition"])
-        source, _ = _survivors(area / entry["name"], state)
+        source, _ = _survivors(area / entry["name"], state, fs)
         if source is None:
             continue
         partition = partition_of(number)
@@ -194,8 +192,8 @@ def _adopt(
         target = partition.segment_path(planned[number])
         planned[number] += 1
         moves.append((str(source.relative_to(area)), str(target.relative_to(root)), number))
-    _write_plan(area, moves)
-    return _carry_out(area, root, moves, partition_of, state)
+    _write_plan(area, moves, fs)
+    return _carry_out(area, root, moves, partition_of, state, fs)
 
 
 def adopt_imports(
@@ -204,6 +202,7 @@ def adopt_imports(
     granularity_ms: int,
     partition_of: Callable[[int], Partition],
     state: Recovered,
+    fs: Files,
 ) -> int:
     """Adopt every complete import area under ``root/imports``; the records adopted."""
     imports = root / "imports"
@@ -215,7 +214,7 @@ def adopt_imports(
             log.info("import area %s has no IMPORT manifest yet; left alone", area.name)
             continue
         try:
-            count = _adopt(area, root, granularity_ms, partition_of, state)
+            count = _adopt(area, root, granularity_ms, partition_of, state, fs)
         except ImportRefused as exc:
             log.error("import %s refused, nothing of it adopted: %s", area.name, exc)
             state.damaged.append(f"{area}: import refused: {exc}")

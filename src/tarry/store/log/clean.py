@@ -21,14 +21,13 @@ File layout: ``MAGIC`` (8 bytes) · version:u32 · crc32c:u32 of the body · bod
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
+from tarry.store.log.fs import Files
 from tarry.store.log.manifest import ManifestError, frame, unframe, write_last
-from tarry.store.log.segment import fsync_dir, sync_filesystem
 
 __all__ = ["CLEAN", "CleanClose", "mark", "take"]
 
@@ -50,22 +49,22 @@ class CleanClose:
         return seq == self.seq and partitions == self.partitions
 
 
-def mark(root: Path, record: CleanClose) -> None:
+def mark(root: Path, record: CleanClose, *, fs: Files) -> None:
     """Record a clean close (after the closing snapshot, with nothing written since)."""
-    sync_filesystem(root)
+    fs.sync_filesystem(root)
     body = orjson.dumps({"seq": record.seq, "partitions": record.partitions})
-    write_last(root / CLEAN, frame(body, magic=_MAGIC, version=_VERSION))
+    write_last(root / CLEAN, frame(body, magic=_MAGIC, version=_VERSION), fs=fs)
 
 
-def take(root: Path) -> CleanClose | None:
+def take(root: Path, *, fs: Files) -> CleanClose | None:
     """The clean-close record, if any, deleted durably first: trusted by this start only."""
     path = root / CLEAN
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
-    os.unlink(path)
-    fsync_dir(root)
+    fs.unlink(path)
+    fs.fsync_dir(root)
     try:
         fields = orjson.loads(unframe(data, magic=_MAGIC, version=_VERSION))
         return CleanClose(seq=int(fields["seq"]), partitions=int(fields["partitions"]))

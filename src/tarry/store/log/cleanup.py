@@ -7,12 +7,10 @@ commit) runs first. De-duplication keys and reschedule forwards into it are drop
 from __future__ import annotations
 
 import logging
-import shutil
 from typing import TYPE_CHECKING
 
 from tarry.model.ids import id_due_ms
 from tarry.store.log.partition import PartitionState
-from tarry.store.log.segment import fsync_dir
 
 if TYPE_CHECKING:
     from tarry.store.log.engine import LogStore
@@ -47,10 +45,22 @@ async def delete_released(store: LogStore, now_ms: int) -> int:
             and store.partitions.get(p.number) is p
         ]
     numbers = {p.number for p in doomed}
+    granularity = store.granularity_ms
+
+    def gone(message_id: str) -> bool:
+        due = id_due_ms(message_id)
+        return due is not None and due // granularity in numbers
+
+    if any(gone(k) for k in store.state.forwards):
+        # A reschedule out of a doomed partition is on disk only as its MOVED marker there:
+        # a snapshot keeps the forward (find by id) before the marker goes; while another
+        # snapshot is being written, the next round deletes.
+        if await store.snapshot() is None:
+            return 0
     for partition in doomed:
         files = sorted(partition.dir.glob("*"))
         store.files.close_partition(partition)
-        shutil.rmtree(partition.dir, ignore_errors=True)
+        store.files.fs.remove_tree(partition.dir)
         del store.partitions[partition.number]
         store._numbers.remove(partition.number)
         log.info(
@@ -59,14 +69,15 @@ async def delete_released(store: LogStore, now_ms: int) -> int:
             partition.dir,
             len(files),
         )
-    fsync_dir(store.root)
-    granularity = store.granularity_ms
+    store.files.fs.fsync_dir(store.root)
+    forwards = store.state.forwards
 
-    def gone(message_id: str) -> bool:
-        due = id_due_ms(message_id)
-        return due is not None and due // granularity in numbers
+    def kept(message_id: str) -> bool:
+        """The message lives on outside the deleted partitions (moved out of one, perhaps)."""
+        due = forwards.get(message_id) or id_due_ms(message_id)
+        return due is None or due // granularity not in numbers
 
-    store.state.dedupe = {k: v for k, v in store.state.dedupe.items() if not gone(v)}
+    store.state.dedupe = {k: v for k, v in store.state.dedupe.items() if kept(v)}
     store.state.forwards = {
         k: v for k, v in store.state.forwards.items() if v // granularity not in numbers
     }

@@ -39,6 +39,8 @@ from tarry.store.base import StoreOutcome
 from tarry.store.log import clean, cleanup
 from tarry.store.log.adopt import adopt_imports
 from tarry.store.log.batch import group_records
+from tarry.store.log.figures import SnapshotTimes
+from tarry.store.log.fs import Files
 from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash
 from tarry.store.log.index import DueIndex
 from tarry.store.log.locate import Located, list_page, locate_many
@@ -86,6 +88,7 @@ class LogStore:
         snapshot_interval_ms: int = 60_000,
         prefetch_ms: int = 30_000,
         barrier: Callable[[], Awaitable[None]] | None = None,
+        fs: Files | None = None,
     ) -> None:
         self.root = root
         self.granularity_ms = granularity_ms
@@ -96,7 +99,9 @@ class LogStore:
         self.partitions: dict[int, Partition] = {}
         self._numbers: list[int] = []
         self.state = Recovered()
-        self.files = SegmentFiles()
+        #: Every change to the store's files goes through ``files.fs`` (``fs.py``).
+        self.files = SegmentFiles(fs)
+        self.snapshot_times = SnapshotTimes()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-log")
         self._scrub_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-scrub")
         self._scrubbing: asyncio.Task[None] | None = None
@@ -166,8 +171,13 @@ class LogStore:
 
     def _recover(self) -> None:
         started = time.perf_counter()
-        self.root.mkdir(parents=True, exist_ok=True)
-        snapshot_root(self.root).mkdir(exist_ok=True)
+        fs = self.files.fs
+        if not snapshot_root(self.root).is_dir():
+            # A new store: its directories' entries are made durable before any write is
+            # acknowledged, or a power loss could take the store's directory with everything.
+            fs.mkdir(snapshot_root(self.root))
+            fs.fsync_dir(self.root.parent)
+            fs.fsync_dir(self.root)
         with os.scandir(self.root) as entries:
             numbers = sorted(
                 int(e.name[2:])
@@ -185,8 +195,8 @@ class LogStore:
             if p.name.split("-", 1)[1].isdigit()
         ]
         self._seq = max(on_disk, default=0)
-        sweep_orphans(self.root, manifest.seq if manifest else None)
-        record = clean.take(self.root)
+        sweep_orphans(self.root, manifest.seq if manifest else None, fs=fs)
+        record = clean.take(self.root, fs=fs)
         trusted = record is not None and record.matches(
             manifest.seq if manifest else None,
             sum(1 for p in self.partitions.values() if p.sizes),
@@ -195,12 +205,19 @@ class LogStore:
             log.info("clean-close record %s does not match the snapshot loaded; checking", record)
         self.clean_start = trusted
         for partition in self.partitions.values():
-            replay(partition, self.state, build_index=partition.index is not None, trusted=trusted)
+            replay(
+                partition,
+                self.state,
+                build_index=partition.index is not None,
+                trusted=trusted,
+                fs=fs,
+            )
         adopt_imports(  # bulk imports (tarry pipeline import --into), all or nothing
             self.root,
             granularity_ms=self.granularity_ms,
             partition_of=self._partition,
             state=self.state,
+            fs=fs,
         )
         self.recovery_seconds = time.perf_counter() - started
         log.info(
@@ -236,8 +253,10 @@ class LogStore:
                     # restart may take its partition sizes without checking the files.
                     self.writer.seal()
                     written = sum(1 for p in self.partitions.values() if p.written)
+                    record = clean.CleanClose(self._seq, written)
                     await loop.run_in_executor(
-                        self._executor, clean.mark, self.root, clean.CleanClose(self._seq, written)
+                        self._executor,
+                        lambda: clean.mark(self.root, record, fs=self.files.fs),
                     )
             except OSError as exc:  # a full disk: the next start checks every file instead
                 log.error("closing without a final snapshot or clean-close record: %s", exc)
@@ -760,24 +779,24 @@ class LogStore:
         if self._snapshotting:
             return None
         self._snapshotting = True
+        started = time.perf_counter()
         try:
-            if self.writer.fsync == "never":
-                # The manifest must not name bytes the disk may not have.
-                await asyncio.get_running_loop().run_in_executor(
-                    self._executor, self.writer.sync_all
-                )
             self._seq += 1
             manifest, indexes, (hashes, ids) = capture(self, self._seq)
             self._changes = 0
-            path = await asyncio.get_running_loop().run_in_executor(
-                self._executor,
-                write_snapshot,
-                snapshot_root(self.root),
-                manifest,
-                indexes,
-                (hashes, ids),
-            )
-            sweep_orphans(self.root, manifest.seq)
+
+            def write() -> Path:
+                # The manifest must not name bytes the disk may not have: markers (and under
+                # ``never`` everything) are written without an fsync. On the writer thread,
+                # after every group the capture saw.
+                self.writer.sync_dirty()
+                return write_snapshot(
+                    snapshot_root(self.root), manifest, indexes, (hashes, ids), fs=self.files.fs
+                )
+
+            path = await asyncio.get_running_loop().run_in_executor(self._executor, write)
+            self.snapshot_times.observe(time.perf_counter() - started)
+            sweep_orphans(self.root, manifest.seq, fs=self.files.fs)
             return path
         finally:
             self._snapshotting = False
@@ -795,6 +814,15 @@ class LogStore:
             "clean_start": self.clean_start,
             "scrubbed_partitions": self.scrubbed,
             "scrub_done": self.scrub_done,
+        }
+
+    def write_path(self) -> dict[str, Any]:
+        """What the write path has done (``/metrics``): fsyncs by what they made durable,
+        group commits, and snapshot durations (``figures.py``)."""
+        return {
+            "fsyncs": dict(self.files.fs.fsyncs),
+            "group_commits": self.writer.groups,
+            "snapshot_seconds": self.snapshot_times.figures(),
         }
 
     @property

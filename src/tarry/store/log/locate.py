@@ -116,9 +116,12 @@ def locate_many(store: LogStore, message_ids: Iterable[str]) -> dict[str, Locate
     """Each of ``message_ids`` that the store holds, found with one read of each partition the
     ids name (a batch of repeated sends costs a pass per partition, not one per message)."""
     granularity = store.granularity_ms
+    forwards = store.state.forwards
     wanted: dict[int, set[str]] = {}
     for message_id in message_ids:
-        due = id_due_ms(message_id)
+        # A rescheduled message is read where its latest copy is: the partition its id names
+        # (with the MOVED marker) may have been cleaned up since.
+        due = forwards.get(message_id) or id_due_ms(message_id)
         if due is not None:
             wanted.setdefault(due // granularity, set()).add(message_id)
     located: dict[str, Located] = {}

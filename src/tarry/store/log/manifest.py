@@ -11,7 +11,6 @@ older tarry, retries at once).
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import google_crc32c
 import orjson
 
-from tarry.store.log.segment import fsync_dir
+from tarry.store.log.fs import Files
 
 __all__ = ["MAGIC", "Manifest", "ManifestError", "frame", "unframe", "write_last"]
 
@@ -53,16 +52,13 @@ def unframe(data: bytes, *, magic: bytes, version: int) -> bytes:
     return body
 
 
-def write_last(final: Path, data: bytes) -> Path:
+def write_last(final: Path, data: bytes, *, fs: Files) -> Path:
     """Write a commit record so that it is either whole or absent after a crash: temp file,
     fsync, rename, fsync the directory."""
     temp = final.with_name(final.name + ".tmp")
-    with open(temp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, final)
-    fsync_dir(final.parent)
+    fs.write_file(temp, data, what="manifest")
+    fs.rename(temp, final)
+    fs.fsync_dir(final.parent)
     return final
 
 
@@ -87,5 +83,5 @@ class Manifest:
         that fails."""
         return cls(**orjson.loads(unframe(data, magic=MAGIC, version=VERSION)))
 
-    def write(self, directory: Path) -> Path:
-        return write_last(directory / f"manifest-{self.seq:012d}", self.encode())
+    def write(self, directory: Path, *, fs: Files) -> Path:
+        return write_last(directory / f"manifest-{self.seq:012d}", self.encode(), fs=fs)

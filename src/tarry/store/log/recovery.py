@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from tarry.store.log.fs import Files
 from tarry.store.log.held import Failure
 from tarry.store.log.index import DueIndex
 from tarry.store.log.manifest import Manifest, ManifestError
@@ -112,7 +112,7 @@ def load_snapshot(root: Path, partitions: dict[int, Partition], out: Recovered) 
         return
 
 
-def sweep_orphans(root: Path, keep_seq: int | None) -> None:
+def sweep_orphans(root: Path, keep_seq: int | None, *, fs: Files) -> None:
     """Delete what no kept manifest names: temp files and snapshot directories without a
     manifest (orphans: a warning each), and snapshots older than the two newest at or below
     ``keep_seq`` (superseded: the previous one is kept as a fallback)."""
@@ -137,9 +137,9 @@ def sweep_orphans(root: Path, keep_seq: int | None) -> None:
         else:
             log.info("removing superseded snapshot file %s", path)
         if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
+            fs.remove_tree(path)
         else:
-            path.unlink(missing_ok=True)
+            fs.unlink(path)
 
 
 def _unchanged(partition: Partition, known: list[int]) -> bool:
@@ -157,6 +157,17 @@ def _unchanged(partition: Partition, known: list[int]) -> bool:
     return True
 
 
+def _whole_records_end(path: Path, length: int) -> int:
+    """Where the last whole record of the first ``length`` bytes of ``path`` ends."""
+    with open(path, "rb") as handle:
+        data = handle.read(length)
+    end = 0
+    for item in scan(data):
+        if not isinstance(item, Damage):
+            end = item.offset + item.size
+    return end
+
+
 def replay(
     partition: Partition,
     out: Recovered,
@@ -165,12 +176,14 @@ def replay(
     index_only: bool = False,
     readonly: bool = False,
     trusted: bool = False,
+    fs: Files | None = None,
 ) -> None:
     """Apply the records past ``partition.sizes`` (all of them when ``sizes`` is empty) to the
     partition's counts, ``out``, and (``build_index``) its index. ``index_only`` reads every
     record to build the index of a partition that becomes due, changing no count;
     ``readonly`` (the inspection tools) reports a torn tail instead of cutting it; ``trusted``
-    (a clean close after the snapshot, ``clean.py``) takes the snapshot's sizes unchecked."""
+    (a clean close after the snapshot, ``clean.py``) takes the snapshot's sizes unchecked. A torn
+    tail is cut through ``fs``; without one (``index_only``, ``readonly``) nothing is cut."""
     known = [] if index_only else list(partition.sizes)
     if known and trusted:
         partition.written = known
@@ -191,7 +204,16 @@ def replay(
     gone: list[int] = []
     for segment, path in enumerate(files):
         start = known[segment] if segment < len(known) else 0
-        if not index_only and entries[segment].stat().st_size == start:
+        actual = entries[segment].stat().st_size
+        if not index_only and actual < start:
+            # The snapshot named bytes the disk does not have (written without an fsync, lost
+            # to a power loss): appends must go on from the end of its last whole record.
+            log.warning("%s holds %d bytes, fewer than the snapshot recorded", path, actual)
+            start = _whole_records_end(path, actual)
+            if start < actual and fs is not None:
+                fs.truncate_path(path, start)
+                actual = start
+        if not index_only and actual == start:
             sizes.append(start)  # nothing past what the snapshot covers: no read at all
             continue
         with open(path, "rb") as handle:
@@ -212,9 +234,9 @@ def replay(
                 if item.torn and last and readonly:
                     out.report(f"{where}: torn tail ({item.reason}), cut on next start")
                     size = start + item.offset
-                elif item.torn and last:
+                elif item.torn and last and fs is not None:
                     log.warning("cutting a torn tail off %s (%s)", where, item.reason)
-                    os.truncate(path, start + item.offset)
+                    fs.truncate_path(path, start + item.offset)
                     size = start + item.offset
                 else:
                     log.error("damaged record in %s (%s); skipped", where, item.reason)

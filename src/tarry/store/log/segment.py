@@ -12,16 +12,14 @@ Durability policies (``[store] fsync``):
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import mmap
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import Path
 
 from tarry.model.message import Message
+from tarry.store.log.fs import HAS_SYNCFS, Files, OsFiles
 from tarry.store.log.partition import OFFSET_MASK, SEGMENT_SHIFT, Partition, split
 from tarry.store.log.record import (
     HEADER,
@@ -32,40 +30,7 @@ from tarry.store.log.record import (
     parse_record,
 )
 
-__all__ = ["SegmentFiles", "fsync_dir", "sync_filesystem"]
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _load_syncfs() -> Callable[[int], int] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        function = libc.syncfs
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
-
-
-_syncfs = _load_syncfs()
-
-
-def sync_filesystem(path: Path) -> None:
-    """Make every write to the file system holding ``path`` durable (``syncfs``; ``sync``
-    where it is missing)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if _syncfs is None or _syncfs(fd) != 0:
-            os.sync()
-    finally:
-        os.close(fd)
+__all__ = ["SegmentFiles"]
 
 
 #: More touched files than this in one group: one ``syncfs`` beats one ``fsync`` per file
@@ -80,39 +45,44 @@ class SegmentFiles:
     first): writes happen on the writer thread, reads with ``os.pread`` from any thread. New
     files and directories are made durable with the group that created them (``sync``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fs: Files | None = None) -> None:
+        #: Every change to a file goes through ``fs`` (``fs.py``); reads map the files directly.
+        self.fs: Files = fs if fs is not None else OsFiles()
         self._write: OrderedDict[Path, int] = OrderedDict()
         self._read: OrderedDict[Path, mmap.mmap] = OrderedDict()
         self._new_dirs: set[Path] = set()
+        #: Segments written since their last fsync (markers are appended without one).
+        self._dirty: set[Path] = set()
         self._lock = threading.Lock()
 
-    def write(self, partition: Partition, segment: int, data: bytes) -> int:
+    def write(self, partition: Partition, segment: int, data: bytes) -> Path:
+        """Append ``data`` to a segment; returns its path (for ``sync``)."""
         path = partition.segment_path(segment)
         fd = self._write.get(path)
         if fd is None:
             if not partition.dir.exists():
-                partition.dir.mkdir(parents=True, exist_ok=True)
+                self.fs.mkdir(partition.dir)
                 self._new_dirs.add(partition.dir.parent)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = self.fs.open_append(path)
             self._new_dirs.add(partition.dir)
             self._write[path] = fd
         self._write.move_to_end(path)
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        return fd
+        self.fs.write(fd, data)
+        self._dirty.add(path)
+        return path
 
-    def sync(self, fds: set[int]) -> None:
+    def sync(self, paths: set[Path]) -> None:
         """Make the given files, and the directories that gained entries, durable."""
-        if len(fds) + len(self._new_dirs) > SYNCFS_ABOVE and _syncfs is not None and fds:
-            if _syncfs(next(iter(fds))) == 0:
-                self._new_dirs.clear()
-                return
-        for fd in fds:
-            os.fsync(fd)
+        if HAS_SYNCFS and len(paths) + len(self._new_dirs) > SYNCFS_ABOVE and paths:
+            self.fs.sync_filesystem(next(iter(paths)).parent)
+            self._new_dirs.clear()
+            self._dirty.clear()
+            return
+        for path in paths:
+            self.fs.fsync(self._write[path], what="segment")
+        self._dirty -= paths
         for directory in sorted(self._new_dirs, key=lambda d: len(d.parts)):
-            fsync_dir(directory)
+            self.fs.fsync_dir(directory)
         self._new_dirs.clear()
 
     def cut(self, lengths: dict[Path, int]) -> None:
@@ -124,41 +94,55 @@ class SegmentFiles:
                 if view is not None:
                     view.close()
             try:
-                fd = os.open(path, os.O_WRONLY)
+                fd = self.fs.open_existing(path)
             except FileNotFoundError:
                 continue
             try:
-                if os.fstat(fd).st_size > length:
-                    os.ftruncate(fd, length)
-                os.fsync(fd)
+                self.fs.truncate(fd, length)
+                self.fs.fsync(fd, what="segment")
             finally:
-                os.close(fd)
+                self.fs.close(fd)
+            self._dirty.discard(path)
 
     def trim(self) -> None:
         """Close the least recently used write descriptors past ``MAX_OPEN`` (between groups:
         everything written through them has had its group's fsync)."""
         while len(self._write) > MAX_OPEN:
             _, fd = self._write.popitem(last=False)
-            os.close(fd)
+            self.fs.close(fd)
 
-    def sync_all(self) -> None:
-        for fd in list(self._write.values()):
-            os.fsync(fd)
-        for directory in self._new_dirs:
-            fsync_dir(directory)
+    def sync_dirty(self) -> None:
+        """fsync every segment written since its last fsync, open or not (a snapshot must not
+        name bytes the disk may not have), and the directories that gained entries."""
+        for path in sorted(self._dirty):
+            fd = self._write.get(path)
+            if fd is not None:
+                self.fs.fsync(fd, what="segment")
+                continue
+            try:  # closed since (``trim``); gone with its partition when missing
+                fd = self.fs.open_existing(path)
+            except FileNotFoundError:
+                continue
+            try:
+                self.fs.fsync(fd, what="segment")
+            finally:
+                self.fs.close(fd)
+        for directory in sorted(self._new_dirs, key=lambda d: len(d.parts)):
+            self.fs.fsync_dir(directory)
         self._new_dirs.clear()
+        self._dirty.clear()
 
     def close_partition(self, partition: Partition) -> None:
         with self._lock:
             for path in [p for p in self._write if p.parent == partition.dir]:
-                os.close(self._write.pop(path))
+                self.fs.close(self._write.pop(path))
             for path in [p for p in self._read if p.parent == partition.dir]:
                 self._read.pop(path).close()
 
     def close(self) -> None:
         with self._lock:
             for fd in self._write.values():
-                os.close(fd)
+                self.fs.close(fd)
             for view in self._read.values():
                 view.close()
             self._write.clear()

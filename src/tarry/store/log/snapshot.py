@@ -9,16 +9,15 @@ keys (hash, id) of pending messages. Everything else (counts, failures) is in th
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 import numpy as np
 
+from tarry.store.log.fs import Files
 from tarry.store.log.index import I64
 from tarry.store.log.manifest import Manifest
-from tarry.store.log.segment import fsync_dir
 
 if TYPE_CHECKING:
     from tarry.store.log.engine import LogStore
@@ -32,15 +31,12 @@ class SnapshotError(Exception):
     """Raised when a part named by a manifest is missing or damaged."""
 
 
-def _write_blob(directory: Path, manifest: Manifest, blob: bytes) -> list[int]:
+def _write_blob(directory: Path, manifest: Manifest, blob: bytes, fs: Files) -> list[int]:
     first = len(manifest.parts)
     for start in range(0, max(len(blob), 1), PART_BYTES):
         chunk = blob[start : start + PART_BYTES]
         name = f"part-{len(manifest.parts):06d}"
-        with open(directory / name, "wb") as handle:
-            handle.write(chunk)
-            handle.flush()
-            os.fsync(handle.fileno())
+        fs.write_file(directory / name, chunk, what="snapshot")
         manifest.parts.append(
             {"name": name, "bytes": len(chunk), "crc": google_crc32c.value(chunk)}
         )
@@ -52,18 +48,20 @@ def write_snapshot(
     manifest: Manifest,
     indexes: dict[int, tuple[I64, I64]],
     dedupe: tuple[I64, np.ndarray[Any, Any]],
+    *,
+    fs: Files,
 ) -> Path:
     """Parts first, the manifest last; returns the manifest's path."""
     directory = root / f"snap-{manifest.seq:012d}"
-    directory.mkdir(parents=True, exist_ok=True)
+    fs.mkdir(directory)
     for number, (due, pos) in indexes.items():
         blob = np.stack((due, pos)).tobytes()
-        manifest.indexed[str(number)] = [*_write_blob(directory, manifest, blob), len(due)]
+        manifest.indexed[str(number)] = [*_write_blob(directory, manifest, blob, fs), len(due)]
     hashes, ids = dedupe
     blob = hashes.tobytes() + ids.tobytes()
-    manifest.dedupe = [*_write_blob(directory, manifest, blob), len(hashes)]
-    fsync_dir(directory)
-    return manifest.write(root)
+    manifest.dedupe = [*_write_blob(directory, manifest, blob, fs), len(hashes)]
+    fs.fsync_dir(directory)
+    return manifest.write(root, fs=fs)
 
 
 def read_blob(root: Path, manifest: Manifest, first: int, count: int) -> bytes:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -202,17 +201,14 @@ class GroupWriter:
         page-sized scratch file under ``root`` (a full disk refuses it), and delete it."""
         self.repair()
         path = root / ".probe"
+        fs = self.files.fs
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.write(fd, bytes(_PROBE_BYTES))
-                os.fsync(fd)
+                fs.write_file(path, bytes(_PROBE_BYTES), what="probe")
             finally:
-                os.close(fd)
+                fs.unlink(path)
         except OSError as exc:
             raise _as_unavailable(exc) from exc
-        finally:
-            path.unlink(missing_ok=True)
 
     def _write_group(self, batch: list[Any], durable: bool) -> None:
         self.repair()
@@ -224,10 +220,11 @@ class GroupWriter:
                 grouped.setdefault(key, []).append(data)
                 owners[key] = partition
         self.files.trim()
-        fds = {self.files.write(owners[key], key[1], b"".join(c)) for key, c in grouped.items()}
+        paths = {self.files.write(owners[key], key[1], b"".join(c)) for key, c in grouped.items()}
         if durable:
-            self.files.sync(fds)
+            self.files.sync(paths)
 
-    def sync_all(self) -> None:
-        """fsync every segment open for writing (before a snapshot under ``never``)."""
-        self.files.sync_all()
+    def sync_dirty(self) -> None:
+        """fsync every segment written since its last fsync (before a snapshot: markers, and
+        under ``never`` everything, are written without one)."""
+        self.files.sync_dirty()

@@ -1,0 +1,165 @@
+"""``Files``: every change the log store makes to its files goes through this one small
+interface (creating, appending, truncating, fsyncing, renaming, deleting, and fsyncing
+directories), so a test double can record them and show what a power loss would leave
+(``tests/store/crashfs.py``). ``OsFiles`` is the real one; it counts its fsyncs by what they
+make durable (``/metrics``).
+
+Reads (``mmap``, ``pread``, directory listings) go to the operating system directly: the double
+works on a real directory, so what the store reads back is what it wrote.
+
+Calls are per file and per group, never per record: a group commit makes one ``write`` per
+touched segment, as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal, Protocol
+
+__all__ = ["HAS_SYNCFS", "Files", "FsyncWhat", "OsFiles"]
+
+#: What an fsync makes durable (the label of ``tarry_store_fsyncs_total``).
+FsyncWhat = Literal["segment", "directory", "snapshot", "manifest", "filesystem", "probe"]
+
+
+class Files(Protocol):
+    """The log store's file changes. Each raises ``OSError`` as the system call does."""
+
+    #: fsyncs made so far, by what they made durable (``FsyncWhat``; ``directory`` for
+    #: ``fsync_dir``, ``filesystem`` for ``sync_filesystem``).
+    fsyncs: dict[str, int]
+
+    def open_append(self, path: Path) -> int:
+        """A descriptor appending to ``path``, created when missing."""
+
+    def open_existing(self, path: Path) -> int:
+        """A descriptor writing to an existing ``path``; ``FileNotFoundError`` when missing."""
+
+    def write(self, fd: int, data: bytes) -> None:
+        """Write all of ``data`` at the descriptor's position (the end, for appends)."""
+
+    def truncate(self, fd: int, length: int) -> None:
+        """Cut the file to ``length`` bytes when it is longer."""
+
+    def fsync(self, fd: int, *, what: FsyncWhat) -> None:
+        """Make the file's bytes durable."""
+
+    def close(self, fd: int) -> None: ...
+
+    def write_file(self, path: Path, data: bytes, *, what: FsyncWhat) -> None:
+        """Create (or replace the contents of) ``path`` with ``data``, fsynced."""
+
+    def truncate_path(self, path: Path, length: int) -> None:
+        """Cut the file at ``path`` to ``length`` bytes (not fsynced)."""
+
+    def fsync_dir(self, path: Path) -> None:
+        """Make the entries of directory ``path`` durable (creates, renames, deletes)."""
+
+    def sync_filesystem(self, path: Path) -> None:
+        """Make every write to the file system holding ``path`` durable."""
+
+    def mkdir(self, path: Path) -> None:
+        """Create directory ``path`` and its missing parents (not fsynced)."""
+
+    def rename(self, src: Path, dst: Path) -> None:
+        """Replace ``dst`` with ``src`` (atomic; durable once both directories are fsynced)."""
+
+    def unlink(self, path: Path) -> None:
+        """Delete the file at ``path``, if any."""
+
+    def remove_tree(self, path: Path) -> None:
+        """Delete directory ``path`` with everything in it, if it exists."""
+
+
+def _load_syncfs() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        function = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+_syncfs = _load_syncfs()
+#: ``sync_filesystem`` is one ``syncfs`` (Linux), not a ``sync`` of every file system.
+HAS_SYNCFS = _syncfs is not None
+
+
+class OsFiles:
+    """The real file system. ``fsyncs`` counts fsyncs by what they made durable (plain ints,
+    read at scrape time)."""
+
+    def __init__(self) -> None:
+        self.fsyncs: dict[str, int] = {}
+
+    def _count(self, what: str) -> None:
+        self.fsyncs[what] = self.fsyncs.get(what, 0) + 1
+
+    def open_append(self, path: Path) -> int:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def open_existing(self, path: Path) -> int:
+        return os.open(path, os.O_WRONLY)
+
+    def write(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    def truncate(self, fd: int, length: int) -> None:
+        if os.fstat(fd).st_size > length:
+            os.ftruncate(fd, length)
+
+    def fsync(self, fd: int, *, what: FsyncWhat) -> None:
+        os.fsync(fd)
+        self._count(what)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def write_file(self, path: Path, data: bytes, *, what: FsyncWhat) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            self.write(fd, data)
+            self.fsync(fd, what=what)
+        finally:
+            os.close(fd)
+
+    def truncate_path(self, path: Path, length: int) -> None:
+        os.truncate(path, length)
+
+    def fsync_dir(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._count("directory")
+
+    def sync_filesystem(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if _syncfs is None or _syncfs(fd) != 0:
+                os.sync()
+        finally:
+            os.close(fd)
+        self._count("filesystem")
+
+    def mkdir(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+
+    def rename(self, src: Path, dst: Path) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+
+    def remove_tree(self, path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
