@@ -347,6 +347,18 @@ class RouteList(BaseModel):
     items: list[RouteInfo]
 
 
+class SnapshotSeconds(BaseModel):
+    bounds: list[float] = Field(description="upper bounds of the buckets, in seconds")
+    counts: list[int] = Field(description="snapshots per bucket, the last one past every bound")
+    sum: float
+
+
+class StoreWritePath(BaseModel):
+    fsyncs: dict[str, int] = Field(description="fsyncs by what they made durable")
+    group_commits: int
+    snapshot_seconds: SnapshotSeconds
+
+
 class Stats(BaseModel):
     messages: dict[str, int]
     queues: int
@@ -357,6 +369,9 @@ class Stats(BaseModel):
     dispatch: dict[str, int]
     store_commits: int
     journal_dropped: int
+    store_write_path: StoreWritePath | None = Field(
+        None, description="the log store's write path (null for the other stores)"
+    )
     health: Health
 
 
