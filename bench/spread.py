@@ -23,7 +23,8 @@ Parts (``--only`` runs one):
   one: ready to serve, the first due message received, RSS.
 
 Source trees: this one's ``src`` and, with ``--baseline-src DIR`` (a checkout or ``git worktree``
-of an older main, or its ``src``), that one, each server on its tree's ``PYTHONPATH``.
+of an older main, or its ``src``; or ``git archive COMMIT src | tar -x -C DIR`` with
+``--baseline-commit COMMIT``), that one, each server on its tree's ``PYTHONPATH``.
 ``--stores`` (default log,sqlite) run on this tree, ``--baseline-stores`` (default log) on the
 baseline. ``ratios``: day and year against near (rate, server CPU per message); log against
 sqlite; this tree against the baseline.
@@ -662,6 +663,10 @@ def main() -> None:
         "--baseline-src", type=Path, help="a second source tree (a checkout or its src)"
     )
     parser.add_argument(
+        "--baseline-commit",
+        help="the baseline's commit, for the JSON, when DIR is not a git checkout (git archive)",
+    )
+    parser.add_argument(
         "--baseline-stores", type=lambda t: t.split(","), default=["log"], help="the baseline's"
     )
     parser.add_argument("--tmp", type=Path, help="where the data directories go (default /tmp)")
@@ -676,11 +681,14 @@ def main() -> None:
     trees = [(this, args.stores)]
     if args.baseline_src is not None:
         trees.append((Tree("baseline", tree_src(args.baseline_src)), args.baseline_stores))
+    commits = {tree.name: _commit(tree.src) for tree, _ in trees}
+    if args.baseline_commit is not None:
+        commits["baseline"] = args.baseline_commit
     results: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "loop_sleep_cpu_us": loop_sleep_cpu_us(),
         "trees": {tree.name: str(tree.src) for tree, _ in trees},
-        "commits": {tree.name: _commit(tree.src) for tree, _ in trees},
+        "commits": commits,
         "load_average_at_start": load(),
     }
     with tempfile.TemporaryDirectory(dir=args.tmp) as name:
