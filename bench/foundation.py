@@ -28,9 +28,14 @@ import orjson
 
 
 def start_server(
-    data_dir: Path, store: str, extra: list[str] | None = None
+    data_dir: Path,
+    store: str,
+    extra: list[str] | None = None,
+    *,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
-    """A `tarry serve` subprocess on a free port (``extra``: more flags, e.g. ``--config``)."""
+    """A `tarry serve` subprocess on a free port (``extra``: more flags, e.g. ``--config``;
+    ``env``: its environment, e.g. another source tree's ``PYTHONPATH``)."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -48,6 +53,7 @@ def start_server(
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        env=env,
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 30

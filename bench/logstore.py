@@ -496,15 +496,17 @@ def json_body(rng: random.Random, n: int) -> bytes:
     return f'{{"event":"{name}","{values},"trace":"{rng.getrandbits(64):016x}"}}'.encode()
 
 
-def year_batches(count: int, span_ms: int, order: str, batch_size: int = 1000) -> Any:
-    """Batches of ``count`` messages due over ``span_ms`` from a minute ahead. ``random``: each
+def year_batches(
+    count: int, span_ms: int, order: str, batch_size: int = 1000, *, lead_ms: int = 60_000
+) -> Any:
+    """Batches of ``count`` messages due over ``span_ms`` from ``lead_ms`` ahead. ``random``: each
     due time uniform over the span (a batch touches ~1,000 partitions), fixed 100-byte bodies.
     ``due``: in due order, ``span_ms / count`` apart with jitter (a batch falls in one or two
     partitions, as a lake import or steady producers with similar delays give), JSON bodies."""
     rng = random.Random(3)
     ids = IdGenerator()
     now = SystemClock().now_ms()
-    start = now + 60_000
+    start = now + lead_ms
     for first in range(0, count, batch_size):
         n = min(batch_size, count - first)
         if order == "random":
