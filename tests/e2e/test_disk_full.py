@@ -27,8 +27,11 @@ from tarry.store.log.tools import verify
 from tests.conftest import REQUIRE_SERVICES
 from tests.e2e.test_serve_and_crash import receive_all
 
-DISK_MB = 20
-FILLER_MB = 12
+# What the filler frees must outlast what the server writes once it heals: the consumer's
+# receive and ack rewrite each SQLite row, body included, into the WAL, and the journal writes
+# the lines it buffered. With 12 MB freed of 20 the SQLite case filled the disk again.
+DISK_MB = 40
+FILLER_MB = 32
 BODY_BYTES = 20_000
 
 

@@ -19,6 +19,7 @@ def receive_all(
                 f"/v1/queues/{queue}/receive", json={"max": 500, "wait_ms": 1000}
             )
             now_ms = time.time() * 1000
+            assert response.status_code == 200, response.text
             messages = response.json()["messages"]
             got.extend((m, now_ms) for m in messages)
             if messages:
