@@ -9,12 +9,10 @@ fail under ``TARRY_REQUIRE_SERVICES=1`` and skip loudly otherwise.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,6 @@ from tests.conftest import REQUIRE_SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "spark-cluster"
-STOCK = ("numpy", "pyarrow", "pandas")
 #: Summary fields that depend on the run, not on the data (time, where it wrote).
 RUN_FIELDS = {"seconds", "rows_per_s", "phases", "import_area", "rejects_dir"}
 
@@ -39,22 +36,14 @@ def _unavailable(message: str) -> None:
 
 
 def bare_python() -> str:
-    """A virtualenv's Python with only numpy, pyarrow and pandas (the versions installed here,
-    as a cluster's image would pin them): built once, reused."""
-    pins = [f"{name}=={importlib.metadata.version(name)}" for name in STOCK]
-    tag = "-".join(p.replace("==", "") for p in pins)
-    version = f"{sys.version_info[0]}{sys.version_info[1]}"
-    home = Path(tempfile.gettempdir()) / f"tarry-bare-python-{os.getuid()}-py{version}-{tag}"
-    python = home / "bin" / "python"
-    if not (home / "ready").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(home)], check=True)
-        done = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", *pins], capture_output=True, text=True
-        )
-        if done.returncode != 0:
-            _unavailable(f"the bare executor Python could not be built:\n{done.stderr[-2000:]}")
-        (home / "ready").touch()
-    return str(python)
+    """A virtualenv's Python with only numpy, pyarrow and pandas (``scripts/spark-cluster
+    bare-python``: built once per machine, reused)."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "bare-python"], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        _unavailable(f"the bare executor Python could not be built:\n{done.stderr[-2000:]}")
+    return done.stdout.strip().splitlines()[-1]
 
 
 def cluster(state: Path, *, connect: bool, python: str) -> Iterator[dict[str, str]]:

@@ -36,6 +36,9 @@ def _spark_options(func: Any) -> Any:
         "--driver-memory", default="4g", show_default=True, help="Spark driver memory."
     )(func)
     func = click.option(
+        "--executor-memory", help="Memory of each executor on a cluster (default: the cluster's)."
+    )(func)
+    func = click.option(
         "--shuffle-partitions", default=8, show_default=True, help="Partitions after a shuffle."
     )(func)
     return click.option(
@@ -47,7 +50,11 @@ def _spark_options(func: Any) -> Any:
 
 
 def _settings(
-    master: str, remote: str | None, driver_memory: str, shuffle_partitions: int
+    master: str,
+    remote: str | None,
+    driver_memory: str,
+    executor_memory: str | None,
+    shuffle_partitions: int,
 ) -> SparkSettings:
     from tarry.pipeline.session import SparkSettings
 
@@ -60,6 +67,7 @@ def _settings(
         master=master,
         remote=remote,
         driver_memory=driver_memory,
+        executor_memory=executor_memory,
         shuffle_partitions=shuffle_partitions,
     )
 
@@ -159,6 +167,7 @@ def import_(
     quiet: bool,
     master: str,
     driver_memory: str,
+    executor_memory: str | None,
     shuffle_partitions: int,
     remote: str | None,
     as_json: bool,
@@ -181,7 +190,7 @@ def import_(
     if to_url is not None:
         obj["url"] = to_url
     now_ms = parsed(parse_instant_ms, now, field="--now") if now else _CLOCK.now_ms()
-    settings = _settings(master, remote, driver_memory, shuffle_partitions)
+    settings = _settings(master, remote, driver_memory, executor_memory, shuffle_partitions)
     if rejects_dir is None:
         stamp = datetime.fromtimestamp(now_ms / 1000, tz=UTC).strftime("%Y%m%dT%H%M%SZ")
         rejects_dir = f"tarry-rejects-{stamp}"
@@ -286,6 +295,7 @@ def report(
     now: str | None,
     master: str,
     driver_memory: str,
+    executor_memory: str | None,
     shuffle_partitions: int,
     remote: str | None,
     as_json: bool,
@@ -295,7 +305,7 @@ def report(
     from tarry.pipeline.progress import SparkProgress
     from tarry.pipeline.session import spark_session
 
-    settings = _settings(master, remote, driver_memory, shuffle_partitions)
+    settings = _settings(master, remote, driver_memory, executor_memory, shuffle_partitions)
     paths = [p.absolute() for p in parsed(journal_paths, data_dirs, journals)]
     out_dir = out_dir.absolute()
     now_ms = parsed(parse_instant_ms, now, field="--now") if now else _CLOCK.now_ms()

@@ -155,7 +155,11 @@ def ship(spark: SparkSession, bundle: Bundle) -> None:
     if is_connect(spark):
         spark.addArtifacts(str(bundle.path), pyfile=True)
     else:
+        before = set(sys.path)
         spark.sparkContext.addPyFile(str(bundle.path))
+        # addPyFile puts the zip on this process's path too, ahead of the installed tarry: a
+        # compiled module found there first could not be loaded from it.
+        sys.path[:] = [p for p in sys.path if p in before]
 
 
 def on_executors(function: F, bundle: Bundle | None) -> F:

@@ -61,6 +61,8 @@ class SparkSettings:
     remote: str | None = None
     #: Memory of the driver JVM (in local mode also the executors').
     driver_memory: str = "4g"
+    #: Memory of each executor on a cluster (None: the cluster's ``spark.executor.memory``).
+    executor_memory: str | None = None
     #: Partitions after a shuffle (de-duplication, the per-partition sort, the report's groups).
     shuffle_partitions: int = 8
     #: Fewer JIT tiers and a serial GC: less JVM CPU for short jobs and tests, where compiling
@@ -139,6 +141,8 @@ def spark_session(settings: SparkSettings = SparkSettings()) -> SparkSession:
     )
     for key, value in _sql_settings(settings).items():
         builder = builder.config(key, value)
+    if settings.executor_memory is not None:
+        builder = builder.config("spark.executor.memory", settings.executor_memory)
     if settings.local:
         builder = builder.config("spark.driver.host", "127.0.0.1").config(
             "spark.driver.bindAddress", "127.0.0.1"
