@@ -77,19 +77,20 @@ def _segments(data: Path) -> list[tuple[Any, ...]]:
     return sorted(found, key=repr)
 
 
-def offline_import_matches_local_and_reruns_once(
-    make_server: Any, tmp_path: Path, where: list[str], python: str
+def offline_import_matches_local(
+    make_server: Any, tmp_path: Path, where: list[str], python: str, *, rerun: bool
 ) -> None:
     """Shared with the Spark Connect tests: an offline import on the cluster (``where``: the
-    --master or --remote option) equals local[2]'s; run again, the server adopts both areas
-    and stores every message once."""
+    --master or --remote option) equals local[2]'s; with ``rerun``, run again, the server adopts
+    both areas and stores every message once. (Each cluster run starts a Spark driver, so the
+    reruns are split between these tests and Connect's.)"""
     now_ms = int(time.time()) // 60 * 60_000
     data = tmp_path / "data"
     server = make_server(data_dir=data)
     _declare(server.url)
     server.stop()
     shutil.copytree(data, tmp_path / "local-data")
-    clusters.write_input(tmp_path / "in.parquet", now_ms)
+    clusters.write_input(tmp_path / "in.parquet", now_ms, rows=8_000)
     common = ["pipeline", "import", str(tmp_path / "in.parquet"), "--now", str(now_ms)]
 
     local = _local(
@@ -100,11 +101,15 @@ def offline_import_matches_local_and_reruns_once(
     )
     summary = clusters.summary_of(on_cluster)
     assert summary == clusters.summary_of(local)
-    assert summary["rows_read"] == 20_000 and summary["duplicates"] > 0 and summary["rejected"]
+    assert summary["rows_read"] == 8_000 and summary["duplicates"] > 0 and summary["rejected"]
     rejects = clusters.table(tmp_path / "rej", "row")
     assert rejects.num_rows == sum(summary["rejected"].values()) + summary["duplicates"]
     assert rejects.equals(clusters.table(tmp_path / "rej-local", "row"))
     assert _segments(data) == _segments(tmp_path / "local-data")
+    if not rerun:
+        server.start()
+        assert _stored(server.url) == summary["copies"]
+        return
 
     again = _on_cluster(
         *common,
@@ -120,11 +125,11 @@ def offline_import_matches_local_and_reruns_once(
     assert _stored(server.url) == summary["copies"]
 
 
-def online_import_matches_local_and_reruns_once(
-    make_server: Any, tmp_path: Path, where: list[str], python: str
+def online_import_matches_local(
+    make_server: Any, tmp_path: Path, where: list[str], python: str, *, rerun: bool
 ) -> None:
-    """The online sink from the cluster's executors into a real server, twice; and local[2]'s
-    run into another server, the same rows refused."""
+    """The online sink from the cluster's executors into a real server (with ``rerun``, twice:
+    nothing is stored twice); and local[2]'s run into another server, the same rows refused."""
     now_ms = int(time.time()) // 60 * 60_000
     servers = [make_server(), make_server()]
     for server in servers:
@@ -142,6 +147,9 @@ def online_import_matches_local_and_reruns_once(
     assert summary["created"] == summary["accepted"] > 0 and summary["already_there"] == 0
     rejects = clusters.table(tmp_path / "rej", "row")
     assert rejects.equals(clusters.table(tmp_path / "rej-local", "row"))
+    assert _stored(servers[1].url) == summary["copies"]
+    if not rerun:
+        return
 
     again = _on_cluster(
         *common, *sink, "--rejects", str(tmp_path / "rej2"), where=where, python=python
@@ -176,13 +184,13 @@ def report_matches_local(tmp_path: Path, where: list[str], python: str) -> None:
 def test_offline_import_on_a_cluster_without_tarry_equals_local_and_reruns_once(
     spark: Any, make_server: Any, tmp_path: Path, master: str, bare: str
 ) -> None:
-    offline_import_matches_local_and_reruns_once(make_server, tmp_path, ["--master", master], bare)
+    offline_import_matches_local(make_server, tmp_path, ["--master", master], bare, rerun=True)
 
 
-def test_online_import_on_a_cluster_without_tarry_equals_local_and_reruns_once(
+def test_online_import_on_a_cluster_without_tarry_equals_local(
     spark: Any, make_server: Any, tmp_path: Path, master: str, bare: str
 ) -> None:
-    online_import_matches_local_and_reruns_once(make_server, tmp_path, ["--master", master], bare)
+    online_import_matches_local(make_server, tmp_path, ["--master", master], bare, rerun=False)
 
 
 def test_report_on_a_cluster_equals_local(

@@ -12,8 +12,8 @@ import pytest
 
 from tests.pipeline import clusters
 from tests.pipeline.test_cluster import (
-    offline_import_matches_local_and_reruns_once,
-    online_import_matches_local_and_reruns_once,
+    offline_import_matches_local,
+    online_import_matches_local,
     report_matches_local,
 )
 
@@ -32,16 +32,16 @@ def remote(bare: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
         yield urls["connect"]
 
 
-def test_offline_import_over_spark_connect_equals_local_and_reruns_once(
+def test_offline_import_over_spark_connect_equals_local(
     spark: Any, make_server: Any, tmp_path: Path, remote: str, bare: str
 ) -> None:
-    offline_import_matches_local_and_reruns_once(make_server, tmp_path, ["--remote", remote], bare)
+    offline_import_matches_local(make_server, tmp_path, ["--remote", remote], bare, rerun=False)
 
 
 def test_online_import_over_spark_connect_equals_local_and_reruns_once(
     spark: Any, make_server: Any, tmp_path: Path, remote: str, bare: str
 ) -> None:
-    online_import_matches_local_and_reruns_once(make_server, tmp_path, ["--remote", remote], bare)
+    online_import_matches_local(make_server, tmp_path, ["--remote", remote], bare, rerun=True)
 
 
 def test_report_over_spark_connect_equals_local(
