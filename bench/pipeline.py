@@ -17,9 +17,15 @@ catalog. Measured, each Spark run in a fresh process (the JVM's start-up is repo
 3. import, online sink on local[1] and local[2]: ``--online-rows`` rows over HTTP into a real
    ``tarry serve`` (a fresh one per run, so each run stores every row), with that server's CPU
    seconds beside the Spark tree's, and local[2] / local[1];
-4. ``tarry pipeline report`` over ``--events`` journal events on local[2] (target <= 60 s at 10M).
+4. ``tarry pipeline report`` over ``--events`` journal events on local[2] (target <= 60 s at 10M);
+5. ``cluster`` (issue 27): the offline import on local[2] and on a standalone cluster of 2 workers
+   of 1 core (``scripts/spark-cluster``, loopback) whose executors run a bare Python (numpy,
+   pyarrow, pandas: the code is shipped): rows/s, CPU seconds per million rows (driver, JVMs,
+   Python workers, the cluster's daemons and executors), and the seconds the cluster path adds
+   (start-up with executors, shipping and checking the code) over local[2]'s start-up.
 
-``--only offline`` (or any of baseline, offline, online, report) runs only those parts. Each
+``--only offline`` (or any of baseline, offline, online, report, cluster) runs only those parts;
+the default is every part but ``cluster``. Each
 Spark run also reports ``cpu_s``: the CPU seconds of its process tree (driver, JVM, Python
 workers) during the import, per phase and per program, so runs on a shared machine compare.
 """
@@ -235,10 +241,16 @@ def baseline(input_path: Path, out: Path, views: Any) -> dict[str, Any]:
 
 
 # --- child processes (one JVM each) -----------------------------------------------------------
+#: Processes whose trees count as the run's besides this one's: a cluster's daemons (their
+#: children are the executors and their Python workers).
+CLUSTER_PIDS: set[int] = set()
+
+
 def tree_cpu_s(by_program: dict[str, float] | None = None) -> float:
     """CPU seconds used so far by this process and its descendants (the JVM, Python workers),
-    from /proc: how many cores a run keeps busy, whatever ``local[n]`` says. ``by_program``
-    gets the same split by program (java, python), the driver's own Python apart."""
+    and by ``CLUSTER_PIDS``' trees, from /proc: how many cores a run keeps busy, whatever
+    ``local[n]`` says. ``by_program`` gets the same split by program (java, python), the
+    driver's own Python apart."""
     parent_of: dict[int, int] = {}
     used: dict[int, int] = {}
     program: dict[int, str] = {}
@@ -252,7 +264,7 @@ def tree_cpu_s(by_program: dict[str, float] | None = None) -> float:
         parent_of[pid] = int(fields[1])
         used[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
         program[pid] = head.split("(", 1)[1]
-    mine = {os.getpid()}
+    mine = {os.getpid(), *CLUSTER_PIDS}
     grew = True
     while grew:
         more = {p for p, parent in parent_of.items() if parent in mine} - mine
@@ -304,16 +316,21 @@ def child(args: argparse.Namespace) -> None:
         result["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
         print(json.dumps(result))
         return
+    from tarry.pipeline.executors import prepare_executors
+    from tarry.pipeline.session import work_dir
+
+    if args.cluster_state:
+        CLUSTER_PIDS.update(json.loads(Path(args.cluster_state).read_text())["pids"])
     started = time.perf_counter()
-    spark = spark_session(
-        SparkSettings(
-            master=args.master,
-            driver_memory=args.driver_memory,
-            shuffle_partitions=args.shuffle,
-            light_jvm=args.light_jvm,
-        )
+    settings = SparkSettings(
+        master=args.master,
+        driver_memory=args.driver_memory,
+        executor_memory=args.executor_memory,
+        shuffle_partitions=args.shuffle,
+        light_jvm=args.light_jvm,
     )
-    spark.range(10).count()
+    spark = spark_session(settings)
+    spark.range(10).count()  # on a cluster: waits for the executors
     startup = time.perf_counter() - started
     programs_before: dict[str, float] = {}
     cpu_before = tree_cpu_s(programs_before)
@@ -338,6 +355,16 @@ def child(args: argparse.Namespace) -> None:
         partition_ms=granularity if offline else 3_600_000,
     )
     progress = cpu_progress(spark)
+    t = time.perf_counter()
+    areas = [options.log_sink.area] if options.log_sink is not None else []
+    executors = prepare_executors(
+        spark,
+        local=settings.local,
+        work_dir=work_dir(settings),
+        readable=[options.input],
+        writable=[options.rejects_dir, *areas],
+    )
+    ship_s = time.perf_counter() - t
     summary = run_import(
         spark,
         options,
@@ -351,6 +378,7 @@ def child(args: argparse.Namespace) -> None:
         every_view=(lambda: views_from_store(data_dir, None, now_ms=args.now))
         if offline and data_dir
         else None,
+        executors=executors,
     )
     client.close()
     programs: dict[str, float] = {}
@@ -360,7 +388,9 @@ def child(args: argparse.Namespace) -> None:
         json.dumps(
             {
                 "startup_s": round(startup, 2),
+                "ship_and_check_s": round(ship_s, 2),
                 "cpu_s": round(cpu, 1),
+                "cpu_s_per_million_rows": round(cpu / summary.rows_read * 1e6, 1),
                 "cores_busy": round(cpu / summary.seconds, 2),
                 "cpu_phases": progress.cpu,
                 "cpu_by_program": by_program,
@@ -371,7 +401,15 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(
-    kind: str, master: str, input_path: Path, out: Path, url: str, args: Any
+    kind: str,
+    master: str,
+    input_path: Path,
+    out: Path,
+    url: str,
+    args: Any,
+    *,
+    env: dict[str, str] | None = None,
+    cluster_state: Path | None = None,
 ) -> dict[str, Any]:
     command = [
         sys.executable,
@@ -396,8 +434,12 @@ def run_child(
         str(args.data_dir),
         *(["--light-jvm"] if args.light_jvm else []),
         *(["--views", str(args.views)] if kind == "baseline" else []),
+        *(["--executor-memory", args.executor_memory] if cluster_state else []),
+        *(["--cluster-state", str(cluster_state)] if cluster_state else []),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        command, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})}
+    )
     if done.returncode != 0:
         raise SystemExit(f"{kind} on {master} failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -442,6 +484,55 @@ def run_online(master: str, root: Path, args: Any) -> dict[str, Any]:
     return run
 
 
+def run_cluster(root: Path, url: str, args: Any, local: dict[str, Any] | None) -> dict[str, Any]:
+    """The offline import on local[2] (unless given) and on a 2-worker standalone cluster with
+    bare executors; their figures side by side."""
+    script = HERE.parent / "scripts" / "spark-cluster"
+    if local is None:
+        local = run_child(
+            "offline", "local[2]", root / "input.parquet", root / "offline-2", url, args
+        )
+        local["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    bare = subprocess.run(
+        [sys.executable, str(script), "bare-python"], capture_output=True, text=True, check=True
+    ).stdout.split()[-1]
+    state = root / "cluster-state"
+    memory = f"{int(args.executor_memory.rstrip('g')) + 1}g"
+    subprocess.run(
+        [sys.executable, str(script), "start", "--workers", "2", "--worker-memory", memory]
+        + ["--state", str(state)],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        master = json.loads((state / "cluster.json").read_text())["master"]
+        run = run_child(
+            "offline",
+            master,
+            root / "input.parquet",
+            root / "offline-cluster",
+            url,
+            args,
+            env={"PYSPARK_PYTHON": bare},
+            cluster_state=state / "cluster.json",
+        )
+        run["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    finally:
+        subprocess.run([sys.executable, str(script), "stop", "--state", str(state)], check=False)
+    return {
+        "offline_sink_local[2]": local,
+        "offline_sink_cluster_2x1": run,
+        "cluster_over_local2_rows_per_s": round(run["rows_per_s"] / local["rows_per_s"], 2),
+        "cluster_adds_s": round(
+            run["startup_s"]
+            + run["ship_and_check_s"]
+            - local["startup_s"]
+            - local["ship_and_check_s"],
+            1,
+        ),
+    }
+
+
 def start_server(data: Path) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tarry.cli.main", "serve", "--port", "0", "--data", str(data)],
@@ -473,8 +564,13 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default="baseline,offline,online,report",
-        help="comma-separated parts to run (default all): baseline, offline, online, report",
+        help="comma-separated parts to run: baseline, offline, online, report (the default), "
+        "cluster",
     )
+    parser.add_argument(
+        "--executor-memory", default="3g", help="per executor of the cluster part (1 core each)"
+    )
+    parser.add_argument("--cluster-state", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--now", type=int, default=NOW_MS, help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)
@@ -537,6 +633,8 @@ def main() -> None:
         if "online" in parts:
             one, two = result["online_sink_local[1]"], result["online_sink_local[2]"]
             result["online_local2_over_local1"] = round(two["rows_per_s"] / one["rows_per_s"], 2)
+        if "cluster" in parts:
+            result.update(run_cluster(root, url, args, result.get("offline_sink_local[2]")))
         if "report" in parts:
             result["report_local[2]"] = run_child(
                 "report", "local[2]", root / "journal", root / "report", url, args

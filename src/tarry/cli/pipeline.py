@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,32 +17,90 @@ from tarry.errors import InvalidArgument
 from tarry.model.time import SystemClock, parse_duration_ms, parse_instant_ms
 from tarry.model.validate import DestinationView
 
+if TYPE_CHECKING:
+    from tarry.pipeline.executors import Executors
+    from tarry.pipeline.progress import SparkProgress
+    from tarry.pipeline.session import SparkSettings
+
 _CLOCK = SystemClock()
+_DEFAULT_MASTER = "local[*]"
 
 
 def _spark_options(func: Any) -> Any:
     func = click.option(
+        "--remote",
+        metavar="sc://HOST:PORT",
+        help="Run on a Spark Connect server instead of --master.",
+    )(func)
+    func = click.option(
         "--driver-memory", default="4g", show_default=True, help="Spark driver memory."
+    )(func)
+    func = click.option(
+        "--executor-memory", help="Memory of each executor on a cluster (default: the cluster's)."
     )(func)
     func = click.option(
         "--shuffle-partitions", default=8, show_default=True, help="Partitions after a shuffle."
     )(func)
     return click.option(
         "--master",
-        default="local[*]",
+        default=_DEFAULT_MASTER,
         show_default=True,
-        help="Spark master: local[N] or a cluster URL.",
+        help="Spark master: local[N] or a cluster URL (spark://, yarn, k8s://).",
     )(func)
 
 
-def _session(master: str, driver_memory: str, shuffle_partitions: int) -> Any:
-    from tarry.pipeline.session import SparkSettings, spark_session
+def _settings(
+    master: str,
+    remote: str | None,
+    driver_memory: str,
+    executor_memory: str | None,
+    shuffle_partitions: int,
+) -> SparkSettings:
+    from tarry.pipeline.session import SparkSettings
 
-    return spark_session(
-        SparkSettings(
-            master=master, driver_memory=driver_memory, shuffle_partitions=shuffle_partitions
-        )
+    if remote is not None:
+        if not remote.startswith("sc://"):
+            usage_error(InvalidArgument(f"--remote {remote!r} is not sc://HOST:PORT"))
+        if master != _DEFAULT_MASTER:
+            usage_error(InvalidArgument("give --master or --remote, not both"))
+    return SparkSettings(
+        master=master,
+        remote=remote,
+        driver_memory=driver_memory,
+        executor_memory=executor_memory,
+        shuffle_partitions=shuffle_partitions,
     )
+
+
+def _executors(
+    spark: Any,
+    settings: SparkSettings,
+    progress: SparkProgress,
+    *,
+    readable: Iterable[Path | str],
+    writable: Iterable[Path | str],
+) -> Executors:
+    from tarry.pipeline.executors import prepare_executors
+    from tarry.pipeline.session import work_dir
+
+    with progress.phase("executors"):
+        return prepare_executors(
+            spark,
+            local=settings.local,
+            work_dir=work_dir(settings),
+            readable=readable,
+            writable=writable,
+        )
+
+
+def _location(value: str | None) -> Path | str | None:
+    """A location option: a shared store's URL (``s3a://...``) as given; a local path made
+    absolute (executors resolve a relative one in their own working directory)."""
+    from tarry.pipeline.executors import is_local_path
+
+    if value is None or not is_local_path(value):
+        return value
+    return Path(value.removeprefix("file://").removeprefix("file:")).absolute()
 
 
 @click.group()
@@ -51,7 +109,7 @@ def pipeline() -> None:
 
 
 @pipeline.command("import")
-@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
+@click.argument("input_path", metavar="INPUT")
 @click.option(
     "--format",
     "fmt",
@@ -74,13 +132,11 @@ def pipeline() -> None:
 @click.option(
     "--plan",
     "plan_dir",
-    type=click.Path(path_type=Path),
     help="Also write the accepted copies as Parquet, partitioned by time, sorted by due time.",
 )
 @click.option(
     "--rejects",
     "rejects_dir",
-    type=click.Path(path_type=Path),
     help="Where refused rows go (Parquet; default ./tarry-rejects-<time>).",
 )
 @click.option(
@@ -98,26 +154,30 @@ def pipeline() -> None:
 @reports_errors
 def import_(
     ctx: click.Context,
-    input_path: Path,
+    input_path: str,
     fmt: str | None,
     mapping: tuple[str, ...],
     to_url: str | None,
     into_dir: Path | None,
-    plan_dir: Path | None,
-    rejects_dir: Path | None,
+    plan_dir: str | None,
+    rejects_dir: str | None,
     partition: str | None,
     batch_size: int,
     now: str | None,
     quiet: bool,
     master: str,
     driver_memory: str,
+    executor_memory: str | None,
     shuffle_partitions: int,
+    remote: str | None,
     as_json: bool,
 ) -> None:
-    """Schedule every row of INPUT (Parquet, CSV or JSON lines), checked by the API's rules."""
+    """Schedule every row of INPUT (Parquet, CSV or JSON lines; a path, or a URL such as
+    s3a://bucket/dir), checked by the API's rules."""
     from tarry.pipeline.bulk_import import ImportOptions, run_import
     from tarry.pipeline.catalog import views_from_server, views_from_store
     from tarry.pipeline.progress import SparkProgress
+    from tarry.pipeline.session import spark_session
     from tarry.pipeline.sink_http import SinkSettings
     from tarry.pipeline.sink_log import LogSinkSettings, import_area
     from tarry.pipeline.sources import parse_mapping
@@ -130,16 +190,21 @@ def import_(
     if to_url is not None:
         obj["url"] = to_url
     now_ms = parsed(parse_instant_ms, now, field="--now") if now else _CLOCK.now_ms()
+    settings = _settings(master, remote, driver_memory, executor_memory, shuffle_partitions)
     if rejects_dir is None:
         stamp = datetime.fromtimestamp(now_ms / 1000, tz=UTC).strftime("%Y%m%dT%H%M%SZ")
-        rejects_dir = Path(f"tarry-rejects-{stamp}")
+        rejects_dir = f"tarry-rejects-{stamp}"
+    source, rejects, plan = _location(input_path), _location(rejects_dir), _location(plan_dir)
+    assert source is not None and rejects is not None
+    if into_dir is not None:
+        into_dir = into_dir.absolute()
     default_width = StoreConfig().granularity_ms if into_dir is not None else 3_600_000
     partition_ms = (
         parsed(parse_duration_ms, partition, field="--partition") if partition else default_width
     )
     options = ImportOptions(
-        input=input_path,
-        rejects_dir=rejects_dir,
+        input=source,
+        rejects_dir=rejects,
         fmt=fmt,
         mapping=parsed(parse_mapping, mapping),
         sink=SinkSettings(url=to_url, token=obj.get("token"), batch_size=batch_size)
@@ -150,7 +215,7 @@ def import_(
         )
         if into_dir is not None
         else None,
-        plan_dir=plan_dir,
+        plan_dir=plan,
         partition_ms=partition_ms,
     )
     resolve: Callable[[list[str]], dict[str, DestinationView]]
@@ -172,14 +237,24 @@ def import_(
         def resolve(names: list[str]) -> dict[str, DestinationView]:
             return views_from_server(server, names)
 
-    spark = _session(master, driver_memory, shuffle_partitions)
+    spark = spark_session(settings)
+    progress = SparkProgress(spark, enabled=not quiet and not as_json)
+    areas = [options.log_sink.area] if options.log_sink is not None else []
+    executors = _executors(
+        spark,
+        settings,
+        progress,
+        readable=[source],
+        writable=[p for p in (rejects, plan, *areas) if p is not None],
+    )
     summary = run_import(
         spark,
         options,
         now_ms=now_ms,
         resolve_views=resolve,
-        progress=SparkProgress(spark, enabled=not quiet and not as_json),
+        progress=progress,
         every_view=every,
+        executors=executors,
     )
     if as_json:
         print_json(summary.to_dict())
@@ -220,23 +295,25 @@ def report(
     now: str | None,
     master: str,
     driver_memory: str,
+    executor_memory: str | None,
     shuffle_partitions: int,
+    remote: str | None,
     as_json: bool,
 ) -> None:
     """Delivery analytics from journals: Parquet tables and one offline HTML report."""
     from tarry.pipeline.analytics import journal_paths, run_report
     from tarry.pipeline.progress import SparkProgress
+    from tarry.pipeline.session import spark_session
 
-    paths = parsed(journal_paths, data_dirs, journals)
+    settings = _settings(master, remote, driver_memory, executor_memory, shuffle_partitions)
+    paths = [p.absolute() for p in parsed(journal_paths, data_dirs, journals)]
+    out_dir = out_dir.absolute()
     now_ms = parsed(parse_instant_ms, now, field="--now") if now else _CLOCK.now_ms()
-    spark = _session(master, driver_memory, shuffle_partitions)
-    summary = run_report(
-        spark,
-        paths,
-        out_dir,
-        now_ms=now_ms,
-        progress=SparkProgress(spark, enabled=not as_json),
-    )
+    spark = spark_session(settings)
+    progress = SparkProgress(spark, enabled=not as_json)
+    # The report runs no Python on the executors; the check still finds paths they cannot see.
+    _executors(spark, settings, progress, readable=paths, writable=[out_dir])
+    summary = run_report(spark, paths, out_dir, now_ms=now_ms, progress=progress)
     if as_json:
         print_json(summary)
     else:

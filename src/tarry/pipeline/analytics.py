@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from tarry.errors import InvalidArgument
 from tarry.pipeline.progress import SparkProgress
 from tarry.pipeline.report_html import render_report
-from tarry.pipeline.session import session_settings
+from tarry.pipeline.session import default_parallelism, session_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -308,7 +308,7 @@ def run_report(
     progress: SparkProgress | None = None,
 ) -> dict[str, Any]:
     """Read the journals, write every table as Parquet and ``report.html``; return a summary."""
-    cores = spark.sparkContext.defaultParallelism
+    cores = default_parallelism(spark)
     settings = {**_READ_SETTINGS, "spark.sql.files.minPartitionNum": str(_TASKS_PER_CORE * cores)}
     with session_settings(spark, settings):
         return _run_report(spark, paths, out_dir, now_ms=now_ms, progress=progress)

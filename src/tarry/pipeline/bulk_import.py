@@ -31,9 +31,10 @@ from tarry.model.validate import DestinationView
 from tarry.pipeline import sink_http
 from tarry.pipeline.catalog import views_to_json
 from tarry.pipeline.dedupe import Repeats, find_repeats, possible_repeats, split_duplicates
+from tarry.pipeline.executors import Executors
 from tarry.pipeline.progress import SparkProgress
 from tarry.pipeline.screen import DUPLICATE_ROW, REJECT, VERDICTS
-from tarry.pipeline.session import session_settings
+from tarry.pipeline.session import default_parallelism, input_partitions, session_settings
 from tarry.pipeline.sink_http import SENT_DDL, SinkSettings, sender
 from tarry.pipeline.sink_log import (
     FILE,
@@ -48,7 +49,6 @@ from tarry.pipeline.summary import ImportSummary
 from tarry.pipeline.validation import CHECKED_DDL, VERDICT_DDL, ImportRules, checker, verdicts
 
 if TYPE_CHECKING:
-    from pyspark import Broadcast
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["ImportOptions", "REJECT_COLUMNS", "run_import"]
@@ -60,15 +60,16 @@ Resolver = Callable[[list[str]], dict[str, DestinationView]]
 
 
 class Releasable(Protocol):
-    """A kept frame or a broadcast variable, released when the import is done."""
+    """A kept frame, released when the import is done."""
 
     def unpersist(self) -> object: ...
 
 
 @dataclass(frozen=True, slots=True)
 class ImportOptions:
-    input: Path
-    rejects_dir: Path
+    #: A local path or a shared store's URL (``s3a://...``), as are the other locations.
+    input: Path | str
+    rejects_dir: Path | str
     fmt: str | None = None
     mapping: dict[str, str] = field(default_factory=dict)
     #: The online sink (``--to URL``).
@@ -76,7 +77,7 @@ class ImportOptions:
     #: The offline sink (``--into DATA_DIR``): segment files in the log store's format.
     log_sink: LogSinkSettings | None = None
     #: Write the accepted copies, partitioned by time and sorted by due time, as Parquet.
-    plan_dir: Path | None = None
+    plan_dir: Path | str | None = None
     partition_ms: int = 3_600_000
     max_message_bytes: int = 4 * 1024 * 1024
 
@@ -89,7 +90,7 @@ def _rejects(frame: DataFrame) -> DataFrame:
     )
 
 
-def _write_plan(first: DataFrame, path: Path) -> None:
+def _write_plan(first: DataFrame, path: Path | str) -> None:
     from pyspark.sql import functions as F
 
     copies = first.select(
@@ -111,13 +112,17 @@ def _write_plan(first: DataFrame, path: Path) -> None:
 
 
 def _write_plan_without(
-    frame: DataFrame, rules: ImportRules, dropped: DataFrame, path: Path
+    frame: DataFrame,
+    rules: ImportRules,
+    dropped: DataFrame,
+    path: Path | str,
+    executors: Executors,
 ) -> None:
     """The plan of the accepted rows but ``dropped`` (a frame of ``_row``: later repeats, rows
     the server refused), checked again from the input."""
     from pyspark.sql import functions as F
 
-    checked = frame.mapInArrow(checker(rules), CHECKED_DDL)
+    checked = frame.mapInArrow(executors.function(checker(rules)), CHECKED_DDL)
     _write_plan(checked.where(F.col("code").isNull()).join(dropped, ROW, "left_anti"), path)
 
 
@@ -149,9 +154,12 @@ def _later_repeats(
     rules: ImportRules,
     show: SparkProgress,
     kept: list[Releasable],
-) -> tuple[Repeats, Broadcast[Repeats]]:
+    executors: Executors,
+) -> Repeats:
     """The first half of both map-only sinks: the later repeats, found by the rules over the
-    possible repeats only (``dedupe``), and broadcast to the tasks that screen the input."""
+    possible repeats only (``dedupe``). They are few, so they travel to the tasks that screen
+    the input inside the tasks' function (Spark Connect has no broadcast variables; a large
+    function is broadcast by Spark itself)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -162,14 +170,11 @@ def _later_repeats(
         # Kept: find_repeats reads it twice (the key grouping and its semi-join).
         verdict = (
             possible_repeats(frame)
-            .mapInArrow(verdicts(rules), VERDICT_DDL)
+            .mapInArrow(executors.function(verdicts(rules)), VERDICT_DDL)
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
         kept.append(verdict)
-        repeats = find_repeats(verdict.where(F.col("code").isNull()))
-    shared = spark.sparkContext.broadcast(repeats)
-    kept.append(shared)
-    return repeats, shared
+        return find_repeats(verdict.where(F.col("code").isNull()))
 
 
 def _sink_rejects(out: DataFrame, *kinds: str) -> DataFrame:
@@ -188,6 +193,7 @@ def _import_offline(
     show: SparkProgress,
     summary: ImportSummary,
     kept: list[Releasable],
+    executors: Executors,
 ) -> DataFrame:
     """The offline sink, map-only: the rules run on the possible repeats (kept) to find the
     later ones; then every task checks its input and writes its own sorted segment files, its
@@ -198,11 +204,11 @@ def _import_offline(
 
     from tarry.store.log.adopt import ImportManifest, write_manifest
 
-    repeats, shared = _later_repeats(spark, frame, rules, show, kept)
+    repeats = _later_repeats(spark, frame, rules, show, kept, executors)
     settings.area.mkdir(parents=True, exist_ok=True)
     # Kept: the rejects below read the repeats from it, and running it again writes new files.
     written = frame.mapInArrow(
-        import_writer(settings, rules, lambda: shared.value), WRITTEN_DDL
+        executors.function(import_writer(settings, rules, lambda: repeats)), WRITTEN_DDL
     ).persist(StorageLevel.MEMORY_AND_DISK)
     kept.append(written)
     with show.phase("segments"):
@@ -226,7 +232,7 @@ def _import_offline(
     if options.plan_dir is not None:
         with show.phase("plan"):
             later = _later_rows(spark, repeats)
-            _write_plan_without(frame, rules, later, options.plan_dir)
+            _write_plan_without(frame, rules, later, options.plan_dir, executors)
     return _sink_rejects(written)
 
 
@@ -238,20 +244,23 @@ def run_import(
     resolve_views: Resolver,
     progress: SparkProgress | None = None,
     every_view: Callable[[], dict[str, DestinationView]] | None = None,
+    executors: Executors | None = None,
 ) -> ImportSummary:
     """Run one import; every row ends up imported, a duplicate, or in the rejects dataset.
 
     ``resolve_views`` looks up the destinations the input names (found by a pass over it);
     ``every_view``, when the whole catalog is cheap to read (the offline sink's data
-    directory), gives it instead, and that pass is saved."""
+    directory), gives it instead, and that pass is saved. ``executors``: where the tasks run
+    and what they need shipped (``prepare_executors``; default: this machine, ``local[N]``)."""
     from pyspark.sql import functions as F
 
     show = progress or SparkProgress(spark, enabled=False)
     started = time.perf_counter()
     summary = ImportSummary(rejects_dir=str(options.rejects_dir))
     frame, summary.ignored_columns = load_input(spark, options.input, options.fmt, options.mapping)
-    cores = spark.sparkContext.defaultParallelism
-    if frame.rdd.getNumPartitions() < cores:
+    executors = executors or Executors(default_parallelism(spark))
+    cores = executors.cores
+    if input_partitions(frame) < cores:
         # A small input (one Parquet row group, one CSV file) reads as fewer tasks than cores;
         # the rules are the costly step, so spread the rows before them.
         frame = frame.repartition(cores)
@@ -277,12 +286,14 @@ def run_import(
         if options.sink is not None:
             raise InvalidArgument("give an online sink or an offline one, not both")
         rejects = _import_offline(
-            spark, frame, rules, options, options.log_sink, show, summary, kept
+            spark, frame, rules, options, options.log_sink, show, summary, kept, executors
         )
     elif options.sink is not None:
-        rejects = _import_online(spark, frame, rules, options, options.sink, show, summary, kept)
+        rejects = _import_online(
+            spark, frame, rules, options, options.sink, show, summary, kept, executors
+        )
     else:
-        rejects = _import_checked(frame, rules, options, show, summary, kept)
+        rejects = _import_checked(frame, rules, options, show, summary, kept, executors)
     with show.phase("rejects"):
         # repartition, not coalesce: the rows are few, but finding them should use every core
         rejects.repartition(1).write.mode("overwrite").parquet(str(options.rejects_dir))
@@ -302,6 +313,7 @@ def _import_online(
     show: SparkProgress,
     summary: ImportSummary,
     kept: list[Releasable],
+    executors: Executors,
 ) -> DataFrame:
     """The online sink, map-only like the offline one: the later repeats found beforehand go to
     every task, which screens its input and posts its first rows of each key (``sink_http``);
@@ -309,11 +321,11 @@ def _import_online(
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    repeats, shared = _later_repeats(spark, frame, rules, show, kept)
+    repeats = _later_repeats(spark, frame, rules, show, kept, executors)
     # Kept: the rejects read it, and running it again posts everything again.
-    sent = frame.mapInArrow(sender(settings, rules, lambda: shared.value), SENT_DDL).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+    sent = frame.mapInArrow(
+        executors.function(sender(settings, rules, lambda: repeats)), SENT_DDL
+    ).persist(StorageLevel.MEMORY_AND_DISK)
     kept.append(sent)
     with show.phase("sending"):
         totals = (
@@ -343,7 +355,7 @@ def _import_online(
             dropped = _later_rows(spark, repeats).unionByName(
                 sent.where(F.col("kind") == sink_http.REFUSED).select(ROW)
             )
-            _write_plan_without(frame, rules, dropped, options.plan_dir)
+            _write_plan_without(frame, rules, dropped, options.plan_dir, executors)
     return _sink_rejects(sent, sink_http.REFUSED)
 
 
@@ -354,13 +366,16 @@ def _import_checked(
     show: SparkProgress,
     summary: ImportSummary,
     kept: list[Releasable],
+    executors: Executors,
 ) -> DataFrame:
     """The plan alone: the checked rows, whole, kept for the plan and the counts; returns the
     rejects."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    checked = frame.mapInArrow(checker(rules), CHECKED_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+    checked = frame.mapInArrow(executors.function(checker(rules)), CHECKED_DDL).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
     kept.append(checked)
     valid = _count_verdicts(checked, show, summary)
 

@@ -22,7 +22,10 @@ class SparkProgress:
     """``with progress.phase("validating"): ...`` shows a bar of that phase's Spark tasks."""
 
     def __init__(self, spark: SparkSession, *, enabled: bool, console: Console | None = None):
-        self._tracker = spark.sparkContext.statusTracker()
+        from tarry.pipeline.session import is_connect
+
+        # Over Spark Connect there is no status tracker on this side: phases without counts.
+        self._tracker = None if is_connect(spark) else spark.sparkContext.statusTracker()
         self._enabled = enabled
         #: Seconds spent in each phase, in order (for the summary).
         self.seconds: dict[str, float] = {}
@@ -37,6 +40,8 @@ class SparkProgress:
 
     def _tasks(self) -> tuple[int, int]:
         done = total = 0
+        if self._tracker is None:
+            return done, total
         for stage_id in self._tracker.getActiveStageIds():
             info = self._tracker.getStageInfo(stage_id)
             if info is not None:

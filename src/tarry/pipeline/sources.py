@@ -54,9 +54,13 @@ def parse_mapping(items: Iterable[str]) -> dict[str, str]:
     return mapping
 
 
-def guess_format(path: Path) -> str:
-    """The format named by the file suffix (or by the files in a directory); Parquet otherwise."""
-    candidates = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+def guess_format(path: Path | str) -> str:
+    """The format named by the file suffix (or by the files in a directory; of a URL, its own
+    suffix); Parquet otherwise."""
+    if isinstance(path, str):
+        candidates = [Path(path)]
+    else:
+        candidates = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     for candidate in candidates:
         found = _SUFFIXES.get(candidate.suffix.lower())
         if found:
@@ -65,14 +69,15 @@ def guess_format(path: Path) -> str:
 
 
 def load_input(
-    spark: SparkSession, path: Path, fmt: str | None, mapping: dict[str, str]
+    spark: SparkSession, path: Path | str, fmt: str | None, mapping: dict[str, str]
 ) -> tuple[DataFrame, list[str]]:
     """The input as send-field columns plus ``_row`` (the row's position, which decides which of
-    two duplicates is kept); and the input columns left out."""
+    two duplicates is kept); and the input columns left out. ``path``: a local path, or a URL
+    (``s3a://...``) handed to Spark untouched."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    if not path.exists():
+    if isinstance(path, Path) and not path.exists():
         raise InvalidArgument(f"the input {str(path)!r} does not exist")
     fmt = fmt or guess_format(path)
     if fmt not in FORMATS:
