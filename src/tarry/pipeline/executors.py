@@ -56,11 +56,12 @@ __all__ = [
 STOCK = ("numpy", "pyarrow", "pandas")
 #: The modules the executor side imports beyond ``STOCK`` and tarry (found by running it on
 #: executors with only ``STOCK``): the rules and records (orjson), the segment files'
-#: checksums (google_crc32c), the online sink's HTTP client (httpx and what it imports to
-#: post; its optional extras are left out).
+#: checksums (google_crc32c), policy patterns in the queue rules (re2, google-re2), the online
+#: sink's HTTP client (httpx and what it imports to post; its optional extras are left out).
 SHIPPED = (
     "orjson",
     "google_crc32c",
+    "re2",
     "httpx",
     "httpcore",
     "h11",
