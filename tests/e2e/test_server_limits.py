@@ -146,7 +146,12 @@ def test_finding_06_a_million_item_batch_is_refused_before_its_items_are_built(s
     error = response.json()["error"]
     assert error["code"] == "invalid_argument" and error["max_batch"] == 10_000
     assert "got 1000000" in error["message"]
-    assert grown < 50, f"the server's RSS grew by {grown:.0f} MB to refuse a 47 MB batch"
+    # The body itself is read (47 MB); its million items built would take ~600 MB. Freed heap
+    # is not always handed back to the system at once, so allow the body twice, not once.
+    body_mb = len(body) / MB
+    assert grown < 2 * body_mb, (
+        f"the server's RSS grew by {grown:.0f} MB to refuse a {body_mb:.0f} MB batch"
+    )
     # A batch within max_batch still works, with its commas and nested objects.
     queue = httpx.put(f"{server.url}/v1/queues/q")
     assert queue.status_code == 201
