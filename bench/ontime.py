@@ -1,0 +1,312 @@
+"""On time under load (issue 23): a burst scheduled as fast as one producer can, then delivered;
+tarry against a Redis sorted set in the same run; prints JSON.
+
+    .venv/bin/python bench/ontime.py [--messages 100000] [--baseline-src DIR] [--only redis,tarry]
+
+The workload every peer was measured on: ``--messages`` messages of ~100 bytes, scheduled in
+HTTP batches of 1,000 by one producer process as fast as it can, due uniformly 1-10 s after
+they are sent, received by one consumer process (long-poll receive of up to 1,000, then ack).
+Producer and consumer run as separate processes on the same machine as the server.
+
+Per system: schedule rate, lateness at the consumer (receive time - due time) p50 / p99 / max,
+early, lost, duplicates, and the server's CPU per message over the messages' whole life (from
+the first send to the last ack). The Redis baseline is what teams build by hand: ``ZADD`` into a
+sorted set, a poller process running a Lua script that moves due members to a list, a consumer
+popping the list. It is not durable; its CPU is Redis's plus the poller's.
+``--baseline-src`` runs tarry from another source tree too (e.g. a worktree of main before a
+change), in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from foundation import cpu_s, percentile, start_server  # noqa: E402
+
+QUEUE = "bench.ontime"
+BODY = "x" * 100
+BATCH = 1000
+ZSET = "bench:ontime:due"
+READY = "bench:ontime:ready"
+
+# Moves every due member (score <= now) to the ready list, at most ARGV[2] at a time.
+MOVE_DUE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+if #due > 0 then
+  redis.call('ZREM', KEYS[1], unpack(due))
+  redis.call('RPUSH', KEYS[2], unpack(due))
+end
+return #due
+"""
+
+
+def _now_ms() -> float:
+    return time.time() * 1000
+
+
+def _delays(count: int, low_ms: int, high_ms: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randint(low_ms, high_ms) for _ in range(count)]
+
+
+# --- roles, each run in its own process -----------------------------------------------------
+
+
+def produce_tarry(url: str, count: int, low_ms: int, high_ms: int) -> dict[str, Any]:
+    delays = _delays(count, low_ms, high_ms, seed=1)
+    started = time.perf_counter()
+    with httpx.Client(base_url=url, timeout=120) as client:
+        for start in range(0, count, BATCH):
+            batch = [
+                {"destination": QUEUE, "body": BODY, "delay_ms": delay}
+                for delay in delays[start : start + BATCH]
+            ]
+            response = client.post(
+                "/v1/messages/batch",
+                content=orjson.dumps({"messages": batch}),
+                headers={"content-type": "application/json"},
+            )
+            response.raise_for_status()
+    seconds = time.perf_counter() - started
+    return {"sent": count, "seconds": seconds}
+
+
+def consume_tarry(url: str, count: int, deadline_s: float) -> dict[str, Any]:
+    lateness: list[float] = []
+    seen: set[str] = set()
+    duplicates = 0
+    deadline = time.monotonic() + deadline_s
+    with httpx.Client(base_url=url, timeout=120) as client:
+        while len(seen) < count and time.monotonic() < deadline:
+            response = client.post(
+                f"/v1/queues/{QUEUE}/receive", json={"max": BATCH, "wait_ms": 1000}
+            )
+            now = _now_ms()
+            messages = orjson.loads(response.content)["messages"]
+            for m in messages:
+                lateness.append(now - m["deliver_at"])
+                if m["id"] in seen:
+                    duplicates += 1
+                seen.add(m["id"])
+            if messages:
+                client.post(
+                    f"/v1/queues/{QUEUE}/ack",
+                    json={"receipts": [m["receipt"] for m in messages]},
+                ).raise_for_status()
+    return {"received": len(seen), "duplicates": duplicates, "lateness": lateness}
+
+
+def produce_redis(count: int, low_ms: int, high_ms: int) -> dict[str, Any]:
+    import redis
+
+    r = redis.Redis()
+    delays = _delays(count, low_ms, high_ms, seed=1)
+    started = time.perf_counter()
+    for start in range(0, count, BATCH):
+        now = _now_ms()
+        # The member carries its due time and a body as big as tarry's.
+        members = {
+            f"{start + i}:{now + delay:.3f}:{BODY}": now + delay
+            for i, delay in enumerate(delays[start : start + BATCH])
+        }
+        r.zadd(ZSET, members)
+    return {"sent": count, "seconds": time.perf_counter() - started}
+
+
+def poll_redis(count: int, deadline_s: float) -> dict[str, Any]:
+    import redis
+
+    r = redis.Redis()
+    move = r.register_script(MOVE_DUE)
+    moved = 0
+    deadline = time.monotonic() + deadline_s
+    while moved < count and time.monotonic() < deadline:
+        got = int(move(keys=[ZSET, READY], args=[_now_ms(), BATCH]))
+        moved += got
+        if got < BATCH:
+            time.sleep(0.001)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"moved": moved, "cpu_s": usage.ru_utime + usage.ru_stime}
+
+
+def consume_redis(count: int, deadline_s: float) -> dict[str, Any]:
+    import redis
+
+    r = redis.Redis()
+    lateness: list[float] = []
+    seen: set[str] = set()
+    duplicates = 0
+    deadline = time.monotonic() + deadline_s
+    while len(seen) < count and time.monotonic() < deadline:
+        first = r.blpop([READY], timeout=1)
+        if first is None:
+            continue
+        rest = r.lpop(READY, BATCH - 1) or []
+        now = _now_ms()
+        for raw in [first[1], *rest]:
+            index, due, _ = raw.decode().split(":", 2)
+            lateness.append(now - float(due))
+            if index in seen:
+                duplicates += 1
+            seen.add(index)
+    return {"received": len(seen), "duplicates": duplicates, "lateness": lateness}
+
+
+ROLES = {
+    "produce-tarry": lambda a: produce_tarry(a.url, a.messages, a.min_delay_ms, a.max_delay_ms),
+    "consume-tarry": lambda a: consume_tarry(a.url, a.messages, a.deadline_s),
+    "produce-redis": lambda a: produce_redis(a.messages, a.min_delay_ms, a.max_delay_ms),
+    "poll-redis": lambda a: poll_redis(a.messages, a.deadline_s),
+    "consume-redis": lambda a: consume_redis(a.messages, a.deadline_s),
+}
+
+
+# --- the runs -------------------------------------------------------------------------------
+
+
+def _role(role: str, args: argparse.Namespace, url: str = "") -> subprocess.Popen[str]:
+    command = [
+        sys.executable,
+        __file__,
+        "--role",
+        role,
+        "--messages",
+        str(args.messages),
+        "--min-delay-ms",
+        str(args.min_delay_ms),
+        "--max-delay-ms",
+        str(args.max_delay_ms),
+        "--deadline-s",
+        str(args.deadline_s),
+        "--url",
+        url,
+    ]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"a bench role failed with exit code {proc.returncode}")
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def _summary(
+    produced: dict[str, Any], consumed: dict[str, Any], count: int, cpu_seconds: float
+) -> dict[str, Any]:
+    lateness: list[float] = consumed["lateness"]
+    return {
+        "messages": count,
+        "schedule_messages_per_s": round(produced["sent"] / produced["seconds"]),
+        "lateness_ms_p50": round(percentile(lateness, 50), 1),
+        "lateness_ms_p99": round(percentile(lateness, 99), 1),
+        "lateness_ms_max": round(max(lateness), 1) if lateness else None,
+        "early": sum(1 for late in lateness if late < 0),
+        "lost": count - consumed["received"],
+        "duplicates": consumed["duplicates"],
+        "server_cpu_us_per_message": round(cpu_seconds / count * 1e6, 1),
+    }
+
+
+def run_tarry(args: argparse.Namespace, src: Path | None, tmp: Path) -> dict[str, Any]:
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    proc, url = start_server(tmp, args.store, env=env)
+    try:
+        httpx.put(f"{url}/v1/queues/{QUEUE}", json={}).raise_for_status()
+        cpu_before = cpu_s(proc.pid)
+        consumer = _role("consume-tarry", args, url)
+        producer = _role("produce-tarry", args, url)
+        produced = _result(producer)
+        consumed = _result(consumer)
+        cpu_seconds = cpu_s(proc.pid) - cpu_before
+    finally:
+        proc.terminate()
+        proc.wait()
+    return _summary(produced, consumed, args.messages, cpu_seconds)
+
+
+def _redis_pid() -> int:
+    import redis
+
+    info: dict[str, Any] = redis.Redis().info("server")
+    return int(info["process_id"])
+
+
+def run_redis(args: argparse.Namespace) -> dict[str, Any]:
+    import redis
+
+    redis.Redis().delete(ZSET, READY)
+    pid = _redis_pid()
+    cpu_before = cpu_s(pid)
+    consumer = _role("consume-redis", args)
+    poller = _role("poll-redis", args)
+    producer = _role("produce-redis", args)
+    produced = _result(producer)
+    consumed = _result(consumer)
+    polled = _result(poller)
+    cpu_seconds = cpu_s(pid) - cpu_before + polled["cpu_s"]
+    redis.Redis().delete(ZSET, READY)
+    result = _summary(produced, consumed, args.messages, cpu_seconds)
+    result["durable"] = False
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--min-delay-ms", type=int, default=1000)
+    parser.add_argument("--max-delay-ms", type=int, default=10_000)
+    parser.add_argument("--store", default="log")
+    parser.add_argument("--baseline-src", type=Path, help="another tarry source tree's src/")
+    parser.add_argument("--only", default="redis,tarry,baseline")
+    parser.add_argument("--deadline-s", type=float, default=300.0)
+    parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    parser.add_argument("--url", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role:
+        print(json.dumps(ROLES[args.role](args)))
+        return
+    parts = set(args.only.split(","))
+    workload = {k: v for k, v in vars(args).items() if k not in ("role", "url", "only")}
+    results: dict[str, Any] = {"workload": workload | {"baseline_src": str(args.baseline_src)}}
+    with tempfile.TemporaryDirectory() as tmp:
+        if "redis" in parts:
+            print("redis sorted set ...", file=sys.stderr)
+            results["redis"] = run_redis(args)
+        if "tarry" in parts:
+            print("tarry ...", file=sys.stderr)
+            results["tarry"] = run_tarry(args, None, Path(tmp) / "tarry")
+        if "baseline" in parts and args.baseline_src:
+            print("tarry baseline ...", file=sys.stderr)
+            results["baseline"] = run_tarry(args, args.baseline_src, Path(tmp) / "baseline")
+    for other in ("redis", "baseline"):
+        if other in results and "tarry" in results:
+            mine, theirs = results["tarry"], results[other]
+            results[f"ratio_to_{other}"] = {
+                "cpu_per_message": round(
+                    mine["server_cpu_us_per_message"] / theirs["server_cpu_us_per_message"], 2
+                ),
+                "lateness_p99": round(mine["lateness_ms_p99"] / theirs["lateness_ms_p99"], 2),
+            }
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
