@@ -35,7 +35,7 @@ import httpx
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from foundation import cpu_s, percentile, start_server  # noqa: E402
+from foundation import cpu_s, journal_lateness, percentile, start_server  # noqa: E402
 
 QUEUE = "bench.ontime"
 BODY = "x" * 100
@@ -89,9 +89,11 @@ def consume_tarry(url: str, count: int, deadline_s: float) -> dict[str, Any]:
     lateness: list[float] = []
     seen: set[str] = set()
     duplicates = 0
+    receives = 0
     deadline = time.monotonic() + deadline_s
     with httpx.Client(base_url=url, timeout=120) as client:
         while len(seen) < count and time.monotonic() < deadline:
+            receives += 1
             response = client.post(
                 f"/v1/queues/{QUEUE}/receive", json={"max": BATCH, "wait_ms": 1000}
             )
@@ -107,7 +109,12 @@ def consume_tarry(url: str, count: int, deadline_s: float) -> dict[str, Any]:
                     f"/v1/queues/{QUEUE}/ack",
                     json={"receipts": [m["receipt"] for m in messages]},
                 ).raise_for_status()
-    return {"received": len(seen), "duplicates": duplicates, "lateness": lateness}
+    return {
+        "received": len(seen),
+        "duplicates": duplicates,
+        "lateness": lateness,
+        "receives": receives,
+    }
 
 
 def produce_redis(count: int, low_ms: int, high_ms: int) -> dict[str, Any]:
@@ -239,7 +246,13 @@ def run_tarry(args: argparse.Namespace, src: Path | None, tmp: Path) -> dict[str
     finally:
         proc.terminate()
         proc.wait()
-    return _summary(produced, consumed, args.messages, cpu_seconds)
+    result = _summary(produced, consumed, args.messages, cpu_seconds)
+    # The server's own release lateness (due time to the queue), from its journal: what the
+    # consumer sees beyond it is the hand-over and the HTTP round trip.
+    result["server_released"] = journal_lateness(tmp, "released")
+    # A closed-loop consumer: few messages a receive say it kept up, hundreds that it fell behind.
+    result["messages_per_receive"] = round(consumed["received"] / max(consumed["receives"], 1), 1)
+    return result
 
 
 def _redis_pid() -> int:
