@@ -3,7 +3,7 @@ daylight-saving rules of Debian's cron), and what one top-up stores."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import pytest

@@ -168,7 +168,8 @@ class Schedules:
     # --- topping up ---------------------------------------------------------------------------
     async def start(self) -> None:
         """At node start, before the dispatcher runs: apply each schedule's catch-up policy to
-        occurrences stored ahead that are long overdue (they fell while no node ran)."""
+        occurrences stored ahead that are long overdue (they fell while no node ran), then top
+        up at once (what fell due during a short stop is stored before it counts as missed)."""
         now = self.clock.now_ms()
         for row in await self.qdb.read(read_schedules):
             if row.finished:
@@ -178,6 +179,10 @@ class Schedules:
                 await self._settle_overdue(schedule, self._plan(schedule, row, now), now)
             except TarryError as exc:
                 log.warning("schedule %s: catch-up after start failed: %s", row.name, exc)
+        try:
+            await self.top_up_due()
+        except TarryError as exc:
+            log.warning("schedules: top-up at start failed (retrying): %s", exc)
 
     async def run(self) -> None:
         """Top up every schedule that needs it, every ``interval_ms``."""
