@@ -122,7 +122,7 @@ class Schedules:
         if before is not None and before.revision_ms != row.revision_ms:
             await self._cancel_stored(name, made_before_ms=row.revision_ms)
         if before is None or before.revision_ms != row.revision_ms:
-            await self._top_up(row, overdue=False)
+            await self._top_up(row)
         return await self.get(name), before is None
 
     async def get(self, name: str) -> dict[str, Any]:
@@ -200,7 +200,7 @@ class Schedules:
         rows = await self.qdb.read(lambda conn: read_schedules(conn, due_by_ms=horizon))
         done = 0
         for row in rows:
-            done += await self._top_up(row, overdue=False)
+            done += await self._top_up(row)
         return done
 
     def _plan(self, schedule: Schedule, row: ScheduleRow, now: int) -> TopUp:
@@ -213,17 +213,19 @@ class Schedules:
             late_after_ms=self.config.late_after_ms,
         )
 
-    async def _top_up(self, row: ScheduleRow, *, overdue: bool) -> bool:
+    async def _top_up(self, row: ScheduleRow) -> bool:
         now = self.clock.now_ms()
+        schedule = parse_schedule(row.name, row.definition)
+        plan = self._plan(schedule, row, now)
+        if not plan.occurrences and not plan.missed and not plan.finished:
+            return False  # as much is stored ahead as may be
         until = now + self.config.lease_ms
         taken = await self.qdb.write(
             lambda conn: take_lease(conn, row, node=self.node, now_ms=now, until_ms=until)
         )
         if not taken:
             return False  # another node tops it up
-        schedule = parse_schedule(row.name, row.definition)
-        plan = self._plan(schedule, row, now)
-        if overdue or plan.missed:
+        if plan.missed:
             await self._settle_overdue(schedule, plan, now)
         stored_through, error, created = await self._store(schedule, row, plan, now)
         through = plan.planned_through_ms if error is None else stored_through

@@ -362,7 +362,7 @@ def plan_top_up(
 ) -> TopUp:
     """The occurrences to store now: every one after ``planned_through_ms`` up to
     ``now_ms + horizon_ms`` and the first one past it (so the next occurrence is always stored,
-    however far, within the maximum delay), at most ``max_ahead``.
+    however far, within the maximum delay), with at most ``max_ahead`` stored ahead of now.
 
     Occurrences due more than ``late_after_ms`` ago that were never stored fell while no node
     ran: ``skip`` drops them, ``once`` stores the latest of them, due now."""
@@ -377,9 +377,16 @@ def plan_top_up(
             if schedule.catch_up is CatchUp.ONCE:
                 found.append(Occurrence(latest, now_ms))
             after = latest
+    # Occurrences already stored ahead of now count against ``max_ahead``.
+    room = max_ahead
+    for at in schedule.occurrences_after(now_ms):
+        if at > after or room == 0:
+            break
+        room -= 1
+    room += len(found)  # a catch-up occurrence is due now, not ahead
     exhausted = True
     for at in schedule.occurrences_after(after):
-        if at - now_ms > MAX_DELAY_MS or len(found) >= max_ahead:
+        if at - now_ms > MAX_DELAY_MS or len(found) >= room:
             exhausted = False
             break
         found.append(Occurrence(at, at))  # one due already is delivered at once
