@@ -200,7 +200,10 @@ class Schedules:
         rows = await self.qdb.read(lambda conn: read_schedules(conn, due_by_ms=horizon))
         done = 0
         for row in rows:
-            done += await self._top_up(row)
+            try:
+                done += await self._top_up(row)
+            except TarryError as exc:  # one schedule's trouble does not hold up the others
+                log.warning("schedule %s: top-up failed (retrying): %s", row.name, exc)
         return done
 
     def _plan(self, schedule: Schedule, row: ScheduleRow, now: int) -> TopUp:
