@@ -120,7 +120,7 @@ class Schedules:
             lambda conn: save_schedule(conn, name, definition, now_ms=now), durable=True
         )
         if before is not None and before.revision_ms != row.revision_ms:
-            await self._cancel_stored(name, made_before_ms=row.revision_ms)
+            await self._cancel_stored(before, made_before_ms=row.revision_ms)
         if before is None or before.revision_ms != row.revision_ms:
             await self._top_up(row)
         return await self.get(name), before is None
@@ -140,7 +140,7 @@ class Schedules:
         row = await self.qdb.write(lambda conn: delete_schedule(conn, name), durable=True)
         if row is None:
             raise NotFound(f"no schedule named {name!r}; GET /v1/schedules lists them")
-        cancelled = await self._cancel_stored(name, made_before_ms=None)
+        cancelled = await self._cancel_stored(row, made_before_ms=None)
         return {"name": name, "deleted": True, "cancelled": cancelled}
 
     def _public(self, row: ScheduleRow) -> dict[str, Any]:
@@ -314,9 +314,12 @@ class Schedules:
             if cursor is None:
                 return found
 
-    async def _cancel_stored(self, name: str, *, made_before_ms: int | None) -> int:
+    async def _cancel_stored(self, row: ScheduleRow, *, made_before_ms: int | None) -> int:
+        """Cancel what ``row``'s revisions stored: nothing of it is due after its planned
+        time, so the listing reads no further (the log store reads partitions in due order)."""
         cancelled = 0
-        for message in await self._stored(name):
+        last = max(row.planned_through_ms, self.clock.now_ms()) + 1
+        for message in await self._stored(row.name, due_before_ms=last):
             if made_before_ms is None or id_time_ms(message.id) < made_before_ms:
                 cancelled += await self._cancel_quietly(message.id)
         return cancelled
