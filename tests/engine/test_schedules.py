@@ -223,3 +223,32 @@ async def test_two_nodes_share_a_schedule_through_its_lease(
     ats = [int(m.message_id.rsplit(":", 1)[1]) for m in got]
     first = start - start % 1000 + 1000
     assert ats == list(range(first, start + 20_001, 1000))
+
+
+async def test_a_leap_day_schedule_stores_its_next_29th_of_february_and_delivers_it_once(
+    make_engine, clock
+) -> None:
+    # Given 09:00 Paris time on every 29th of February (the clock is in November 2023)
+    engine = await make_engine(CONFIG)
+    await engine.declare_queue("q", {})
+    info, _ = await engine.put_schedule(
+        "leap", {"cron": "0 9 29 2 *", "timezone": "Europe/Paris", "destination": "q"}
+    )
+    leap_2024 = 1_709_193_600_000  # 2024-02-29T08:00:00Z
+    assert [o["local"] for o in info["next"][:2]] == [
+        "2024-02-29T09:00:00+01:00",
+        "2028-02-29T09:00:00+01:00",
+    ]
+    # Then that one occurrence is stored now, months ahead, as an ordinary scheduled message
+    [message] = await stored(engine, "leap")
+    assert (message.deliver_at_ms, message.message_id) == (leap_2024, f"sched:leap:{leap_2024}")
+    # When the day comes
+    clock.set(leap_2024 - 1)
+    await engine.schedules.top_up_due()
+    await engine.dispatcher.release_all_due()
+    assert await engine.receive("q") == []
+    got = await deliver_until(engine, clock, leap_2024 + MINUTE)
+    # Then it is delivered once, and 2028's is stored next
+    assert [m.message_id for m in got] == [f"sched:leap:{leap_2024}"]
+    waiting = [m for m in await stored(engine, "leap") if m.state.value == "scheduled"]
+    assert [m.deliver_at_ms for m in waiting] == [1_835_424_000_000]  # 2028-02-29T08:00:00Z
