@@ -92,6 +92,7 @@ async def test_a_top_up_that_was_not_recorded_is_stored_again_without_a_second_c
     await engine.declare_queue("q", {})
     await engine.put_schedule("tick", {"cron": "* * * * *", "destination": "q"})
     before = await stored(engine)
+    await engine.cancel(before[1].id)  # and one of them cancelled by a user since
     await engine.qdb.write(
         lambda conn: conn.execute(
             "UPDATE schedules SET planned_through_ms = ?, owner = NULL", (clock.now_ms(),)
@@ -104,7 +105,8 @@ async def test_a_top_up_that_was_not_recorded_is_stored_again_without_a_second_c
     assert [m.id for m in after] == [m.id for m in before]
     got = await deliver_until(engine, clock, clock.now_ms() + 6 * MINUTE)
     counts = Counter(m.message_id for m in got)
-    assert len(counts) == 6 and set(counts.values()) == {1}
+    assert len(counts) == 5 and set(counts.values()) == {1}
+    assert before[1].message_id not in counts  # the user's cancel holds
 
 
 async def test_a_restarted_engine_delivers_every_occurrence_once(
@@ -252,3 +254,23 @@ async def test_a_leap_day_schedule_stores_its_next_29th_of_february_and_delivers
     assert [m.message_id for m in got] == [f"sched:leap:{leap_2024}"]
     waiting = [m for m in await stored(engine, "leap") if m.state.value == "scheduled"]
     assert [m.deliver_at_ms for m in waiting] == [1_835_424_000_000]  # 2028-02-29T08:00:00Z
+
+
+async def test_a_schedule_to_a_topic_gives_each_subscriber_each_occurrence_once(
+    make_engine, clock
+) -> None:
+    engine = await make_engine(CONFIG)
+    for queue in ("a", "b"):
+        await engine.declare_queue(queue, {})
+    await engine.declare_topic("news")
+    for queue in ("a", "b"):
+        await engine.subscribe("news", queue)
+    await engine.put_schedule("tick", {"cron": "* * * * *", "destination": "news"})
+    start = clock.now_ms()
+    got_a = await deliver_until(engine, clock, start + 3 * MINUTE, queue="a")
+    received = await engine.receive("b", max_messages=100)
+    assert [m.message_id for m in got_a] == [d.message.message_id for d in received]
+    assert len(got_a) == 3 and len({m.message_id for m in got_a}) == 3
+    # Deleting it cancels every subscriber's stored copy
+    answer = await engine.delete_schedule("tick")
+    assert answer["cancelled"] >= 2 and answer["cancelled"] % 2 == 0
