@@ -28,6 +28,7 @@ __all__ = [
     "JournalConfig",
     "RabbitMQConfig",
     "RouteConfig",
+    "ScheduleConfig",
     "ServerConfig",
     "StoreConfig",
     "TarryConfig",
@@ -290,6 +291,26 @@ class RabbitMQConfig(_Section):
     """Connect and publish-confirm timeout."""
 
 
+class ScheduleConfig(_Section):
+    """Recurring schedules (``PUT /v1/schedules/{name}``): how far ahead occurrences are stored
+    as ordinary scheduled messages, and how nodes share the work."""
+
+    horizon_ms: int = Field(600_000, gt=0)
+    """Occurrences due within this span are stored ahead (and always the next one, however
+    far): a restart or a node's death within it loses nothing, the store delivers them."""
+    max_ahead: int = Field(100, gt=0)
+    """Most occurrences of one schedule stored ahead (an every-second schedule stores 100 s)."""
+    interval_ms: int = Field(1_000, gt=0)
+    """How often a node looks for schedules to top up."""
+    lease_ms: int = Field(30_000, gt=0)
+    """A node tops up a schedule under a lease this long; another node takes over once it
+    lapses (keep it shorter than ``server.retention_ms``: an occurrence stored again within it
+    is de-duplicated by its ``message_id``)."""
+    late_after_ms: int = Field(60_000, ge=0)
+    """An occurrence this late when a node (re)starts, or never stored that long after its
+    time, fell while tarry was down: the schedule's ``catch_up`` policy decides it."""
+
+
 class JournalConfig(_Section):
     enabled: bool = True
     max_bytes: int = Field(64 * 1024 * 1024, gt=0)
@@ -316,6 +337,7 @@ class TarryConfig(BaseSettings):
     dispatch: DispatchConfig = DispatchConfig()
     auth: AuthConfig = AuthConfig()
     journal: JournalConfig = JournalConfig()
+    schedules: ScheduleConfig = ScheduleConfig()
     rabbitmq: RabbitMQConfig = RabbitMQConfig()
     routes: dict[str, RouteConfig] = {}
     queues: dict[str, dict[str, Any]] = {}

@@ -230,6 +230,54 @@ def get_route(name: str) -> Spec[dict[str, Any]]:
     return Call("GET", f"/v1/routes/{name}"), _same
 
 
+def put_schedule(
+    name: str,
+    *,
+    cron: str,
+    destination: str,
+    body: str | bytes = b"",
+    timezone: str = "UTC",
+    headers: Mapping[str, str] | None = None,
+    ttl: Duration | None = None,
+    start_at: Instant | None = None,
+    end_at: Instant | None = None,
+    catch_up: str | None = None,
+) -> Spec[dict[str, Any]]:
+    """Create or replace a recurring schedule: ``cron`` (5 fields, or 6 with seconds first) in
+    ``timezone`` (IANA); each occurrence is a message to ``destination`` with ``message_id``
+    ``sched:{name}:{epoch ms}``. ``catch_up``: ``"skip"`` or ``"once"``. Answers with the
+    schedule and its next occurrences."""
+    optional = {
+        "headers": dict(headers) if headers else None,
+        "ttl_ms": duration_ms(ttl, "ttl"),
+        "start_at": instant_ms(start_at, "start_at"),
+        "end_at": instant_ms(end_at, "end_at"),
+        "catch_up": catch_up,
+    }
+    data: dict[str, Any] = {
+        "cron": cron,
+        "timezone": timezone,
+        "destination": destination,
+        **body_fields(body),
+    }
+    data.update({k: v for k, v in optional.items() if v is not None})
+    return Call("PUT", f"/v1/schedules/{name}", json=data), _same
+
+
+def get_schedule(name: str) -> Spec[dict[str, Any]]:
+    """A schedule, its next occurrences and how far they are stored."""
+    return Call("GET", f"/v1/schedules/{name}"), _same
+
+
+def list_schedules() -> Spec[builtins.list[dict[str, Any]]]:
+    return Call("GET", "/v1/schedules"), lambda data: data["items"]
+
+
+def delete_schedule(name: str) -> Spec[dict[str, Any]]:
+    """Delete a schedule and cancel the occurrences it stored."""
+    return Call("DELETE", f"/v1/schedules/{name}"), _same
+
+
 def health() -> Spec[dict[str, Any]]:
     return Call("GET", "/healthz"), _same
 

@@ -88,6 +88,10 @@ class AsyncClient:
     delete_policy = _method(_calls.delete_policy)
     list_routes = _method(_calls.list_routes)
     get_route = _method(_calls.get_route)
+    put_schedule = _method(_calls.put_schedule)
+    get_schedule = _method(_calls.get_schedule)
+    list_schedules = _method(_calls.list_schedules)
+    delete_schedule = _method(_calls.delete_schedule)
     health = _method(_calls.health)
     stats = _method(_calls.stats)
 

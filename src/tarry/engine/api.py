@@ -107,6 +107,22 @@ class EngineAPI(Protocol):
 
     async def list_policies(self) -> list[Policy]: ...
 
+    # --- schedules ----------------------------------------------------------------------------
+    async def put_schedule(
+        self, name: str, data: Mapping[str, Any], *, may_send: MayAccess | None = None
+    ) -> tuple[dict[str, Any], bool]:
+        """Create or replace a recurring schedule (True when created) and store its next
+        occurrences; raises ``invalid_argument`` for a bad cron or zone, and what the send rules
+        refuse for its message."""
+
+    async def get_schedule(self, name: str) -> dict[str, Any]:
+        """The definition, its next occurrences and how far they are stored; ``not_found``."""
+
+    async def list_schedules(self) -> list[dict[str, Any]]: ...
+
+    async def delete_schedule(self, name: str) -> dict[str, Any]:
+        """Delete it and cancel its stored occurrences; raises ``not_found``."""
+
     # --- operations -------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         """``{"status": "ok"|"degraded", "breakers": {name: state}, "open": [names], ...}``."""

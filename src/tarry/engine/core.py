@@ -20,6 +20,7 @@ from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
 from tarry.engine import cluster, consuming, release, sending
 from tarry.engine.handover import refuse_if_handed_over
+from tarry.engine.schedules import Schedules
 from tarry.engine.stores import build_stores
 from tarry.engine.types import (
     Delivery,
@@ -141,6 +142,17 @@ class Engine:
             give_up=self._give_up,
             notify=self._emit_all,
         )
+        self.schedules = Schedules(
+            config=config.schedules,
+            clock=self.clock,
+            qdb=self.qdb,
+            # One process owns an embedded store (its lock file): a restart is the same node.
+            node=getattr(store, "node", None) or "local",
+            send_many=lambda items: sending.send_many(self, items, None),
+            check_many=lambda items, may: sending.check_many(self, items, may),
+            list_messages=self.list_messages,
+            cancel=self.cancel,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._lock_file: IO[str] | None = None
         self.journal: Any = None
@@ -204,9 +216,11 @@ class Engine:
 
             self.ingress = AmqpIngress(self.config.rabbitmq, send_batch=self.send_batch)
             await self.ingress.start()
+        await self.schedules.start()  # before the dispatcher: long-overdue ones are missed
         if background:
             self._spawn(self.dispatcher.run)
             self._spawn(self._housekeeping)
+            self._spawn(self.schedules.run)
         log.info(
             "engine started: %d queues, %d topics",
             len(self.catalog.queues),
@@ -638,6 +652,21 @@ class Engine:
 
     async def list_policies(self) -> list[Policy]:
         return [self.catalog.policies[n] for n in sorted(self.catalog.policies)]
+
+    # --- schedules (tarry.engine.schedules) -----------------------------------------------------
+    async def put_schedule(
+        self, name: str, data: Mapping[str, Any], *, may_send: MayAccess | None = None
+    ) -> tuple[dict[str, Any], bool]:
+        return await self.schedules.put(name, data, may_send=may_send)
+
+    async def get_schedule(self, name: str) -> dict[str, Any]:
+        return await self.schedules.get(name)
+
+    async def list_schedules(self) -> list[dict[str, Any]]:
+        return await self.schedules.list()
+
+    async def delete_schedule(self, name: str) -> dict[str, Any]:
+        return await self.schedules.delete(name)
 
     # --- housekeeping ---------------------------------------------------------------------------
     async def _housekeeping(self) -> None:

@@ -29,7 +29,7 @@ from tarry.store.sqlite.store import insert_messages
 if TYPE_CHECKING:
     from tarry.engine.core import Engine
 
-__all__ = ["send_many"]
+__all__ = ["check_many", "send_many"]
 
 
 #: A send batch this big or bigger lets the event loop run between its steps (``_pause``).
@@ -45,10 +45,17 @@ async def _pause(items: int) -> None:
         await asyncio.sleep(1e-6)
 
 
-async def send_many(
+async def check_many(
     engine: Engine, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
-) -> list[SendResult | TarryError]:
-    now = engine.clock.now_ms()
+) -> list[SendPlan | TarryError]:
+    """Every send rule applied to ``items`` as ``send_many`` would, storing nothing (a schedule
+    checks the message its occurrences will be before it is kept)."""
+    return (await _plan(engine, items, may_send, engine.clock.now_ms()))[0]
+
+
+async def _plan(
+    engine: Engine, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None, now: int
+) -> tuple[list[SendPlan | TarryError], dict[str, DestinationView]]:
     checking = BatchCheck(items)
     views: dict[str, DestinationView] = {}
     allowed: dict[str, bool] = {}
@@ -80,6 +87,14 @@ async def send_many(
         for index, named in enumerate(checking.row_destinations()):
             if named is not None and named in failed:
                 planned[index] = failed[named]
+    return planned, views
+
+
+async def send_many(
+    engine: Engine, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
+) -> list[SendResult | TarryError]:
+    now = engine.clock.now_ms()
+    planned, views = await _plan(engine, items, may_send, now)
     results: list[SendResult | TarryError | None] = [
         p if isinstance(p, TarryError) else None for p in planned
     ]

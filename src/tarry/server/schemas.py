@@ -375,6 +375,59 @@ class Stats(BaseModel):
     health: Health
 
 
+class ScheduleBody(BaseModel):
+    """A recurring schedule (``tarry.model.schedule``); each occurrence is an ordinary message
+    with ``message_id`` ``sched:{name}:{epoch ms}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    cron: str = Field(description="5 fields, or 6 with seconds first; @daily and friends")
+    timezone: str | None = Field("UTC", description="an IANA zone, e.g. Europe/Paris")
+    destination: str = Field(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)
+    body: str | None = None
+    body_base64: str | None = None
+    headers: dict[str, str] | None = None
+    ttl_ms: int | None = Field(
+        None, ge=0, le=MAX_INT64, description="each occurrence expires this long after its time"
+    )
+    start_at: int | str | None = Field(None, description="epoch ms or RFC 3339")
+    end_at: int | str | None = Field(None, description="epoch ms or RFC 3339")
+    catch_up: Literal["skip", "once"] | None = "skip"
+
+
+class Occurrence(BaseModel):
+    at: int
+    local: str = Field(description="the time in the schedule's zone, with its offset")
+    message_id: str
+
+
+class ScheduleInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    cron: str
+    timezone: str
+    destination: str
+    headers: dict[str, str]
+    ttl_ms: int | None
+    start_at: int | None
+    end_at: int | None
+    catch_up: Literal["skip", "once"]
+    created_at: int
+    revision: int = Field(description="when this definition was put")
+    planned_through: int = Field(description="occurrences up to this time are stored")
+    finished: bool
+    last_error: str | None = Field(description="why the last top-up stored nothing, if it failed")
+    next: list[Occurrence]
+
+
+class ScheduleList(BaseModel):
+    items: list[ScheduleInfo]
+
+
+class ScheduleDeleted(Deleted):
+    cancelled: int = Field(description="stored occurrences cancelled")
+
+
 #: The request bodies by component name: pydantic models, and the send built from the table.
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     Reschedule,
@@ -383,6 +436,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     Ack,
     Nack,
     PolicyBody,
+    ScheduleBody,
 )
 
 

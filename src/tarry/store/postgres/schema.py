@@ -113,6 +113,20 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS messages_held ON messages (queue, visible_at_ms)
         WHERE state = 'delivered';
     """,
+    # Recurring schedules (tarry.queues.schedule_rows), shared by every node.
+    """
+    CREATE TABLE IF NOT EXISTS schedules (
+        name TEXT PRIMARY KEY,
+        definition TEXT NOT NULL,
+        revision_ms BIGINT NOT NULL,
+        created_at_ms BIGINT NOT NULL,
+        planned_through_ms BIGINT NOT NULL,
+        finished INTEGER NOT NULL DEFAULT 0,
+        owner TEXT,
+        lease_until_ms BIGINT NOT NULL DEFAULT 0,
+        last_error TEXT
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -104,6 +104,20 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
         ],
     ),
     "DROP INDEX IF EXISTS messages_queue;" + _QUEUE_INDEXES,
+    # Recurring schedules (tarry.queues.schedule_rows).
+    """
+    CREATE TABLE IF NOT EXISTS schedules (
+        name TEXT PRIMARY KEY,
+        definition TEXT NOT NULL,
+        revision_ms INTEGER NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        planned_through_ms INTEGER NOT NULL,
+        finished INTEGER NOT NULL DEFAULT 0,
+        owner TEXT,
+        lease_until_ms INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
