@@ -8,6 +8,7 @@ from tarry.cli.messages import cancel, consume, ls, reschedule, send, show
 from tarry.cli.pipeline import pipeline
 from tarry.cli.queues import policy, queue, topic
 from tarry.cli.rabbitmq import rabbitmq
+from tarry.cli.routes import route
 from tarry.cli.serve import serve
 from tarry.cli.stats import stats
 from tarry.cli.store import store
@@ -52,6 +53,7 @@ for command in (
     queue,
     topic,
     policy,
+    route,
     stats,
     store,
     token,

@@ -86,6 +86,8 @@ class Client:
     delete_policy = _method(_calls.delete_policy)
     list_routes = _method(_calls.list_routes)
     get_route = _method(_calls.get_route)
+    put_route = _method(_calls.put_route)
+    delete_route = _method(_calls.delete_route)
     health = _method(_calls.health)
     stats = _method(_calls.stats)
 

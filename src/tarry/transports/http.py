@@ -2,7 +2,7 @@
 
 2xx means accepted. 408, 429, 5xx, connection errors and timeouts are transient (retried);
 other 4xx are permanent (the error queue at once). httpx's exceptions are translated in one
-place, ``_delivery_failed``.
+place, ``_delivery_failed``. A route with ``secrets`` signs each attempt (``signing.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import httpx
 from tarry.config import RouteConfig
 from tarry.errors import DeliveryFailed
 from tarry.model.message import Message
+from tarry.model.time import Clock, SystemClock
+from tarry.transports.signing import Signer
 
 __all__ = ["HttpTransport"]
 
@@ -19,8 +21,16 @@ _TRANSIENT_STATUS = frozenset({408, 425, 429})
 
 
 class HttpTransport:
-    def __init__(self, route: RouteConfig, *, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        route: RouteConfig,
+        *,
+        client: httpx.AsyncClient | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.route = route
+        self._clock = clock or SystemClock()
+        self._signer = Signer(route.secrets) if route.secrets else None
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(timeout=route.timeout_ms / 1000)
 
@@ -36,6 +46,9 @@ class HttpTransport:
         if message.correlation_id is not None:
             headers["tarry-correlation-id"] = message.correlation_id
         headers.setdefault("content-type", "application/octet-stream")
+        if self._signer is not None:  # last: no header of the message or route replaces these
+            timestamp_s = self._clock.now_ms() // 1000
+            headers.update(self._signer.headers(message.id, timestamp_s, message.body))
         return headers
 
     async def deliver(self, message: Message) -> None:

@@ -104,6 +104,14 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
         ],
     ),
     "DROP INDEX IF EXISTS messages_queue;" + _QUEUE_INDEXES,
+    # Routes put at run time (PUT /v1/routes/{name}): the route's JSON, secrets included.
+    """
+    CREATE TABLE IF NOT EXISTS routes (
+        name TEXT PRIMARY KEY,
+        definition TEXT NOT NULL,
+        updated_at_ms INTEGER NOT NULL
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
