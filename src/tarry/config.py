@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -271,15 +272,35 @@ class RouteConfig(_Section):
     declare_topology: bool = True
     """``native``: declare the topology (idempotently) before the first send."""
 
+    @field_validator("url")
+    @classmethod
+    def _url_is_reachable(cls, url: str, info: ValidationInfo) -> str:
+        from tarry.model.route_rules import check_route_url
+
+        transport = info.data.get("transport")
+        if transport is None:
+            return url  # its own error says the transport is missing
+        try:
+            return check_route_url(transport, url)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets_are_whsec(cls, secrets: list[str]) -> list[str]:
+        from tarry.model.route_rules import check_secrets
+
+        try:
+            return check_secrets(secrets)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+
     @model_validator(mode="after")
     def _topology_is_valid(self) -> RouteConfig:
-        from tarry.model.route_rules import check_route_url, check_secrets
         from tarry.model.topology import Topology
         from tarry.model.validate import check_name
 
         try:
-            check_route_url(self.transport, self.url)
-            check_secrets(self.secrets)
             if self.secrets and self.transport != "http":
                 raise InvalidArgument("secrets sign webhooks: only an http route takes them")
             if self.on_failure_report_to is not None:
