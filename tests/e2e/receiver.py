@@ -3,11 +3,15 @@ every request (headers and body) and answers with the statuses it is told, then 
 
 from __future__ import annotations
 
+import base64
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
 
 
 @dataclass(frozen=True)
@@ -59,3 +63,23 @@ def wait_until(predicate: Callable[[], object], timeout_s: float = 10.0) -> None
     while not predicate():
         assert time.time() < deadline, "condition not met in time"
         time.sleep(0.02)
+
+
+def new_secret() -> str:
+    """A fresh Standard Webhooks secret (32 random bytes)."""
+    return "whsec_" + base64.b64encode(os.urandom(32)).decode()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def other() -> Iterator[Receiver]:
+    """A second receiver."""
+    r = Receiver()
+    yield r
+    r.close()

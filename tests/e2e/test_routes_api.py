@@ -4,35 +4,15 @@
 from __future__ import annotations
 
 import base64
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tarry import Client
 from tarry.errors import InUse, InvalidArgument, NotAuthorized, PreconditionFailed
-from tests.e2e.receiver import Receiver, wait_until
-
-
-def new_secret() -> str:
-    return "whsec_" + base64.b64encode(os.urandom(32)).decode()
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
-
-
-@pytest.fixture
-def other() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
+from tests.e2e.receiver import new_secret, wait_until
 
 
 def test_a_route_put_at_run_time_delivers_at_once_and_after_a_restart(
@@ -194,6 +174,26 @@ def test_a_route_of_tarry_toml_wins_a_name_clash(make_server, receiver) -> None:
         client.declare_queue("jobs")
         with pytest.raises(PreconditionFailed, match="already a queue"):
             client.put_route("jobs", transport="http", url=receiver.url)
+
+
+def test_a_stored_route_the_file_declares_later_gives_way_to_the_file(
+    make_server, receiver, other, tmp_path
+) -> None:
+    # Given a route put at run time
+    data = tmp_path / "shared-data"
+    server = make_server(data_dir=data)
+    with Client(server.url) as client:
+        client.put_route("hook", transport="http", url=other.url)
+    server.stop()
+    # When the server restarts with tarry.toml declaring the same name
+    server = make_server(f'[routes.hook]\ntransport = "http"\nurl = "{receiver.url}"\n', data)
+    with Client(server.url) as client:
+        # Then the file's route is in force, and the log says why the stored one is not
+        assert client.get_route("hook")["source"] == "config"
+        client.send("hook", "x")
+        wait_until(lambda: receiver.accepted)
+    assert other.attempts == []
+    assert any("declared in tarry.toml" in line for line in server.stderr_lines)
 
 
 def test_route_names_are_names_in_the_token_scopes(make_server, receiver) -> None:

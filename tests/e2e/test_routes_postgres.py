@@ -3,26 +3,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
 from tarry import Client
-from tests.e2e.receiver import Receiver, wait_until
+from tests.e2e.receiver import wait_until
 
 pytestmark = pytest.mark.postgres
 
 
 def node_toml(dsn: str) -> str:
     return f'[store]\nengine = "postgres"\ndsn = "{dsn}"\n[journal]\nenabled = false\n'
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
 
 
 def _route(url: str, name: str) -> int:

@@ -7,18 +7,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
-from collections.abc import Iterator
 
-import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from tarry import Client
-from tests.e2e.receiver import Attempt, Receiver, wait_until
-
-
-def new_secret() -> str:
-    return "whsec_" + base64.b64encode(os.urandom(32)).decode()
+from tests.e2e.receiver import Attempt, Receiver, new_secret, wait_until
 
 
 def verifies(secret: str, attempt: Attempt) -> bool:
@@ -27,13 +20,6 @@ def verifies(secret: str, attempt: Attempt) -> bool:
     except WebhookVerificationError:
         return False
     return True
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
 
 
 def test_a_delivery_verifies_with_the_reference_library_and_carries_the_message_id(

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import ValidationError
+import orjson
 
 from tarry.config import RouteConfig
 from tarry.engine.types import MessageQuery
@@ -184,9 +184,10 @@ class RouteBook:
             if known is not None and known[0] == definition:
                 continue
             try:
-                route = RouteConfig.model_validate_json(definition)
+                # parse's errors name fields, never their values (a secret would be one).
+                route = RouteConfig.parse(name, orjson.loads(definition))
                 transport = self._hooks.build(name, route)
-            except (ValidationError, TarryError) as exc:
+            except (orjson.JSONDecodeError, TarryError) as exc:
                 log.error("stored route %r is not in force: %s; put it again", name, exc)
                 continue
             self._install(name, definition, route, transport)
