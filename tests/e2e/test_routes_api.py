@@ -6,13 +6,23 @@ from __future__ import annotations
 import base64
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tarry import Client
 from tarry.errors import InUse, InvalidArgument, NotAuthorized, PreconditionFailed
+from tests.conftest import ServerProcess
 from tests.e2e.receiver import new_secret, wait_until
+
+
+@pytest.fixture(scope="module")
+def one_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for the tests that only read answers (each refused put changes nothing)."""
+    server = ServerProcess(tmp_path_factory.mktemp("routes"), config=None, env=None, args=[])
+    yield server
+    server.stop()
 
 
 def test_a_route_put_at_run_time_delivers_at_once_and_after_a_restart(
@@ -121,17 +131,20 @@ def _waiting(url: str) -> int:
         ({"url": "http://h/"}, "transport"),
     ],
 )
-def test_a_bad_route_is_refused_with_400_saying_what_to_fix(server, body, says) -> None:
-    response = httpx.put(f"{server.url}/v1/routes/hooks.bad", json=body)
+def test_a_bad_route_is_refused_with_400_saying_what_to_fix(one_server, body, says) -> None:
+    response = httpx.put(f"{one_server.url}/v1/routes/hooks.bad", json=body)
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "invalid_argument" and says in error["message"], error
-    assert httpx.get(f"{server.url}/v1/routes/hooks.bad").status_code == 404
+    assert httpx.get(f"{one_server.url}/v1/routes/hooks.bad").status_code == 404
 
 
-def test_a_rabbitmq_route_takes_no_secrets(server) -> None:
+def test_a_rabbitmq_route_takes_no_secrets(one_server) -> None:
     body = {"transport": "rabbitmq", "url": "amqp://127.0.0.1/", "secrets": [new_secret()]}
-    with Client(server.url) as client, pytest.raises(InvalidArgument, match="only an http route"):
+    with (
+        Client(one_server.url) as client,
+        pytest.raises(InvalidArgument, match="only an http route"),
+    ):
         client.put_route("rmq", **body)
 
 
