@@ -174,10 +174,15 @@ def test_secrets_are_never_returned_nor_logged(make_server, receiver) -> None:
 
 
 def test_a_route_of_tarry_toml_wins_a_name_clash(make_server, receiver) -> None:
-    # Given a route declared in tarry.toml
-    server = make_server(f'[routes.hook]\ntransport = "http"\nurl = "{receiver.url}"\n')
+    # Given a route declared in tarry.toml, with a secret
+    secret = new_secret()
+    server = make_server(
+        f'[routes.hook]\ntransport = "http"\nurl = "{receiver.url}"\nsecrets = ["{secret}"]\n'
+    )
     with Client(server.url) as client:
-        assert client.get_route("hook")["source"] == "config"
+        shown = client.get_route("hook")
+        assert shown["source"] == "config" and secret not in repr(shown)
+        assert secret not in "".join(server.stderr_lines)  # nor in the start-up log
         # Then the API can neither replace nor delete it
         with pytest.raises(PreconditionFailed, match="tarry.toml"):
             client.put_route("hook", transport="http", url="http://elsewhere.example/")
