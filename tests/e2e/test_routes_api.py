@@ -153,9 +153,14 @@ def test_secrets_are_never_returned_nor_logged(make_server, receiver) -> None:
     secret, older = new_secret(), new_secret()
     server = make_server()
     url = receiver.url.replace("http://", "http://user:pa55word@")
+    receiver.statuses = [404]  # the delivery fails: its failure names the URL
     with Client(server.url) as client:
         put = client.put_route("hooks.a", transport="http", url=url, secrets=[secret, older])
         shown = [put, client.get_route("hooks.a"), *client.list_routes()]
+        client.send("hooks.a", "x")
+        [dead] = client.receive("tarry.error", wait="10s")
+        shown.append(dead.headers)
+        assert "answered HTTP 404" in dead.headers["tarry-failure"]
     cli = subprocess.run(
         [sys.executable, "-m", "tarry.cli.main", "--url", server.url, "route", "show", "hooks.a"],
         capture_output=True,

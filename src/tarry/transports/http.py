@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import httpx
 
-from tarry.config import RouteConfig
+from tarry.config import RouteConfig, redact_url
 from tarry.errors import DeliveryFailed
 from tarry.model.message import Message
 from tarry.model.time import Clock, SystemClock
@@ -31,6 +31,8 @@ class HttpTransport:
         self.route = route
         self._clock = clock or SystemClock()
         self._signer = Signer(route.secrets) if route.secrets else None
+        #: The URL as failures (the error queue's headers, logs) show it: no credentials.
+        self._shown_url = redact_url(route.url)
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(timeout=route.timeout_ms / 1000)
 
@@ -57,13 +59,13 @@ class HttpTransport:
                 self.route.url, content=message.body, headers=self.headers_for(message)
             )
         except httpx.HTTPError as exc:
-            raise _delivery_failed(self.route.url, exc) from exc
+            raise _delivery_failed(self._shown_url, exc) from exc
         status = response.status_code
         if 200 <= status < 300:
             return
         transient = status >= 500 or status in _TRANSIENT_STATUS
         raise DeliveryFailed(
-            f"{self.route.url} answered HTTP {status}",
+            f"{self._shown_url} answered HTTP {status}",
             reason=f"http_{status}",
             permanent=not transient,
         )
