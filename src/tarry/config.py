@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -224,11 +225,30 @@ class AuthConfig(_Section):
 
 
 class RouteConfig(_Section):
+    """A destination outside tarry: declared in ``tarry.toml`` (``[routes.NAME]``) or put at run
+    time (``PUT /v1/routes/{name}``, kept in the catalog); both are validated here."""
+
     transport: Literal["http", "rabbitmq"]
     url: str
-    """For ``http``: the URL tarry POSTs each due message to. For ``rabbitmq``: the AMQP URL."""
-    timeout_ms: int = Field(5_000, gt=0)
+    """For ``http``: the URL tarry POSTs each due message to (``http://`` or ``https://``). For
+    ``rabbitmq``: the AMQP URL (``amqp://`` or ``amqps://``)."""
+    timeout_ms: int = Field(5_000, gt=0, le=600_000)
     headers: dict[str, str] = {}
+    secrets: list[str] = []
+    """``http``: Standard Webhooks secrets (``whsec_`` + base64 of 24–64 bytes). With any, each
+    delivery carries ``webhook-id``, ``webhook-timestamp`` and one ``webhook-signature`` per
+    secret, so a receiver holding either the old or the new secret verifies it (rotation).
+    Never shown by ``GET /v1/routes`` nor logged."""
+    rate_per_s: float | None = Field(None, gt=0)
+    """Most deliveries per second to this route (None: no limit); the delivery policy."""
+    concurrency: int | None = Field(None, gt=0)
+    """Most deliveries under way at once to this route (None: no limit)."""
+    retries: int | None = Field(None, ge=0)
+    """Delivery attempts after the first (None: ``dispatch.number_of_retries``)."""
+    retry_backoff_ms: int | None = Field(None, ge=0)
+    """First retry delay (None: ``dispatch.retry_backoff_ms``)."""
+    on_failure_report_to: str | None = None
+    """A destination told when a message for this route is dead-lettered (None: nobody)."""
     exchange: str = ""
     """``rabbitmq``, mode ``store``: the exchange a due message is published to (``""``: the
     default exchange, which routes to the queue named by ``routing_key``)."""
@@ -253,21 +273,64 @@ class RouteConfig(_Section):
     declare_topology: bool = True
     """``native``: declare the topology (idempotently) before the first send."""
 
+    @field_validator("url")
+    @classmethod
+    def _url_is_reachable(cls, url: str, info: ValidationInfo) -> str:
+        from tarry.model.route_rules import check_route_url
+
+        transport = info.data.get("transport")
+        if transport is None:
+            return url  # its own error says the transport is missing
+        try:
+            return check_route_url(transport, url)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets_are_whsec(cls, secrets: list[str]) -> list[str]:
+        from tarry.model.route_rules import check_secrets
+
+        try:
+            return check_secrets(secrets)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+
     @model_validator(mode="after")
     def _topology_is_valid(self) -> RouteConfig:
         from tarry.model.topology import Topology
+        from tarry.model.validate import check_name
 
         try:
+            if self.secrets and self.transport != "http":
+                raise InvalidArgument("secrets sign webhooks: only an http route takes them")
+            if self.on_failure_report_to is not None:
+                check_name(self.on_failure_report_to, field="on_failure_report_to")
             Topology(prefix=self.prefix, levels=self.levels)
         except InvalidArgument as exc:
             raise ValueError(exc.message) from None
         return self
 
+    @classmethod
+    def parse(cls, name: str, data: Any) -> RouteConfig:
+        """A route from a request body (``PUT /v1/routes/{name}``); raises ``invalid_argument``
+        naming each field that is wrong and why."""
+        if not isinstance(data, dict):
+            raise InvalidArgument("a route must be a JSON object")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise InvalidArgument(f"route {name!r} is not valid: {_problems(exc)}") from None
+
     def redacted(self) -> dict[str, Any]:
-        """The route as logs and ``GET /v1/routes`` show it: no credentials, no header values."""
+        """The route as logs and ``GET /v1/routes`` show it: no credentials, no header values,
+        each secret as a fingerprint."""
+        from tarry.model.route_rules import secret_fingerprint
+
         data = self.model_dump(mode="json")
         data["url"] = redact_url(self.url)
         data["headers"] = {k: "***" for k in self.headers}
+        data["secrets"] = [secret_fingerprint(s) for s in self.secrets]
         return data
 
 
@@ -440,8 +503,13 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         raise InvalidArgument(_describe(exc, "command-line flags")) from None
 
 
-def _describe(exc: ValidationError, source: str) -> str:
-    problems = "; ".join(
-        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'body'}: "
+        f"{err['msg'].removeprefix('Value error, ')}"
+        for err in exc.errors()
     )
-    return f"invalid configuration in {source}: {problems}"
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    return f"invalid configuration in {source}: {_problems(exc)}"

@@ -13,6 +13,7 @@ Hierarchy::
     ├── PutDisabled            put_disabled          409
     ├── NotCancellable         not_cancellable       409
     ├── PreconditionFailed     precondition_failed   409
+    ├── InUse                  in_use                409
     ├── MessageTooLarge        message_too_large     413
     ├── DestinationFull        destination_full      429
     ├── Unavailable            unavailable           503
@@ -32,6 +33,7 @@ __all__ = [
     "DeliveryFailed",
     "DestinationFull",
     "ExpiryError",
+    "InUse",
     "InvalidArgument",
     "MessageTooLarge",
     "NotAuthorized",
@@ -150,6 +152,14 @@ class PreconditionFailed(TarryError):
     """Raised when a queue or topic is re-declared with different arguments."""
 
     code = "precondition_failed"
+    http_status = 409
+
+
+class InUse(TarryError):
+    """Raised when a route is deleted while messages still wait for it (``?force=true``
+    dead-letters them instead)."""
+
+    code = "in_use"
     http_status = 409
 
 

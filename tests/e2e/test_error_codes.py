@@ -28,6 +28,9 @@ SETUP: list[Request] = [
     ("PUT", "/v1/queues/tiny", {"max_message_bytes": 4}),
     ("PUT", "/v1/queues/one", {"max_length": 1, "overflow": "reject_publish"}),
     ("POST", "/v1/messages", {"destination": "one", "body": "fills it"}),
+    # A route a message waits for (nothing listens on port 9: it is never tried within the hour).
+    ("PUT", "/v1/routes/busy", {"transport": "http", "url": "http://127.0.0.1:9/hook"}),
+    ("POST", "/v1/messages", {"destination": "busy", "body": "x", "delay_ms": 3_600_000}),
 ]
 CASES: dict[str, tuple[int, Request]] = {
     "invalid_argument": (
@@ -51,6 +54,7 @@ CASES: dict[str, tuple[int, Request]] = {
         ("POST", "/v1/messages", {"destination": "tiny", "body": "too big"}),
     ),
     "destination_full": (429, ("POST", "/v1/messages", {"destination": "one", "body": "x"})),
+    "in_use": (409, ("DELETE", "/v1/routes/busy", None)),
 }
 
 
@@ -107,6 +111,7 @@ CLI_CASES: dict[str, list[str]] = {
     "precondition_failed": ["queue", "declare", "q", "--ttl", "5ms"],
     "message_too_large": ["send", "tiny", "too big"],
     "destination_full": ["send", "one", "x"],
+    "in_use": ["route", "delete", "busy"],
 }
 
 

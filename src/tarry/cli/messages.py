@@ -15,7 +15,7 @@ from tarry.errors import InvalidArgument, TarryError
 from tarry.model.time import parse_duration_ms, parse_instant_ms
 
 
-def _headers(pairs: tuple[str, ...]) -> dict[str, str]:
+def header_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     headers = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -95,7 +95,7 @@ def send(
         delay=parsed(parse_duration_ms, delay, field="--delay") if delay else None,
         deliver_at=parsed(parse_instant_ms, at, field="--at") if at else None,
         ttl=parsed(parse_duration_ms, ttl, field="--ttl") if ttl else None,
-        headers=_headers(headers),
+        headers=header_pairs(headers),
         message_id=message_id,
         correlation_id=correlation_id,
         reply_to=reply_to,

@@ -11,7 +11,7 @@ from typing import Any, ParamSpec, TypeVar
 import click
 
 from tarry.cli.context import parsed, reports_errors
-from tarry.cli.messages import _headers
+from tarry.cli.messages import header_pairs
 from tarry.cli.output import print_json
 from tarry.errors import DeliveryFailed, TarryError, Unavailable
 from tarry.model.time import SystemClock, parse_duration_ms, parse_instant_ms
@@ -214,7 +214,7 @@ def send_native(
     )
     message = aio_pika.Message(
         body=body.encode("utf-8"),
-        headers=dict(_headers(headers)),
+        headers=dict(header_pairs(headers)),
         message_id=message_id,
         correlation_id=correlation_id,
         content_type=content_type,

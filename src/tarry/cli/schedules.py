@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from tarry.cli.context import client, connection_options, parsed, reports_errors
-from tarry.cli.messages import _headers
+from tarry.cli.messages import header_pairs
 from tarry.cli.output import json_option, mapping, print_json, table, when
 from tarry.model.time import parse_duration_ms, parse_instant_ms
 
@@ -73,7 +73,7 @@ def put(
         timezone=timezone,
         destination=destination,
         body=body,
-        headers=_headers(headers),
+        headers=header_pairs(headers),
         ttl=parsed(parse_duration_ms, ttl, field="--ttl") if ttl else None,
         start_at=parsed(parse_instant_ms, start, field="--start") if start else None,
         end_at=parsed(parse_instant_ms, end, field="--end") if end else None,

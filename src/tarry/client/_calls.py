@@ -227,6 +227,7 @@ def list_routes() -> Spec[builtins.list[dict[str, Any]]]:
 
 
 def get_route(name: str) -> Spec[dict[str, Any]]:
+    """A route's settings (secrets shown as fingerprints only)."""
     return Call("GET", f"/v1/routes/{name}"), _same
 
 
@@ -276,6 +277,45 @@ def list_schedules() -> Spec[builtins.list[dict[str, Any]]]:
 def delete_schedule(name: str) -> Spec[dict[str, Any]]:
     """Delete a schedule and cancel the occurrences it stored."""
     return Call("DELETE", f"/v1/schedules/{name}"), _same
+
+
+def put_route(
+    name: str,
+    *,
+    transport: str,
+    url: str,
+    secrets: Sequence[str] | None = None,
+    timeout: Duration | None = None,
+    headers: Mapping[str, str] | None = None,
+    rate_per_s: float | None = None,
+    concurrency: int | None = None,
+    retries: int | None = None,
+    retry_backoff: Duration | None = None,
+    on_failure_report_to: str | None = None,
+    **settings: Any,
+) -> Spec[dict[str, Any]]:
+    """Create or replace route ``name`` (in force at once); ``settings`` takes the transport's
+    other fields as the HTTP API names them (``mode``, ``routing_key``, ``exchange``, ...)."""
+    optional = {
+        "secrets": [*secrets] if secrets is not None else None,
+        "timeout_ms": duration_ms(timeout, "timeout"),
+        "headers": dict(headers) if headers else None,
+        "rate_per_s": rate_per_s,
+        "concurrency": concurrency,
+        "retries": retries,
+        "retry_backoff_ms": duration_ms(retry_backoff, "retry_backoff"),
+        "on_failure_report_to": on_failure_report_to,
+    }
+    body: dict[str, Any] = {"transport": transport, "url": url, **settings}
+    body.update({k: v for k, v in optional.items() if v is not None})
+    return Call("PUT", f"/v1/routes/{name}", json=body), _same
+
+
+def delete_route(name: str, *, force: bool = False) -> Spec[dict[str, Any]]:
+    """Delete a route put at run time: ``in_use`` while messages wait for it, unless ``force``
+    (which dead-letters them; the answer's ``dead_lettered`` says how many)."""
+    params = {"force": "true"} if force else None
+    return Call("DELETE", f"/v1/routes/{name}", params=params), _same
 
 
 def health() -> Spec[dict[str, Any]]:

@@ -90,6 +90,8 @@ class Client:
     get_schedule = _method(_calls.get_schedule)
     list_schedules = _method(_calls.list_schedules)
     delete_schedule = _method(_calls.delete_schedule)
+    put_route = _method(_calls.put_route)
+    delete_route = _method(_calls.delete_route)
     health = _method(_calls.health)
     stats = _method(_calls.stats)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from tarry.engine.routes import RouteEntry
 from tarry.engine.types import (
     Delivery,
     EventBatchListener,
@@ -122,6 +123,22 @@ class EngineAPI(Protocol):
 
     async def delete_schedule(self, name: str) -> dict[str, Any]:
         """Delete it and cancel its stored occurrences; raises ``not_found``."""
+
+    # --- routes -----------------------------------------------------------------------------
+    async def put_route(self, name: str, data: Mapping[str, Any]) -> tuple[RouteEntry, bool]:
+        """Create or replace a run-time route (True when created); its transport is in force
+        when this returns. Raises ``invalid_argument``, ``precondition_failed`` (a name of
+        ``tarry.toml``, a queue or a topic)."""
+
+    def get_route(self, name: str) -> RouteEntry:
+        """Raises ``not_found``."""
+
+    def list_routes(self) -> list[RouteEntry]:
+        """Every route, from ``tarry.toml`` and put at run time, by name."""
+
+    async def delete_route(self, name: str, *, force: bool = False) -> int:
+        """Delete a run-time route; returns the waiting messages dead-lettered (``force``).
+        Raises ``not_found``, ``precondition_failed`` (``tarry.toml``), ``in_use``."""
 
     # --- operations -------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:

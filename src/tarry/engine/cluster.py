@@ -6,8 +6,8 @@ here is a no-op for a store without these capabilities). With a shared PostgreSQ
 - wake-ups: another node stored a message due earlier than this dispatcher planned to look
   (``tarry_due``); a queue received messages, so consumers waiting here look now
   (``tarry_filled``);
-- the catalog (queues, topics, subscriptions, policies) is reloaded whenever any node changes
-  it (``tarry_catalog``, and after every reconnection, since changes may have been missed);
+- the catalog (queues, topics, subscriptions, policies, routes) is reloaded whenever any node
+  changes it (``tarry_catalog``, and after every reconnection, since changes may have been missed);
 - arrival order in a queue is the arrival time (``ClockSequencer``), not a per-node count;
 - the dispatcher fetches due messages and releases the local ones in one transaction
   (``_release_due``); where a claim must outlive a transaction (transports, or the two-step
@@ -172,6 +172,7 @@ class _CatalogReloader:
             if known is not None:  # last use is kept per node, in memory
                 entry.last_used_ms = known.last_used_ms
         engine.catalog = fresh
+        engine.routes.apply(fresh.routes)
 
 
 def _fingerprint(catalog: Catalog) -> tuple[object, ...]:
@@ -179,4 +180,5 @@ def _fingerprint(catalog: Catalog) -> tuple[object, ...]:
         sorted((n, repr(e.args)) for n, e in catalog.queues.items()),
         sorted((t, sorted(q)) for t, q in catalog.topics.items()),
         sorted((n, repr(p)) for n, p in catalog.policies.items()),
+        sorted(catalog.routes.items()),
     )

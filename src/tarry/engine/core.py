@@ -20,6 +20,7 @@ from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
 from tarry.engine import cluster, consuming, release, sending
 from tarry.engine.handover import refuse_if_handed_over
+from tarry.engine.routes import RouteBook, RouteEntry, RouteHooks
 from tarry.engine.schedules import Schedules
 from tarry.engine.stores import build_stores
 from tarry.engine.types import (
@@ -65,22 +66,11 @@ from tarry.queues.txn import QUEUED_STATES, QueueTxn, Sequencer
 from tarry.store.base import DelayedStore, QueueDatabase
 from tarry.store.sql import row_lock
 from tarry.transports.base import Transport
+from tarry.transports.build import build_transport, rabbitmq_module
 
 __all__ = ["Engine"]
 
 log = logging.getLogger(__name__)
-
-
-def _rabbitmq() -> Any:
-    """The RabbitMQ transports, or a clear error when the optional dependency is missing."""
-    try:
-        from tarry.transports import rabbitmq_topology
-    except ImportError as exc:
-        raise InvalidArgument(
-            f"RabbitMQ is configured but its client library is missing ({exc}); "
-            "install it with pip install 'tarry[rabbitmq]'"
-        ) from None
-    return rabbitmq_topology
 
 
 def _one_by_one(listener: EventListener) -> EventBatchListener:
@@ -153,6 +143,19 @@ class Engine:
             list_messages=self.list_messages,
             cancel=self.cancel,
         )
+        self.routes = RouteBook(
+            configured=config.routes,
+            transports=self.transports,
+            hooks=RouteHooks(
+                qdb=self.qdb,
+                catalog=lambda: self.catalog,
+                now_ms=self.clock.now_ms,
+                build=lambda name, route: build_transport(name, route, clock=self.clock),
+                count_waiting=self.store.count_scheduled,
+                find=self.list_messages,
+                give_up=self._give_up,
+            ),
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._lock_file: IO[str] | None = None
         self.journal: Any = None
@@ -162,18 +165,9 @@ class Engine:
     @classmethod
     def from_config(cls, config: TarryConfig, *, clock: Clock | None = None) -> Engine:
         store, queues = build_stores(config)
-        transports: dict[str, Transport] = {}
-        for name, route in config.routes.items():
-            if route.transport == "http":
-                from tarry.transports.http import HttpTransport
-
-                transports[name] = HttpTransport(route)
-            elif route.transport == "rabbitmq":
-                transports[name] = _rabbitmq().rabbitmq_transport(name, route, clock=clock)
-            else:
-                raise InvalidArgument(
-                    f"route {name!r}: transport {route.transport!r} is not available in this build"
-                )
+        transports = {
+            name: build_transport(name, route, clock=clock) for name, route in config.routes.items()
+        }
         return cls(config, store=store, queues=queues, clock=clock, transports=transports)
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -197,6 +191,7 @@ class Engine:
             return int(conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()[0])
 
         self._seq.value = await self.qdb.read(load)
+        self.routes.apply(self.catalog.routes)
         if self.config.journal.enabled:
             from tarry.journal.writer import Journal
 
@@ -211,7 +206,7 @@ class Engine:
                 self._spawn(self.journal.run)
         await self._declare_configured()
         if self.config.rabbitmq.ingress:
-            _rabbitmq()
+            rabbitmq_module()
             from tarry.transports.amqp_ingress import AmqpIngress
 
             self.ingress = AmqpIngress(self.config.rabbitmq, send_batch=self.send_batch)
@@ -235,6 +230,7 @@ class Engine:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         await self.dispatcher.drain()
+        await self.routes.close()
         for transport in self.transports.values():
             await transport.close()
         if self.journal is not None:
@@ -667,6 +663,19 @@ class Engine:
 
     async def delete_schedule(self, name: str) -> dict[str, Any]:
         return await self.schedules.delete(name)
+
+    # --- routes (engine/routes.py) ---------------------------------------------------------------
+    async def put_route(self, name: str, data: Mapping[str, Any]) -> tuple[RouteEntry, bool]:
+        return await self.routes.put(name, data)
+
+    def get_route(self, name: str) -> RouteEntry:
+        return self.routes.get(name)
+
+    def list_routes(self) -> list[RouteEntry]:
+        return self.routes.entries()
+
+    async def delete_route(self, name: str, *, force: bool = False) -> int:
+        return await self.routes.delete(name, force=force)
 
     # --- housekeeping ---------------------------------------------------------------------------
     async def _housekeeping(self) -> None:

@@ -1,5 +1,6 @@
 """What exists: queues (with their arguments and the policies in force), topics with their
-subscriptions, and policies. Kept in memory for the hot path, written through to the database.
+subscriptions, policies, and the routes put at run time (as stored; ``engine.routes`` turns
+them into transports). Kept in memory for the hot path, written through to the database.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tarry.model.queue_args import (
 )
 from tarry.store.sql import SqlConnection
 
-__all__ = ["Catalog", "QueueEntry"]
+__all__ = ["Catalog", "QueueEntry", "save_route"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class Catalog:
         self.topics: dict[str, set[str]] = {}
         self.topic_created_ms: dict[str, int] = {}
         self.policies: dict[str, Policy] = {}
+        #: Routes put at run time: name → the route's JSON as stored (secrets included).
+        self.routes: dict[str, str] = {}
 
     # --- reading -------------------------------------------------------------------------------
     def effective(self, queue: str) -> EffectiveQueueArgs | None:
@@ -81,6 +84,8 @@ class Catalog:
                     exc.message,
                     name,
                 )
+        for name, definition in conn.execute("SELECT name, definition FROM routes"):
+            self.routes[name] = definition
         self.recompute()
 
 
@@ -130,6 +135,19 @@ def save_policy(conn: SqlConnection, policy: Policy | None, name: str) -> None:
         "INSERT INTO policies (name, definition) VALUES (?, ?) "
         "ON CONFLICT(name) DO UPDATE SET definition = excluded.definition",
         (name, orjson.dumps(data).decode()),
+    )
+
+
+def save_route(conn: SqlConnection, name: str, definition: str | None, now_ms: int) -> None:
+    """Store a route's JSON (``None``: delete it)."""
+    if definition is None:
+        conn.execute("DELETE FROM routes WHERE name = ?", (name,))
+        return
+    conn.execute(
+        "INSERT INTO routes (name, definition, updated_at_ms) VALUES (?, ?, ?) "
+        "ON CONFLICT(name) DO UPDATE SET definition = excluded.definition, "
+        "updated_at_ms = excluded.updated_at_ms",
+        (name, definition, now_ms),
     )
 
 

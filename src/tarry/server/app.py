@@ -176,6 +176,9 @@ def serve(config: TarryConfig) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # httpx logs every request at INFO with its whole URL: a line per webhook delivery, and a
+    # route URL's credentials in clear. Its warnings still show.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
     log.info("configuration: %s", orjson.dumps(config.redacted()).decode())
     app = create_app(config)
     tune_runtime()

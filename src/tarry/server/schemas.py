@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tarry.config import RouteConfig
 from tarry.engine.consuming import MAX_VISIBILITY_MS
 from tarry.errors import error_class_for, registered_codes
 from tarry.model.fields import FIELDS, NAME_MAX_CHARS, NAME_PATTERN, SendField
@@ -331,8 +332,9 @@ class Health(BaseModel):
 
 
 class RouteInfo(BaseModel):
-    """A route as ``tarry.toml`` declares it; credentials in its URL and header values are
-    shown as ``***``. Transport-specific settings (``mode``, ``prefix``, ...) come too."""
+    """A route as ``tarry.toml`` declares it or ``PUT /v1/routes/{name}`` put it; credentials in
+    its URL and header values are shown as ``***``, each secret as a fingerprint. Transport
+    settings and the delivery policy (``mode``, ``rate_per_s``, ...) come too."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -341,6 +343,18 @@ class RouteInfo(BaseModel):
     url: str
     timeout_ms: int
     headers: dict[str, str]
+    secrets: list[str] = Field(
+        description="a fingerprint per secret (whsec_…redacted (sha256 1a2b3c4d)), never a secret"
+    )
+    source: Literal["config", "api"] = Field(
+        description="config: declared in tarry.toml (which wins a name clash); api: put at run time"
+    )
+
+
+class RouteDeleted(BaseModel):
+    name: str
+    deleted: bool
+    dead_lettered: int = Field(description="waiting messages dead-lettered (force=true)")
 
 
 class RouteList(BaseModel):
@@ -437,6 +451,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     Nack,
     PolicyBody,
     ScheduleBody,
+    RouteConfig,
 )
 
 

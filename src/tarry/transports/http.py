@@ -2,16 +2,18 @@
 
 2xx means accepted. 408, 429, 5xx, connection errors and timeouts are transient (retried);
 other 4xx are permanent (the error queue at once). httpx's exceptions are translated in one
-place, ``_delivery_failed``.
+place, ``_delivery_failed``. A route with ``secrets`` signs each attempt (``signing.py``).
 """
 
 from __future__ import annotations
 
 import httpx
 
-from tarry.config import RouteConfig
+from tarry.config import RouteConfig, redact_url
 from tarry.errors import DeliveryFailed
 from tarry.model.message import Message
+from tarry.model.time import Clock, SystemClock
+from tarry.transports.signing import Signer
 
 __all__ = ["HttpTransport"]
 
@@ -19,8 +21,18 @@ _TRANSIENT_STATUS = frozenset({408, 425, 429})
 
 
 class HttpTransport:
-    def __init__(self, route: RouteConfig, *, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        route: RouteConfig,
+        *,
+        client: httpx.AsyncClient | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.route = route
+        self._clock = clock or SystemClock()
+        self._signer = Signer(route.secrets) if route.secrets else None
+        #: The URL as failures (the error queue's headers, logs) show it: no credentials.
+        self._shown_url = redact_url(route.url)
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(timeout=route.timeout_ms / 1000)
 
@@ -36,6 +48,9 @@ class HttpTransport:
         if message.correlation_id is not None:
             headers["tarry-correlation-id"] = message.correlation_id
         headers.setdefault("content-type", "application/octet-stream")
+        if self._signer is not None:  # last: no header of the message or route replaces these
+            timestamp_s = self._clock.now_ms() // 1000
+            headers.update(self._signer.headers(message.id, timestamp_s, message.body))
         return headers
 
     async def deliver(self, message: Message) -> None:
@@ -44,13 +59,13 @@ class HttpTransport:
                 self.route.url, content=message.body, headers=self.headers_for(message)
             )
         except httpx.HTTPError as exc:
-            raise _delivery_failed(self.route.url, exc) from exc
+            raise _delivery_failed(self._shown_url, exc) from exc
         status = response.status_code
         if 200 <= status < 300:
             return
         transient = status >= 500 or status in _TRANSIENT_STATUS
         raise DeliveryFailed(
-            f"{self.route.url} answered HTTP {status}",
+            f"{self._shown_url} answered HTTP {status}",
             reason=f"http_{status}",
             permanent=not transient,
         )

@@ -1,23 +1,37 @@
-"""Routes: the destinations outside tarry (HTTP endpoints, RabbitMQ) a message can be sent to,
-as configured, without their secrets."""
+"""Routes: the destinations outside tarry (HTTP endpoints, RabbitMQ), declared in ``tarry.toml``
+or put at run time, shown without their secrets, credentials or header values."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
 from tarry.config import RouteConfig
-from tarry.errors import NotFound
 from tarry.server import schemas
-from tarry.server.deps import caller
+from tarry.server.deps import caller, engine_of, json_object
 from tarry.server.responses import JSON
 
 router = APIRouter(prefix="/v1/routes", tags=["routes"])
 
 
-def _public(name: str, route: RouteConfig) -> dict[str, Any]:
-    return {"name": name, **route.redacted()}
+@router.put(
+    "/{name}",
+    summary="Create or replace a route (in force at once, kept across restarts)",
+    openapi_extra=schemas.body(RouteConfig),
+    responses=schemas.answers(
+        {200: schemas.RouteInfo, 201: schemas.RouteInfo}, 400, 401, 403, 409, 503
+    ),
+)
+async def put_route(request: Request, name: str) -> JSON:
+    principal = caller(request)
+    principal.require(principal.may_admin(name), "put route", name, scope="admin")
+    data = await json_object(request)
+    report_to = RouteConfig.parse(name, data).on_failure_report_to
+    if report_to is not None:  # failure reports are sent there: the token must be able to
+        principal.require(
+            principal.may_send(report_to), "report failures to", report_to, scope="send"
+        )
+    entry, created = await engine_of(request).put_route(name, data)
+    return JSON(entry.to_public(), status_code=201 if created else 200)
 
 
 @router.get(
@@ -27,26 +41,33 @@ def _public(name: str, route: RouteConfig) -> dict[str, Any]:
 )
 async def list_routes(request: Request) -> JSON:
     principal = caller(request)
-    routes: dict[str, RouteConfig] = request.app.state.config.routes
-    return JSON(
-        {
-            "items": [
-                _public(name, route)
-                for name, route in sorted(routes.items())
-                if principal.may_describe(name)
-            ]
-        }
-    )
+    entries = engine_of(request).list_routes()
+    return JSON({"items": [e.to_public() for e in entries if principal.may_describe(e.name)]})
 
 
 @router.get(
     "/{name}",
-    summary="A route's settings (credentials and header values hidden)",
+    summary="A route's settings (secrets, credentials and header values hidden)",
     responses=schemas.answers({200: schemas.RouteInfo}, 400, 401, 403, 404, 503),
 )
 async def get_route(request: Request, name: str) -> JSON:
     caller(request).require_describe(name)
-    route: RouteConfig | None = request.app.state.config.routes.get(name)
-    if route is None:
-        raise NotFound(f"no route named {name!r}; GET /v1/routes lists them")
-    return JSON(_public(name, route))
+    return JSON(engine_of(request).get_route(name).to_public())
+
+
+@router.delete(
+    "/{name}",
+    summary="Delete a route put at run time (409 in_use while messages wait, unless force)",
+    responses=schemas.answers({200: schemas.RouteDeleted}, 400, 401, 403, 404, 409, 503),
+)
+async def delete_route(
+    request: Request,
+    name: str,
+    force: bool = Query(
+        False, description="dead-letter the messages waiting for the route instead of 409"
+    ),
+) -> JSON:
+    principal = caller(request)
+    principal.require(principal.may_admin(name), "delete route", name, scope="admin")
+    dead = await engine_of(request).delete_route(name, force=force)
+    return JSON({"name": name, "deleted": True, "dead_lettered": dead})

@@ -127,6 +127,17 @@ MIGRATIONS: list[str] = [
         last_error TEXT
     );
     """,
+    # Routes put at run time (PUT /v1/routes/{name}), shared by every node like the rest of
+    # the catalog: a change tells every node to reload it.
+    """
+    CREATE TABLE IF NOT EXISTS routes (
+        name TEXT PRIMARY KEY,
+        definition TEXT NOT NULL,
+        updated_at_ms BIGINT NOT NULL
+    );
+    CREATE OR REPLACE TRIGGER routes_changed AFTER INSERT OR UPDATE OR DELETE ON routes
+        FOR EACH STATEMENT EXECUTE FUNCTION tarry_notify_catalog();
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

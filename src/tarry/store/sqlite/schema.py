@@ -118,6 +118,14 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
         last_error TEXT
     );
     """,
+    # Routes put at run time (PUT /v1/routes/{name}): the route's JSON, secrets included.
+    """
+    CREATE TABLE IF NOT EXISTS routes (
+        name TEXT PRIMARY KEY,
+        definition TEXT NOT NULL,
+        updated_at_ms INTEGER NOT NULL
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,40 @@
+"""The transport for a route, by its ``transport`` setting: what ``tarry.toml`` declares at start
+and what ``PUT /v1/routes/{name}`` puts at run time go through here alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tarry.config import RouteConfig
+from tarry.errors import InvalidArgument
+from tarry.model.time import Clock
+from tarry.transports.base import Transport
+
+__all__ = ["build_transport", "rabbitmq_module"]
+
+
+def rabbitmq_module() -> Any:
+    """The RabbitMQ transports, or a clear error when the optional dependency is missing."""
+    try:
+        from tarry.transports import rabbitmq_topology
+    except ImportError as exc:
+        raise InvalidArgument(
+            f"RabbitMQ is configured but its client library is missing ({exc}); "
+            "install it with pip install 'tarry[rabbitmq]'"
+        ) from None
+    return rabbitmq_topology
+
+
+def build_transport(name: str, route: RouteConfig, *, clock: Clock | None = None) -> Transport:
+    """A new transport for route ``name`` (it connects on first use). Raises
+    ``invalid_argument`` when this build cannot speak the route's transport."""
+    if route.transport == "http":
+        from tarry.transports.http import HttpTransport
+
+        return HttpTransport(route, clock=clock)
+    if route.transport == "rabbitmq":
+        transport: Transport = rabbitmq_module().rabbitmq_transport(name, route, clock=clock)
+        return transport
+    raise InvalidArgument(
+        f"route {name!r}: transport {route.transport!r} is not available in this build"
+    )
