@@ -30,7 +30,7 @@ from tarry.server.metrics import Metrics
 from tarry.server.openapi import install_openapi
 from tarry.server.refusals import RefusalLog
 from tarry.server.responses import JSON
-from tarry.server.routes import health, messages, policies, queues, routes, topics
+from tarry.server.routes import health, messages, policies, queues, redrive, routes, topics
 
 __all__ = ["create_app", "serve", "tune_runtime"]
 
@@ -71,7 +71,7 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
     app.state.body_limits = BodyLimits.from_config(config.server)
     install_error_handlers(app)
     install_openapi(app)
-    for module in (messages, queues, topics, policies, routes, health):
+    for module in (messages, queues, redrive, topics, policies, routes, health):
         app.include_router(module.router)
     return app
 
