@@ -552,7 +552,7 @@ class Engine:
             subscribers.discard(name)
         self._after(txn)
         self.waiters.wake({name})
-        log.info("queue %s %s", name, reason)
+        log.info("queue %s %s", name, reason, extra={"destination": name})
 
     async def receive(
         self,

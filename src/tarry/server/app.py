@@ -26,6 +26,7 @@ from tarry.server.connections import ConnectionGuard
 from tarry.server.deps import BodyLimits
 from tarry.server.diagnostics import install_stack_dump
 from tarry.server.errors import install_error_handlers
+from tarry.server.logs import configure_logging
 from tarry.server.metrics import Metrics
 from tarry.server.openapi import install_openapi
 from tarry.server.refusals import RefusalLog
@@ -171,11 +172,7 @@ def tune_runtime() -> None:
 def serve(config: TarryConfig) -> None:
     """Run the server until SIGINT/SIGTERM. Raises ``TarryError`` for an unsafe or bad config."""
     check_bind_safety(config)
-    logging.basicConfig(
-        level=config.server.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    log_config = configure_logging(config.server)
     log.info("configuration: %s", orjson.dumps(config.redacted()).decode())
     app = create_app(config)
     tune_runtime()
@@ -193,6 +190,7 @@ def serve(config: TarryConfig) -> None:
         uvicorn.Config(
             app,
             log_level=settings.log_level,
+            log_config=log_config,
             access_log=False,
             lifespan="on",
             http=guard.protocol(),
