@@ -162,7 +162,13 @@ class Redriver:
                 )
             return chunk
 
-        chunk = await self.qdb.write(work, durable=True)
+        # Not fsynced: a power loss undoes the whole chunk (the dead letters are back where
+        # they were, nothing moved), which is still once. Only an outbox must be on disk
+        # before the delayed store keeps its messages (else a power loss would leave them
+        # kept and their dead letters back: twice).
+        chunk = await self.qdb.write(work)
+        if chunk.outbox:
+            await self.qdb.write(_nothing, durable=True)
         self.committed(chunk.txn)
         now = chunk.txn.now_ms
         if chunk.scheduled:
@@ -230,6 +236,10 @@ class Redriver:
                 if cursor is None:
                     break
         return found
+
+
+def _nothing(conn: sqlite3.Connection) -> None:
+    """A write that only waits for the fsync of what was committed before it."""
 
 
 def _by_ids(chunk: RedriveChunk, *, ids: list[str]) -> None:
