@@ -227,6 +227,23 @@ async def test_resuming_an_outbox_already_kept_by_the_store_stores_nothing_twice
     assert rows[0] == 0
 
 
+@pytest.mark.parametrize("engine_store", [pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_on_postgres_at_least_once_a_delayed_redrive_goes_through_the_outbox(
+    make_engine, clock
+) -> None:
+    # Each node keeps its queues in its own SQLite file; the delayed store is PostgreSQL.
+    engine = await make_engine({"store": {"consistency": "at_least_once"}})
+    assert not engine.shared
+    await _dead_letters(engine, 3)
+    assert (await engine.redrive("orders.dead", {"delay_ms": 1000}))["moved"] == 3
+    assert await engine.store.count_scheduled("orders") == 3
+    clock.advance(1000)
+    await engine.dispatcher.run_once()
+    back = await _ready(engine, "orders")
+    assert sorted(m.body for m in back) == [b"m0", b"m1", b"m2"]
+    assert all(m.deaths and m.headers["tarry-redriven-from"] for m in back)
+
+
 def _query(**filters: Any) -> Any:
     from tarry.engine.types import MessageQuery
 
