@@ -17,76 +17,36 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from contextlib import closing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from crash import Server as CrashServer
+from crash import free_port
 
 SOURCE, DEAD = "src", "src.dead"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-@dataclass
-class Server:
-    data_dir: Path
-    store: str
-    port: int = 0
-    process: subprocess.Popen[bytes] | None = None
+class Server(CrashServer):
+    """crash.py's server (journal off), with its CPU time and queue database file."""
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.port = self.port or free_port()
-        env = {**os.environ, "TARRY_JOURNAL__ENABLED": "false"}
-        command = [sys.executable, "-m", "tarry.cli.main", "serve", "--port", str(self.port)]
-        command += ["--data", str(self.data_dir), "--store", self.store]
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
-        )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(self.url + "/healthz", timeout=1).raise_for_status()
-                return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise RuntimeError("tarry serve did not start")
+    def __init__(self, data_dir: Path, store: str) -> None:
+        super().__init__(data_dir, free_port(), store, "batch")
 
     def cpu_s(self) -> float:
         assert self.process is not None
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(30)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(120)
 
     @property
     def queue_db(self) -> Path:
