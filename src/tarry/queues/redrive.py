@@ -38,7 +38,7 @@ _STATE = COLUMNS.index("state")
 _VISIBLE = COLUMNS.index("visible_at_ms")
 
 
-def _TAKEABLE(now_ms: int) -> tuple[tuple[str, tuple[int, ...]], ...]:  # noqa: N802
+def _takeable(now_ms: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """The dead letters a redrive may take, as a consumer could: ready ones, and those in
     flight whose visibility timeout ended (each state on its own index)."""
     return (("state = 'ready'", ()), ("state = 'delivered' AND visible_at_ms <= ?", (now_ms,)))
@@ -94,7 +94,7 @@ class RedriveChunk:
                 "ORDER BY seq LIMIT ?" + lock,
                 (self.queue, *args, after_seq, upper_seq, limit),
             ).fetchall()
-            for state, args in _TAKEABLE(self.txn.now_ms)
+            for state, args in _takeable(self.txn.now_ms)
         ]
         rows = list(heapq.merge(*found, key=lambda row: row[_SEQ]))
         self.last_seq = after_seq
