@@ -8,6 +8,7 @@ from tarry.cli.messages import cancel, consume, ls, reschedule, send, show
 from tarry.cli.pipeline import pipeline
 from tarry.cli.queues import policy, queue, topic
 from tarry.cli.rabbitmq import rabbitmq
+from tarry.cli.redrive import redrive
 from tarry.cli.routes import route
 from tarry.cli.schedules import schedule
 from tarry.cli.serve import serve
@@ -51,6 +52,7 @@ for command in (
     cancel,
     reschedule,
     consume,
+    redrive,
     queue,
     topic,
     policy,
