@@ -2,7 +2,9 @@
 
 2xx means accepted. 408, 429, 5xx, connection errors and timeouts are transient (retried);
 other 4xx are permanent (the error queue at once). httpx's exceptions are translated in one
-place, ``_delivery_failed``.
+place, ``_delivery_failed``. A 429 or 503 carries the receiver's ``Retry-After`` (as given:
+seconds or an HTTP-date) in ``details["retry_after"]``; the dispatcher starts nothing for the
+route before it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from tarry.model.message import Message
 __all__ = ["HttpTransport"]
 
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
+#: Statuses whose ``Retry-After`` says when the receiver takes requests again (RFC 9110).
+_RETRY_AFTER_STATUS = frozenset({429, 503})
 
 
 class HttpTransport:
@@ -49,10 +53,15 @@ class HttpTransport:
         if 200 <= status < 300:
             return
         transient = status >= 500 or status in _TRANSIENT_STATUS
+        details: dict[str, str] = {}
+        retry_after = response.headers.get("retry-after")
+        if retry_after is not None and status in _RETRY_AFTER_STATUS:
+            details["retry_after"] = retry_after
         raise DeliveryFailed(
             f"{self.route.url} answered HTTP {status}",
             reason=f"http_{status}",
             permanent=not transient,
+            **details,
         )
 
     async def close(self) -> None:
