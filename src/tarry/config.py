@@ -263,7 +263,8 @@ class RouteConfig(_Section):
     """Most deliveries started per second (spaced evenly; e.g. 0.5 = one every 2 s). Applied per
     route, without delaying other routes. Default: no limit."""
     concurrency: int | None = None
-    """Most deliveries to this route under way at once. Default: no cap."""
+    """Most deliveries to this route under way at once. Default: 100 for ``http`` (its
+    connection pool), no cap for ``rabbitmq``."""
     retries: int | None = None
     """Attempts after the first before a message is dead-lettered (default: ``[dispatch]
     number_of_retries``)."""
@@ -290,10 +291,13 @@ class RouteConfig(_Section):
 
     @model_validator(mode="after")
     def _policy_is_valid(self) -> RouteConfig:
-        from tarry.model.route_policy import parse_route_policy
+        from tarry.model.route_policy import DEFAULT_HTTP_CONCURRENCY, parse_route_policy
 
         try:
-            policy = parse_route_policy(self.model_dump(include=_POLICY_KEYS))
+            policy = parse_route_policy(
+                self.model_dump(include=_POLICY_KEYS),
+                default_concurrency=DEFAULT_HTTP_CONCURRENCY if self.transport == "http" else None,
+            )
         except InvalidArgument as exc:
             raise ValueError(exc.message) from None
         if policy.limited and self.transport == "rabbitmq" and self.mode == "native":

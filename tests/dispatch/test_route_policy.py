@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from email.utils import format_datetime
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from tarry.config import DispatchConfig, RouteConfig, load_config
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
-from tarry.dispatch.limiter import TokenBucket
+from tarry.dispatch.limiter import TokenBucket, WindowLimit
 from tarry.dispatch.route_policy import failure_report_for, retry_at_ms
 from tarry.errors import DeliveryFailed, InvalidArgument
 from tarry.model.ids import IdGenerator
@@ -187,6 +188,37 @@ def test_a_token_bucket_says_how_long_until_the_next_token() -> None:
     assert bucket.wait_ms() == 1
     clock.advance(1)
     assert bucket.try_take()
+
+
+@pytest.mark.parametrize("rate", [1, 5, 7.5, 40])
+def test_a_window_limit_holds_the_rate_at_the_receiver_whatever_the_latency(rate: float) -> None:
+    # Given requests whose trip to the receiver takes anything from 0 to 80 ms (the first of
+    # a burst sets up its connection), and deliveries started as fast as both limits allow
+    rng = random.Random(7)
+    clock = ManualClock(NOW)
+    bucket, window = TokenBucket(rate, clock=clock), WindowLimit.for_rate(rate, clock=clock)
+    arrivals: list[float] = []
+    under_way: list[tuple[int, Any]] = []  # (ends at, slot)
+    for _ in range(8_000):
+        for ends_at, slot in [u for u in under_way if u[0] <= clock.now_ms()]:
+            window.end(slot)
+            under_way.remove((ends_at, slot))
+        if window.wait_ms() == 0 and bucket.try_take():
+            slot = window.start()
+            trip = rng.uniform(0, 80)
+            arrivals.append(clock.now_ms() + trip)  # arrives on the way ...
+            under_way.append((clock.now_ms() + int(trip) + rng.randint(1, 40), slot))  # ... back
+        clock.advance(1)
+    # Then no window of the rate's span at the receiver holds more than the rate allows
+    count = max(1, int(rate))
+    span = 1000 * count / rate
+    arrivals.sort()
+    first = 0
+    for last, at in enumerate(arrivals):
+        while arrivals[first] <= at - span:
+            first += 1
+        assert last - first + 1 <= count
+    assert len(arrivals) >= 8 * rate * 0.8  # and most of the rate is still used
 
 
 # --- the dispatcher with a policy ---------------------------------------------------------------

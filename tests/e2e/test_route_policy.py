@@ -124,9 +124,8 @@ def test_a_rate_limited_route_never_exceeds_its_rate_while_another_route_is_on_t
         wait_until(lambda: len(receiver.got("/slow")) == 15, timeout_s=15)
         wait_until(lambda: len(receiver.got("/fast")) == 10)
     slow, fast = receiver.got("/slow"), receiver.got("/fast")
-    # Then no second at the receiver saw more than 5 slow deliveries (a window of 1 s less
-    # 25 ms for the jitter of the loopback path between tarry's clock and the receiver's), ...
-    assert most_in_one_window(slow, 975) <= 5
+    # Then no second at the receiver saw more than 5 slow deliveries, ...
+    assert most_in_one_window(slow, 1_000) <= 5
     # ... the slow route still went at its rate (15 at 5/s: 14 gaps of 200 ms), ...
     assert 2_750 <= max(slow) - min(slow) <= 5_000
     # ... and the fast route's messages each arrived on time, long before the slow backlog

@@ -1,14 +1,17 @@
 """Per-route lanes: each route with a rate limit or a concurrency cap gets its own small queue of
 claimed messages and its own worker, so a slow or limited route never holds up the dispatcher's
-release of other destinations.
+release of other destinations. Every HTTP route has one: its ``concurrency`` defaults to its
+connection pool's size, so a burst waits here rather than inside the HTTP client.
 
 How a due message for such a route moves:
 
 1. The dispatcher claims it (``fetch_due``) and hands it to ``RouteLanes.take``.
 2. If the route's lane has room (about ``horizon_ms`` of deliveries at its pace), the message
-   waits there; the lane's worker starts it when the token bucket (``rate_per_s``) and the cap
-   (``concurrency``) allow. Messages in a lane do not count against the dispatcher's in-flight
-   bound, so the dispatcher keeps fetching and releasing other destinations.
+   waits there; the lane's worker starts it when the rate (``rate_per_s``: a token bucket for
+   even spacing and a window limit so the rate holds as the receiver counts, see
+   ``limiter.py``) and the cap (``concurrency``) allow. Messages in a lane do not count
+   against the dispatcher's in-flight bound, so the dispatcher keeps fetching and releasing
+   other destinations.
 3. If the lane is full, the message goes back to the store, held (``hold_claims``, no attempt
    counted) until about when the lane will have room: each such message reserves the next free
    slot, so a backlog comes back spread out at the lane's pace, not all at once.
@@ -32,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from tarry.dispatch.limiter import TokenBucket
+from tarry.dispatch.limiter import Slot, TokenBucket, WindowLimit
 from tarry.model.message import Message
 from tarry.model.route_policy import RoutePolicy
 from tarry.model.time import Clock, wait_at_most
@@ -50,7 +53,7 @@ Hold = Callable[[Sequence[Message], int], None]
 #: Before a concurrency-capped route has answered, assume a delivery takes this long.
 INITIAL_LATENCY_MS = 100.0
 #: Most messages one lane keeps waiting, however fast the route is.
-MAX_QUEUED = 2_000
+MAX_QUEUED = 1_000
 
 
 class RouteLane:
@@ -88,6 +91,7 @@ class RouteLane:
         self._running: set[asyncio.Task[None]] = set()
         self.policy = policy
         self.bucket: TokenBucket | None = None
+        self.window: WindowLimit | None = None
         self.update(policy)
 
     def update(self, policy: RoutePolicy) -> None:
@@ -95,9 +99,10 @@ class RouteLane:
         old = self.bucket
         self.policy = policy
         if policy.rate_per_s is None:
-            self.bucket = None
+            self.bucket = self.window = None
         elif old is None or old.rate_per_s != policy.rate_per_s:
             self.bucket = TokenBucket(policy.rate_per_s, clock=self._clock)
+            self.window = WindowLimit.for_rate(policy.rate_per_s, clock=self._clock)
         self._poke.set()
 
     @property
@@ -189,7 +194,7 @@ class RouteLane:
             if self.bucket is not None and not self.bucket.try_take():
                 continue
             message, _ = self._queue.popleft()
-            self._start(message)
+            self._start(message, self.window.start() if self.window is not None else None)
 
     def _next_wait_ms(self, now_ms: int) -> int:
         """0 when the head may start now; else how long to wait (or until poked)."""
@@ -206,11 +211,17 @@ class RouteLane:
             return 0
         if self.policy.concurrency is not None and self.active >= self.policy.concurrency:
             return self.max_wait_ms  # until a delivery ends (it pokes)
+        if self.window is not None:
+            wait = self.window.wait_ms()
+            if wait is None:
+                return self.max_wait_ms  # until a delivery ends (it pokes)
+            if wait > 0:
+                return wait
         if self.bucket is not None:
             return self.bucket.wait_ms()
         return 0
 
-    def _start(self, message: Message) -> None:
+    def _start(self, message: Message, slot: Slot | None) -> None:
         transport = self._transport
         assert transport is not None  # set by the offer that queued the message
         self.active += 1
@@ -219,9 +230,13 @@ class RouteLane:
         task = asyncio.get_running_loop().create_task(self._deliver(transport, message))
         self._running.add(task)
 
+        window = self.window
+
         def done(finished: asyncio.Task[None]) -> None:
             self._running.discard(finished)
             self.active -= 1
+            if slot is not None and window is not None:
+                window.end(slot)
             took = max(1, self._clock.now_ms() - started)
             self._latency_ms = 0.8 * self._latency_ms + 0.2 * took
             self._poke.set()

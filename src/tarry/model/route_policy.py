@@ -6,7 +6,9 @@ Fields (each optional; unset means "no limit" or "the ``[dispatch]`` default"):
 
 - ``rate_per_s``: most deliveries started per second (a token bucket holding one token, so
   deliveries are spaced ``1/rate_per_s`` apart and no second ever sees more than the rate);
-- ``concurrency``: most deliveries under way at once;
+- ``concurrency``: most deliveries under way at once. An HTTP route always has one (default
+  ``DEFAULT_HTTP_CONCURRENCY``, its connection pool): a burst of due messages larger than the
+  pool would otherwise wait inside the HTTP client and time out there, failing every one;
 - ``retries``: attempts after the first before the message is dead-lettered (overrides
   ``[dispatch] number_of_retries``);
 - ``retry_backoff_ms`` / ``retry_backoff_max_ms``: the first retry's delay, doubling per attempt
@@ -42,6 +44,8 @@ MAX_CONCURRENCY = 10_000
 MAX_RETRIES = 1_000
 MAX_BACKOFF_MS = 7 * 86_400_000
 DEFAULT_JITTER = 0.2
+#: An HTTP route's cap on deliveries under way when it sets none: its connection pool's size.
+DEFAULT_HTTP_CONCURRENCY = 100
 
 #: Header marking a failure report; a report's own failure is never reported (no loops).
 FAILURE_REPORT_HEADER = "tarry-failure-report"
@@ -105,9 +109,12 @@ def _bounded(
     return value
 
 
-def parse_route_policy(data: Mapping[str, Any], *, route: str | None = None) -> RoutePolicy:
+def parse_route_policy(
+    data: Mapping[str, Any], *, route: str | None = None, default_concurrency: int | None = None
+) -> RoutePolicy:
     """The policy fields of a route's settings, checked. Raises ``invalid_argument`` naming the
-    field and what to change. ``route`` is the route's own name, when known."""
+    field and what to change. ``route`` is the route's own name, when known;
+    ``default_concurrency`` applies when ``concurrency`` is not given."""
     rate = _bounded(
         data,
         "rate_per_s",
@@ -170,7 +177,7 @@ def parse_route_policy(data: Mapping[str, Any], *, route: str | None = None) -> 
             )
     return RoutePolicy(
         rate_per_s=None if rate is None else float(rate),
-        concurrency=concurrency,
+        concurrency=default_concurrency if concurrency is None else concurrency,
         retries=retries,
         retry_backoff_ms=backoff,
         retry_backoff_max_ms=backoff_max,

@@ -176,6 +176,9 @@ def serve(config: TarryConfig) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # httpx logs every request at info: a line (and its formatting) per webhook delivery. The
+    # dispatcher logs the failures that matter; the deliveries are counted in /metrics.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     log.info("configuration: %s", orjson.dumps(config.redacted()).decode())
     app = create_app(config)
     tune_runtime()

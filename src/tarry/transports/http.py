@@ -26,7 +26,12 @@ class HttpTransport:
     def __init__(self, route: RouteConfig, *, client: httpx.AsyncClient | None = None) -> None:
         self.route = route
         self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(timeout=route.timeout_ms / 1000)
+        # The route's lane never has more deliveries under way than its concurrency (100 by
+        # default), so the pool holds that many connections, kept alive between deliveries,
+        # and no request waits for a connection inside httpx (where a burst timed out).
+        cap = route.policy.concurrency
+        limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
+        self._client = client or httpx.AsyncClient(timeout=route.timeout_ms / 1000, limits=limits)
 
     def headers_for(self, message: Message) -> dict[str, str]:
         headers = dict(message.headers)
