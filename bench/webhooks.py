@@ -1,0 +1,260 @@
+"""Webhook delivery (issue 25) against a real `tarry serve` and a real local receiver; prints JSON.
+
+    .venv/bin/python bench/webhooks.py [--only delivery] [--count 20000] [--quick]
+
+``delivery``: messages for 1, 10 and 100 HTTP routes (declared in ``tarry.toml``, each to its own
+path on one receiver) are scheduled over HTTP batches, then delivered by tarry's dispatcher.
+Two workloads per route count:
+
+- ``burst``: ``--count`` messages all due at the same instant: throughput (messages/s from the
+  due time to the last arrival) and lateness p50/p99/max at the receiver (arrival − the
+  ``tarry-deliver-at`` header);
+- ``steady``: ``--count`` messages due evenly over ``--seconds`` (an offered rate the machine
+  should keep up with): delivered messages/s and lateness p50/p99/max.
+
+The same 100-route run is repeated with a policy on every route (``concurrency = 8``, and a
+``rate_per_s`` no route reaches), so each route delivers through its own lane: the cost of the
+lanes against the plain path, in the same run (``ratio_lanes_to_plain``).
+
+The receiver is a separate process (uvicorn, a bare ASGI app answering 204), so it does not share
+a core's GIL with the load generator. Lost and duplicate deliveries are counted (must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from foundation import loop_sleep_cpu_us, percentile, start_server  # noqa: E402
+
+
+# --- the receiver (its own process) ---------------------------------------------------------------
+def receiver_main(port_file: str) -> None:
+    """A bare ASGI webhook receiver: records (tarry-id, deliver_at, arrival ms) per POST and
+    answers 204; ``GET /stats`` returns them and clears the record."""
+    import socket
+
+    import uvicorn
+
+    records: list[tuple[str, int, float]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                event = await receive()
+                if event["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif event["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        at = time.time() * 1000
+        more = True
+        while more:
+            event = await receive()
+            more = event.get("more_body", False)
+        if scope["method"] == "GET":
+            body = json.dumps(records).encode()
+            records.clear()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        headers = dict(scope["headers"])
+        records.append((headers[b"tarry-id"].decode(), int(headers[b"tarry-deliver-at"]), at))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    Path(port_file).write_text(str(sock.getsockname()[1]))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, backlog=4096)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def start_receiver(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port_file = tmp / "receiver.port"
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--receiver", str(port_file)], stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 20
+    while not port_file.exists() or not port_file.read_text():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("the receiver did not start")
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{port_file.read_text()}"
+    while True:  # listening once it answers
+        try:
+            httpx.get(f"{url}/stats", timeout=1)
+            return proc, url
+        except httpx.TransportError:
+            time.sleep(0.05)
+
+
+# --- delivery ----------------------------------------------------------------------------------
+def routes_toml(receiver: str, routes: int, policy: dict[str, Any]) -> str:
+    out = []
+    for i in range(routes):
+        out += [f"[routes.r{i}]", 'transport = "http"', f'url = "{receiver}/r{i}"']
+        out += [f"{key} = {json.dumps(value)}" for key, value in policy.items()]
+    return "\n".join(out) + "\n"
+
+
+async def schedule(url: str, routes: int, due: list[int]) -> float:
+    """Send ``due`` (one message each, round-robin over the routes) in batches of 1,000;
+    returns the seconds it took."""
+    started = time.perf_counter()
+    async with httpx.AsyncClient(timeout=60) as client:
+        for first in range(0, len(due), 1_000):
+            batch = [
+                {"destination": f"r{i % routes}", "body": "x", "deliver_at": at}
+                for i, at in enumerate(due[first : first + 1_000], start=first)
+            ]
+            response = await client.post(f"{url}/v1/messages/batch", json={"messages": batch})
+            response.raise_for_status()
+    return time.perf_counter() - started
+
+
+def collect(receiver: str, expected: int, *, stall_s: float = 15.0) -> list[tuple[str, int, float]]:
+    """What the receiver got, until ``expected`` arrived or nothing came for ``stall_s``."""
+    got: list[tuple[str, int, float]] = []
+    last_progress = time.monotonic()
+    while time.monotonic() - last_progress < stall_s:
+        more = httpx.get(f"{receiver}/stats", timeout=30).json()
+        if more:
+            got += more
+            last_progress = time.monotonic()
+        if len(got) >= expected:
+            time.sleep(0.3)  # late duplicates
+            got += httpx.get(f"{receiver}/stats", timeout=30).json()
+            break
+        time.sleep(0.2)
+    return got
+
+
+def figures(got: list[tuple[str, int, float]], expected: int, first_due: int) -> dict[str, Any]:
+    ids = [g[0] for g in got]
+    lateness = [at - due for _, due, at in got]
+    last = max((at for _, _, at in got), default=float("nan"))
+    span_s = max(1e-3, (last - first_due) / 1000)
+    return {
+        "delivered": len(set(ids)),
+        "lost": expected - len(set(ids)),
+        "duplicates": len(ids) - len(set(ids)),
+        "messages_per_s": round(len(set(ids)) / span_s, 1),
+        "lateness_ms": {
+            "p50": round(percentile(lateness, 50), 1),
+            "p99": round(percentile(lateness, 99), 1),
+            "max": round(max(lateness), 1) if lateness else None,
+        },
+        "early": sum(1 for v in lateness if v < 0),
+    }
+
+
+def one_run(
+    tmp: Path, receiver: str, *, routes: int, count: int, seconds: float, policy: dict[str, Any]
+) -> dict[str, Any]:
+    name = f"r{routes}-{'lanes' if policy else 'plain'}-{time.monotonic_ns()}"
+    config = tmp / f"{name}.toml"
+    config.write_text(routes_toml(receiver, routes, policy))
+    proc, url = start_server(tmp / name, "log", ["--config", str(config)])
+    try:
+        out: dict[str, Any] = {"routes": routes, "policy": policy}
+        # burst: everything due at one instant, 2 s ahead (scheduling finishes first)
+        due_at = int(time.time() * 1000) + 2_000 + count // 20
+        took = asyncio.run(schedule(url, routes, [due_at] * count))
+        out["burst"] = {
+            "schedule_s": round(took, 2),
+            **figures(collect(receiver, count), count, due_at),
+        }
+        # steady: due evenly over ``seconds``, starting 2 s ahead
+        start = int(time.time() * 1000) + 2_000 + count // 20
+        due = [start + int(i * seconds * 1000 / count) for i in range(count)]
+        asyncio.run(schedule(url, routes, due))
+        out["steady"] = {
+            "offered_per_s": round(count / seconds, 1),
+            **figures(collect(receiver, count), count, start),
+        }
+        return out
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def delivery(tmp: Path, *, count: int, seconds: float) -> dict[str, Any]:
+    """Throughput and lateness with 1, 10 and 100 routes, and 100 routes through lanes."""
+    receiver_proc, receiver = start_receiver(tmp)
+    try:
+        runs = {
+            f"routes_{n}": one_run(tmp, receiver, routes=n, count=count, seconds=seconds, policy={})
+            for n in (1, 10, 100)
+        }
+        lanes = one_run(
+            tmp,
+            receiver,
+            routes=100,
+            count=count,
+            seconds=seconds,
+            policy={"concurrency": 8, "rate_per_s": 100_000},
+        )
+        runs["routes_100_lanes"] = lanes
+        plain = runs["routes_100"]
+        runs["ratio_lanes_to_plain"] = {
+            part: round(lanes[part]["messages_per_s"] / plain[part]["messages_per_s"], 2)
+            for part in ("burst", "steady")
+        }
+        return runs
+    finally:
+        stop(receiver_proc)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=["delivery"], default=None)
+    parser.add_argument("--count", type=int, default=20_000, help="messages per workload")
+    parser.add_argument("--seconds", type=float, default=10.0, help="steady workload's span")
+    parser.add_argument("--quick", action="store_true", help="1,000 messages over 2 s")
+    parser.add_argument("--receiver", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.receiver:
+        receiver_main(args.receiver)
+        return
+    count, seconds = (1_000, 2.0) if args.quick else (args.count, args.seconds)
+    result: dict[str, Any] = {
+        "loop_sleep_cpu_us": loop_sleep_cpu_us(),
+        "load_average": os.getloadavg(),
+    }
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        if args.only in (None, "delivery"):
+            result["delivery"] = delivery(tmp, count=count, seconds=seconds)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
