@@ -1,6 +1,7 @@
 """Webhook delivery (issue 25) against a real `tarry serve` and a real local receiver; prints JSON.
 
     .venv/bin/python bench/webhooks.py [--only delivery] [--count 20000] [--quick]
+        [--baseline-src /work/main/src]
 
 ``delivery``: messages for 1, 10 and 100 HTTP routes (declared in ``tarry.toml``, each to its own
 path on one receiver) are scheduled over HTTP batches, then delivered by tarry's dispatcher.
@@ -12,9 +13,11 @@ Two workloads per route count:
 - ``steady``: ``--count`` messages due evenly over ``--seconds`` (an offered rate the machine
   should keep up with): delivered messages/s and lateness p50/p99/max.
 
-The same 100-route run is repeated with a policy on every route (``concurrency = 8``, and a
-``rate_per_s`` no route reaches), so each route delivers through its own lane: the cost of the
-lanes against the plain path, in the same run (``ratio_lanes_to_plain``).
+Every HTTP route delivers through its own lane (``concurrency`` defaults to the connection
+pool's 100). The 100-route run is repeated with ``concurrency = 8`` and a ``rate_per_s`` no
+route reaches (both limits at work, neither binding). With ``--baseline-src DIR`` (another
+source tree, e.g. main's ``src``) the 1/10/100-route runs are repeated with that tree's server
+in the same session: ``ratio_to_baseline`` is this tree's msg/s over the baseline's.
 
 The receiver is a separate process (uvicorn, a bare ASGI app answering 204), so it does not share
 a core's GIL with the load generator. Lost and duplicate deliveries are counted (must be 0).
@@ -169,12 +172,20 @@ def figures(got: list[tuple[str, int, float]], expected: int, first_due: int) ->
 
 
 def one_run(
-    tmp: Path, receiver: str, *, routes: int, count: int, seconds: float, policy: dict[str, Any]
+    tmp: Path,
+    receiver: str,
+    *,
+    routes: int,
+    count: int,
+    seconds: float,
+    policy: dict[str, Any],
+    src: str | None = None,
 ) -> dict[str, Any]:
-    name = f"r{routes}-{'lanes' if policy else 'plain'}-{time.monotonic_ns()}"
+    name = f"r{routes}-{time.monotonic_ns()}"
     config = tmp / f"{name}.toml"
     config.write_text(routes_toml(receiver, routes, policy))
-    proc, url = start_server(tmp / name, "log", ["--config", str(config)])
+    env = {**os.environ, "PYTHONPATH": src} if src else None
+    proc, url = start_server(tmp / name, "log", ["--config", str(config)], env=env)
     try:
         out: dict[str, Any] = {"routes": routes, "policy": policy}
         # burst: everything due at one instant, 2 s ahead (scheduling finishes first)
@@ -206,15 +217,33 @@ def stop(proc: subprocess.Popen[Any]) -> None:
         proc.wait(10)
 
 
-def delivery(tmp: Path, *, count: int, seconds: float) -> dict[str, Any]:
-    """Throughput and lateness with 1, 10 and 100 routes, and 100 routes through lanes."""
+def delivery(tmp: Path, *, count: int, seconds: float, baseline_src: str | None) -> dict[str, Any]:
+    """Throughput and lateness with 1, 10 and 100 routes (and the baseline tree's), and 100
+    routes with a concurrency cap and a rate limit."""
     receiver_proc, receiver = start_receiver(tmp)
     try:
-        runs = {
-            f"routes_{n}": one_run(tmp, receiver, routes=n, count=count, seconds=seconds, policy={})
-            for n in (1, 10, 100)
-        }
-        lanes = one_run(
+        runs: dict[str, Any] = {}
+        for n in (1, 10, 100):
+            runs[f"routes_{n}"] = mine = one_run(
+                tmp, receiver, routes=n, count=count, seconds=seconds, policy={}
+            )
+            if baseline_src:
+                runs[f"baseline_routes_{n}"] = base = one_run(
+                    tmp,
+                    receiver,
+                    routes=n,
+                    count=count,
+                    seconds=seconds,
+                    policy={},
+                    src=baseline_src,
+                )
+                runs[f"ratio_to_baseline_routes_{n}"] = {
+                    part: round(
+                        mine[part]["messages_per_s"] / max(base[part]["messages_per_s"], 0.1), 2
+                    )
+                    for part in ("burst", "steady")
+                }
+        runs["routes_100_capped"] = one_run(
             tmp,
             receiver,
             routes=100,
@@ -222,12 +251,6 @@ def delivery(tmp: Path, *, count: int, seconds: float) -> dict[str, Any]:
             seconds=seconds,
             policy={"concurrency": 8, "rate_per_s": 100_000},
         )
-        runs["routes_100_lanes"] = lanes
-        plain = runs["routes_100"]
-        runs["ratio_lanes_to_plain"] = {
-            part: round(lanes[part]["messages_per_s"] / plain[part]["messages_per_s"], 2)
-            for part in ("burst", "steady")
-        }
         return runs
     finally:
         stop(receiver_proc)
@@ -239,6 +262,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20_000, help="messages per workload")
     parser.add_argument("--seconds", type=float, default=10.0, help="steady workload's span")
     parser.add_argument("--quick", action="store_true", help="1,000 messages over 2 s")
+    parser.add_argument("--baseline-src", help="another tree's src, run in the same session")
     parser.add_argument("--receiver", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.receiver:
@@ -252,7 +276,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         if args.only in (None, "delivery"):
-            result["delivery"] = delivery(tmp, count=count, seconds=seconds)
+            result["delivery"] = delivery(
+                tmp, count=count, seconds=seconds, baseline_src=args.baseline_src
+            )
     print(json.dumps(result, indent=2))
 
 

@@ -129,7 +129,7 @@ def parse_route_policy(
         1,
         MAX_CONCURRENCY,
         whole=True,
-        hint="leave it out for no cap on deliveries under way",
+        hint="leave it out for the default (HTTP routes: 100; RabbitMQ routes: no cap)",
     )
     retries = _bounded(
         data, "retries", 0, MAX_RETRIES, whole=True, hint="0 dead-letters after the first failure"
