@@ -19,6 +19,11 @@ route reaches (both limits at work, neither binding). With ``--baseline-src DIR`
 source tree, e.g. main's ``src``) the 1/10/100-route runs are repeated with that tree's server
 in the same session: ``ratio_to_baseline`` is this tree's msg/s over the baseline's.
 
+``lanes``: the dispatcher alone, in this process (memory store, a transport that accepts at
+once): due messages for 1, 10 and 100 routes delivered straight from the dispatcher (a route
+with no lane) against the same through each route's lane (``concurrency = 100``, the HTTP
+default), in the same run: the lanes' own cost per message, without the receiver's noise.
+
 The receiver is a separate process (uvicorn, a bare ASGI app answering 204), so it does not share
 a core's GIL with the load generator. Lost and duplicate deliveries are counted (must be 0).
 """
@@ -256,9 +261,93 @@ def delivery(tmp: Path, *, count: int, seconds: float, baseline_src: str | None)
         stop(receiver_proc)
 
 
+class _Accepting:
+    """A transport that accepts every message after yielding once (a send on a socket)."""
+
+    def __init__(self) -> None:
+        self.delivered = 0
+
+    async def deliver(self, message: Any) -> None:
+        await asyncio.sleep(0)
+        self.delivered += 1
+
+    async def close(self) -> None:
+        return None
+
+
+async def _through_dispatcher(count: int, routes: int, lanes: bool) -> float:
+    from tarry.config import DispatchConfig
+    from tarry.dispatch.breaker import Breakers
+    from tarry.dispatch.dispatcher import Dispatcher
+    from tarry.model.ids import IdGenerator
+    from tarry.model.message import Message
+    from tarry.model.route_policy import RoutePolicy
+    from tarry.model.time import SystemClock
+    from tarry.store.memory import MemoryStore
+
+    clock, store, config = SystemClock(), MemoryStore(), DispatchConfig()
+    transport, ids = _Accepting(), IdGenerator()
+    policy = RoutePolicy(concurrency=100) if lanes else None
+
+    async def no_local(batch: Any) -> list[Any]:
+        return []
+
+    async def give_up(message: Any, error: Any) -> None:
+        raise AssertionError(f"{message.id} failed: {error}")
+
+    dispatcher = Dispatcher(
+        store=store,
+        config=config,
+        clock=clock,
+        breakers=Breakers.from_config(config, clock),
+        is_local=lambda name: False,
+        transport_for=lambda name: transport,
+        release_local=no_local,
+        give_up=give_up,
+        notify=lambda events: None,
+        policy_for=lambda name: policy,
+    )
+    now = clock.now_ms()
+    await store.store(
+        [
+            Message(
+                id=ids.new(now),
+                destination=f"r{i % routes}",
+                body=b"x",
+                headers={},
+                sent_at_ms=now,
+                deliver_at_ms=now,
+                expires_at_ms=None,
+                updated_at_ms=now,
+            )
+            for i in range(count)
+        ]
+    )
+    started = time.perf_counter()
+    while transport.delivered < count:
+        if not await dispatcher.run_once():
+            await asyncio.sleep(0.001)
+    await dispatcher.drain()
+    return count / (time.perf_counter() - started)
+
+
+def lanes_part(*, count: int) -> dict[str, Any]:
+    """Messages/s through the dispatcher with and without lanes, alternating, best of 3."""
+    out: dict[str, Any] = {}
+    for routes in (1, 10, 100):
+        direct = max(asyncio.run(_through_dispatcher(count, routes, False)) for _ in range(3))
+        laned = max(asyncio.run(_through_dispatcher(count, routes, True)) for _ in range(3))
+        out[f"routes_{routes}"] = {
+            "direct_messages_per_s": round(direct),
+            "lanes_messages_per_s": round(laned),
+            "ratio_lanes_to_direct": round(laned / direct, 2),
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=["delivery"], default=None)
+    parser.add_argument("--only", choices=["delivery", "lanes"], default=None)
     parser.add_argument("--count", type=int, default=20_000, help="messages per workload")
     parser.add_argument("--seconds", type=float, default=10.0, help="steady workload's span")
     parser.add_argument("--quick", action="store_true", help="1,000 messages over 2 s")
@@ -279,6 +368,8 @@ def main() -> None:
             result["delivery"] = delivery(
                 tmp, count=count, seconds=seconds, baseline_src=args.baseline_src
             )
+        if args.only in (None, "lanes"):
+            result["lanes"] = lanes_part(count=count * 10)
     print(json.dumps(result, indent=2))
 
 

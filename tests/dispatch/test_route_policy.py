@@ -341,7 +341,7 @@ async def test_a_full_lane_sends_the_rest_back_spread_at_its_pace() -> None:
     lane = h.dispatcher.lanes.lanes["hooks"]
     # Then the lane keeps about a second's worth; the others wait in the store, each held
     # until about its own turn (not all until the same moment)
-    assert lane.queued == 2
+    assert lane.queued + lane.active == 2  # the first may have started already
     assert await h.store.fetch_due(NOW, limit=100, lease_ms=1_000) == []
     back = [
         len(await h.store.fetch_due(NOW + s * 1_000, limit=100, lease_ms=60_000))

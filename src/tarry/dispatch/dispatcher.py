@@ -238,7 +238,7 @@ class Dispatcher:
 
     async def _round(self) -> int:
         """One fetch-and-hand-over; local releases are left running (``_releasing``). How many
-        due messages it found (0: none)."""
+        due messages it found and handed on (0: none, or only ones held back)."""
         # Back-pressure: claim no more while two batches are still out with slow destinations,
         # so a burst neither outlives its claims nor turns into a pile of confirm timeouts.
         # A bounded number of local releases (``_releases_at_once``); a failing store, whose
@@ -282,9 +282,11 @@ class Dispatcher:
                 # releases would wait and commit together, the thread idle while we fetch.
                 await asyncio.sleep(0)
         batched: dict[str, list[Message]] = {}
+        held_before, laned = self.stats.held, 0
         for message in external:
             transport = self._transport_for(message.destination)
             if transport is not None and self.lanes.take(message, transport):
+                laned += 1
                 continue  # the route's own lane (limited or paused) has it
             if transport is not None and hasattr(transport, "deliver_batch"):
                 batched.setdefault(message.destination, []).append(message)
@@ -302,7 +304,12 @@ class Dispatcher:
             self._spawn(self._deliver(transport, message), 1)
         for destination, batch in batched.items():
             self._spawn(self._deliver_batch(self._transport_for(destination), batch), len(batch))
-        return found
+        if laned:
+            # The lanes' workers start deliveries: give them a turn before the next fetch.
+            await asyncio.sleep(0)
+        # Messages a full or paused lane sent straight back are not progress: counted as
+        # found, a route's backlog would have the loop fetch them again and again at once.
+        return found - (self.stats.held - held_before)
 
     def _spawn_release(self, batch: Sequence[Message]) -> None:
         self._releasing.add(self._spawn(self._hand_local(batch), len(batch)))
@@ -398,6 +405,9 @@ class Dispatcher:
         """Put claimed messages back in the store until ``until_ms``, no attempt counted (their
         destination is away, paused, or its lane is full)."""
         self._store.hold_claims([m.id for m in messages], until_ms=until_ms)
+        now = self._clock.now_ms()
+        while self._held and self._held[0] <= now:  # passed: only the future ones matter
+            heapq.heappop(self._held)
         heapq.heappush(self._held, until_ms)
         log.debug("holding %d message(s) until %d", len(messages), until_ms)
         self.stats.held += len(messages)

@@ -51,7 +51,9 @@ Deliver = Callable[[Transport, Message], Coroutine[Any, Any, None]]
 Hold = Callable[[Sequence[Message], int], None]
 
 #: Before a concurrency-capped route has answered, assume a delivery takes this long.
-INITIAL_LATENCY_MS = 100.0
+INITIAL_LATENCY_MS = 10.0
+#: Completions remembered to measure how fast a lane actually drains.
+PACE_SAMPLES = 64
 #: Most messages one lane keeps waiting, however fast the route is.
 MAX_QUEUED = 1_000
 
@@ -84,6 +86,7 @@ class RouteLane:
         #: The most deliveries ever under way at once (tests and ``stats``).
         self.peak_active = 0
         self._latency_ms = INITIAL_LATENCY_MS
+        self._finished: deque[int] = deque(maxlen=PACE_SAMPLES)
         #: The next free slot handed to a message sent back to the store (``_reserve``).
         self._reserved_ms = 0.0
         self._poke = asyncio.Event()
@@ -119,7 +122,14 @@ class RouteLane:
         if self.policy.rate_per_s is not None:
             pace = 1000.0 / self.policy.rate_per_s
         if self.policy.concurrency is not None:
-            pace = max(pace, self._latency_ms / self.policy.concurrency)
+            # The cap's pace if every slot is busy, or the pace the lane was measured to drain
+            # at, whichever is faster: a guess too slow leaves the lane idle while its
+            # backlog is held back; too fast only fetches a message again a little early.
+            capped = self._latency_ms / self.policy.concurrency
+            done = self._finished
+            if len(done) >= 8 and done[-1] > done[0]:
+                capped = min(capped, (done[-1] - done[0]) / (len(done) - 1))
+            pace = max(pace, capped)
         return pace
 
     def capacity(self) -> int:
@@ -131,15 +141,19 @@ class RouteLane:
 
     def _reserve(self, now_ms: int) -> int:
         """A time to hold a message until: the next slot after the ones already handed out,
-        less half the horizon so it is back before the lane runs dry."""
+        brought forward by half the time the lane's queue takes to drain, so it is back while
+        the lane still has work (and, spread one interval apart, the backlog comes back in
+        order at the lane's pace rather than all at once)."""
+        interval = self.interval_ms()
         start = max(float(now_ms), float(self.paused_until_ms))
         if self.limited:
-            start = max(start, now_ms + len(self._queue) * self.interval_ms())
+            start = max(start, now_ms + len(self._queue) * interval)
         slot = max(self._reserved_ms, start)
-        self._reserved_ms = slot + self.interval_ms()
+        self._reserved_ms = slot + interval
         if slot <= self.paused_until_ms:
             return self.paused_until_ms
-        return max(now_ms + 1, math.ceil(slot - self.horizon_ms / 2))
+        lead = self.capacity() * interval / 2
+        return max(now_ms + 1, math.ceil(slot - lead))
 
     def offer(self, message: Message, transport: Transport) -> bool:
         """Take ``message`` (True: it waits here or went back to the store held) or leave it
@@ -237,7 +251,9 @@ class RouteLane:
             self.active -= 1
             if slot is not None and window is not None:
                 window.end(slot)
-            took = max(1, self._clock.now_ms() - started)
+            now = self._clock.now_ms()
+            self._finished.append(now)
+            took = max(1, now - started)
             self._latency_ms = 0.8 * self._latency_ms + 0.2 * took
             self._poke.set()
 
