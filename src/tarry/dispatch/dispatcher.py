@@ -14,8 +14,9 @@ the due messages from the store, and hands them to their destinations.
   A route's own policy (``route_policy.py``) overrides the retries and back-off, adds jitter,
   honours the route's ``Retry-After``, and reports a dead-lettered message to its
   ``on_failure_report_to``.
-- A route with a rate limit or a concurrency cap delivers through its own lane (``lanes.py``):
-  the dispatcher hands its messages over and goes on releasing other destinations.
+- A route with a rate limit or a concurrency cap (every HTTP route has one) delivers through its
+  own lane (``lanes.py``): the dispatcher hands its messages over and goes on releasing other
+  destinations.
 - A destination that is itself away (``DeliveryFailed`` with ``outage``: RabbitMQ down or
   blocking publishers) holds the message back without counting an attempt: nothing goes to the
   error queue during an outage, and delivery resumes by itself.
@@ -304,12 +305,13 @@ class Dispatcher:
             self._spawn(self._deliver(transport, message), 1)
         for destination, batch in batched.items():
             self._spawn(self._deliver_batch(self._transport_for(destination), batch), len(batch))
+        # Messages a full or paused lane sent straight back are not progress: counted as
+        # found, a route's backlog would have the loop fetch them again and again at once.
+        handed_on = max(0, found - (self.stats.held - held_before))
         if laned:
             # The lanes' workers start deliveries: give them a turn before the next fetch.
             await asyncio.sleep(0)
-        # Messages a full or paused lane sent straight back are not progress: counted as
-        # found, a route's backlog would have the loop fetch them again and again at once.
-        return found - (self.stats.held - held_before)
+        return handed_on
 
     def _spawn_release(self, batch: Sequence[Message]) -> None:
         self._releasing.add(self._spawn(self._hand_local(batch), len(batch)))
