@@ -14,6 +14,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -22,6 +23,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from tarry.errors import InvalidArgument
+from tarry.model.route_policy import POLICY_FIELDS, RoutePolicy
 
 __all__ = [
     "AuthConfig",
@@ -227,6 +229,9 @@ class AuthConfig(_Section):
     tokens: list[TokenConfig] = []
 
 
+_POLICY_KEYS = set(POLICY_FIELDS)
+
+
 class RouteConfig(_Section):
     """A destination outside tarry: declared in ``tarry.toml`` (``[routes.NAME]``) or put at run
     time (``PUT /v1/routes/{name}``, kept in the catalog); both are validated here."""
@@ -242,16 +247,27 @@ class RouteConfig(_Section):
     delivery carries ``webhook-id``, ``webhook-timestamp`` and one ``webhook-signature`` per
     secret, so a receiver holding either the old or the new secret verifies it (rotation).
     Never shown by ``GET /v1/routes`` nor logged."""
-    rate_per_s: float | None = Field(None, gt=0)
-    """Most deliveries per second to this route (None: no limit); the delivery policy."""
-    concurrency: int | None = Field(None, gt=0)
-    """Most deliveries under way at once to this route (None: no limit)."""
-    retries: int | None = Field(None, ge=0)
-    """Delivery attempts after the first (None: ``dispatch.number_of_retries``)."""
-    retry_backoff_ms: int | None = Field(None, ge=0)
-    """First retry delay (None: ``dispatch.retry_backoff_ms``)."""
+    # Delivery policy (README, "Per-route delivery policy"); checked by
+    # ``tarry.model.route_policy.parse_route_policy``, the one place that knows the bounds.
+    rate_per_s: float | None = None
+    """Most deliveries started per second (spaced evenly; e.g. 0.5 = one every 2 s). Applied per
+    route, without delaying other routes. Default: no limit."""
+    concurrency: int | None = None
+    """Most deliveries to this route under way at once. Default: 100 for ``http`` (its
+    connection pool), no cap for ``rabbitmq``."""
+    retries: int | None = None
+    """Attempts after the first before a message is dead-lettered (default: ``[dispatch]
+    number_of_retries``)."""
+    retry_backoff_ms: int | None = None
+    """First retry delay, doubling per attempt (default: ``[dispatch] retry_backoff_ms``)."""
+    retry_backoff_max_ms: int | None = None
+    """Longest retry delay (default: ``[dispatch] retry_backoff_max_ms``)."""
+    retry_jitter: float | None = None
+    """Each retry delay is spread by ± this fraction (default 0.2)."""
     on_failure_report_to: str | None = None
-    """A destination told when a message for this route is dead-lettered (None: nobody)."""
+    """A queue, topic or route that gets a JSON report when a message for this route is
+    dead-lettered (reason, original id, destination, attempts)."""
+    _policy: Any = PrivateAttr(default=None)
     exchange: str = ""
     """``rabbitmq``, mode ``store``: the exchange a due message is published to (``""``: the
     default exchange, which routes to the queue named by ``routing_key``)."""
@@ -324,6 +340,31 @@ class RouteConfig(_Section):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise InvalidArgument(f"route {name!r} is not valid: {_problems(exc)}") from None
+
+    @model_validator(mode="after")
+    def _policy_is_valid(self) -> RouteConfig:
+        from tarry.model.route_policy import DEFAULT_HTTP_CONCURRENCY, parse_route_policy
+
+        try:
+            policy = parse_route_policy(
+                self.model_dump(include=_POLICY_KEYS),
+                default_concurrency=DEFAULT_HTTP_CONCURRENCY if self.transport == "http" else None,
+            )
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+        if policy.limited and self.transport == "rabbitmq" and self.mode == "native":
+            raise ValueError(
+                'a route with mode = "native" hands each message to RabbitMQ when it is sent, '
+                'so rate_per_s and concurrency cannot apply; drop them or use mode = "store"'
+            )
+        self._policy = policy
+        return self
+
+    @property
+    def policy(self) -> RoutePolicy:
+        """The route's delivery policy, as checked when the route was read."""
+        policy: RoutePolicy = self._policy
+        return policy
 
     def redacted(self) -> dict[str, Any]:
         """The route as logs and ``GET /v1/routes`` show it: no credentials, no header values,
@@ -416,8 +457,13 @@ class TarryConfig(BaseSettings):
     def _route_names(cls, routes: dict[str, RouteConfig]) -> dict[str, RouteConfig]:
         from tarry.model.validate import check_name
 
-        for name in routes:
+        for name, route in routes.items():
             check_name(name, field="route name")
+            if route.on_failure_report_to == name:
+                raise ValueError(
+                    f"route {name!r} cannot report its failures to itself; name a queue (for "
+                    "example tarry.error) or another route in on_failure_report_to"
+                )
         return routes
 
     @classmethod

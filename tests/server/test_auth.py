@@ -56,3 +56,14 @@ def test_finding_11_tokens_compared_with_compare_digest_over_every_token(monkeyp
     with pytest.raises(Unauthenticated):
         principal_for(request("secret-"), tokens)
     assert len(calls) == 4
+
+
+def test_a_route_may_report_its_failures_only_where_the_token_may_send() -> None:
+    from tarry.errors import NotAuthorized
+    from tarry.model.route_policy import RoutePolicy
+
+    billing = Principal(TokenConfig(token="t", send=["billing.*"], admin=["billing.*"]))
+    billing.require_route_policy(RoutePolicy(on_failure_report_to="billing.failures"))
+    billing.require_route_policy(RoutePolicy())
+    with pytest.raises(NotAuthorized, match="may not report route failures to 'ops.failures'"):
+        billing.require_route_policy(RoutePolicy(on_failure_report_to="ops.failures"))

@@ -11,6 +11,12 @@ the due messages from the store, and hands them to their destinations.
   destination accepted it (at-least-once; the same ``id`` on every attempt).
 - A failed delivery is counted; it is retried after a back-off up to ``number_of_retries`` times
   and then moved to the error queue. A permanent failure (no such queue) goes there at once.
+  A route's own policy (``route_policy.py``) overrides the retries and back-off, adds jitter,
+  honours the route's ``Retry-After``, and reports a dead-lettered message to its
+  ``on_failure_report_to``.
+- A route with a rate limit or a concurrency cap (every HTTP route has one) delivers through its
+  own lane (``lanes.py``): the dispatcher hands its messages over and goes on releasing other
+  destinations.
 - A destination that is itself away (``DeliveryFailed`` with ``outage``: RabbitMQ down or
   blocking publishers) holds the message back without counting an attempt: nothing goes to the
   error queue during an outage, and delivery resumes by itself.
@@ -23,18 +29,21 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import random
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tarry.config import DispatchConfig
-from tarry.dispatch.backoff import compute_backoff_ms
 from tarry.dispatch.breaker import Breakers
+from tarry.dispatch.lanes import RouteLanes
+from tarry.dispatch.route_policy import failure_report_for, retry_at_ms
 from tarry.engine.types import Event
 from tarry.errors import DeliveryFailed, TarryError
 from tarry.model.message import Message
+from tarry.model.route_policy import RoutePolicy
 from tarry.model.state import MessageState
-from tarry.model.time import Clock, wait_at_most
+from tarry.model.time import Clock, parse_retry_after_ms, wait_at_most
 from tarry.store.base import DelayedStore
 from tarry.transports.base import Transport
 
@@ -49,6 +58,8 @@ LocalRelease = Callable[[Sequence[Message]], Awaitable[list[tuple[Message, Deliv
 GiveUp = Callable[[Message, DeliveryFailed], Awaitable[None]]
 #: Tells listeners (journal, metrics) about changes made here, a batch's in one call.
 Notify = Callable[[Sequence[Event]], None]
+#: Sends a failure report (a send request with its destination) on behalf of a route.
+ReportFailure = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -92,6 +103,9 @@ class Dispatcher:
         release_local: LocalRelease,
         give_up: GiveUp,
         notify: Notify,
+        policy_for: Callable[[str], RoutePolicy | None] | None = None,
+        report_failure: ReportFailure | None = None,
+        random_unit: Callable[[], float] = random.random,
     ) -> None:
         self._store = store
         self._config = config
@@ -102,6 +116,16 @@ class Dispatcher:
         self._release_local = release_local
         self._give_up = give_up
         self._notify = notify
+        self._policy_for = policy_for or (lambda name: None)
+        self._report_failure = report_failure
+        self._random_unit = random_unit
+        self.lanes = RouteLanes(
+            clock=clock,
+            policy_for=self._policy_for,
+            deliver=self._deliver,
+            hold=self._hold_until,
+            max_wait_ms=config.lease_ms // 2,
+        )
         self._wake = asyncio.Event()
         #: When the loop plans to look next (ms); an arrival due earlier wakes it.
         self._planned_ms: int | None = None
@@ -165,7 +189,9 @@ class Dispatcher:
                 await self._sleep_until(wake_ms)
 
     async def drain(self) -> None:
-        """Wait for deliveries already handed to external transports and local releases."""
+        """Wait for deliveries already handed to external transports and local releases; what
+        waits in a route's lane goes back to the store."""
+        await self.lanes.drain()
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
 
@@ -213,7 +239,7 @@ class Dispatcher:
 
     async def _round(self) -> int:
         """One fetch-and-hand-over; local releases are left running (``_releasing``). How many
-        due messages it found (0: none)."""
+        due messages it found and handed on (0: none, or only ones held back)."""
         # Back-pressure: claim no more while two batches are still out with slow destinations,
         # so a burst neither outlives its claims nor turns into a pile of confirm timeouts.
         # A bounded number of local releases (``_releases_at_once``); a failing store, whose
@@ -257,8 +283,12 @@ class Dispatcher:
                 # releases would wait and commit together, the thread idle while we fetch.
                 await asyncio.sleep(0)
         batched: dict[str, list[Message]] = {}
+        held_before, laned = self.stats.held, 0
         for message in external:
             transport = self._transport_for(message.destination)
+            if transport is not None and self.lanes.take(message, transport):
+                laned += 1
+                continue  # the route's own lane (limited or paused) has it
             if transport is not None and hasattr(transport, "deliver_batch"):
                 batched.setdefault(message.destination, []).append(message)
                 continue
@@ -275,7 +305,13 @@ class Dispatcher:
             self._spawn(self._deliver(transport, message), 1)
         for destination, batch in batched.items():
             self._spawn(self._deliver_batch(self._transport_for(destination), batch), len(batch))
-        return found
+        # Messages a full or paused lane sent straight back are not progress: counted as
+        # found, a route's backlog would have the loop fetch them again and again at once.
+        handed_on = max(0, found - (self.stats.held - held_before))
+        if laned:
+            # The lanes' workers start deliveries: give them a turn before the next fetch.
+            await asyncio.sleep(0)
+        return handed_on
 
     def _spawn_release(self, batch: Sequence[Message]) -> None:
         self._releasing.add(self._spawn(self._hand_local(batch), len(batch)))
@@ -371,17 +407,19 @@ class Dispatcher:
     def _hold(self, message: Message, wait_ms: int) -> None:
         """The destination itself is away (RabbitMQ down or blocking): the message waits, no
         attempt is counted against it, and it is tried again after the breaker's wait."""
-        until = self._clock.now_ms() + max(wait_ms, 1)
-        self._store.hold_claims([message.id], until_ms=until)
-        heapq.heappush(self._held, until)
-        log.debug(
-            "holding %s until %d",
-            message.id,
-            until,
-            extra={"id": message.id, "destination": message.destination},
-        )
-        self.stats.held += 1
-        self.notify_due(until)  # the loop may be asleep past ``until``: make it plan again
+        self._hold_until([message], self._clock.now_ms() + max(wait_ms, 1))
+
+    def _hold_until(self, messages: Sequence[Message], until_ms: int) -> None:
+        """Put claimed messages back in the store until ``until_ms``, no attempt counted (their
+        destination is away, paused, or its lane is full)."""
+        self._store.hold_claims([m.id for m in messages], until_ms=until_ms)
+        now = self._clock.now_ms()
+        while self._held and self._held[0] <= now:  # passed: only the future ones matter
+            heapq.heappop(self._held)
+        heapq.heappush(self._held, until_ms)
+        log.debug("holding %d message(s) until %d", len(messages), until_ms)
+        self.stats.held += len(messages)
+        self.notify_due(until_ms)  # the loop may be asleep past ``until``: make it plan again
 
     async def _failed(self, message: Message, error: DeliveryFailed) -> None:
         """Count the failure; retry after a back-off, or give up to the error queue."""
@@ -389,10 +427,27 @@ class Dispatcher:
         now = self._clock.now_ms()
         attempts = message.failures + 1
         permanent = bool(error.details.get("permanent"))
+        policy = self._policy_for(message.destination)
+        not_before = parse_retry_after_ms(error.details.get("retry_after"), now_ms=now)
+        if not_before is not None:
+            self.lanes.pause(message.destination, not_before)
+        retry_at = (
+            None
+            if permanent
+            else retry_at_ms(
+                attempts=attempts,
+                policy=policy,
+                config=self._config,
+                now_ms=now,
+                random_unit=self._random_unit(),
+                not_before_ms=not_before,
+            )
+        )
         try:
-            if permanent or attempts > self._config.number_of_retries:
+            if retry_at is None:
                 message.failures = attempts
                 message.last_error = f"{error.reason}: {error.message}"
+                await self._report(message, error, policy, now)
                 await self._give_up(message, error)
                 self.stats.gave_up += 1
                 log.warning(
@@ -408,11 +463,6 @@ class Dispatcher:
                     },
                 )
                 return
-            retry_at = now + compute_backoff_ms(
-                attempts,
-                base_ms=self._config.retry_backoff_ms,
-                max_ms=self._config.retry_backoff_max_ms,
-            )
             await self._store.record_failure(
                 message.id, error=f"{error.reason}: {error.message}", retry_at_ms=retry_at
             )
@@ -426,4 +476,24 @@ class Dispatcher:
                 message.id,
                 exc,
                 extra={"id": message.id, "destination": message.destination},
+            )
+
+    async def _report(
+        self, message: Message, error: DeliveryFailed, policy: RoutePolicy | None, now: int
+    ) -> None:
+        """Tell the route's ``on_failure_report_to`` before dead-lettering: a node dying in
+        between sends the report again when the message fails again, and the report's
+        ``message_id`` (derived from the message's id) keeps it once. A report that cannot be
+        sent (its destination deleted) is logged; the message is dead-lettered all the same."""
+        request = failure_report_for(message, error, policy=policy, now_ms=now)
+        if request is None or self._report_failure is None:
+            return
+        try:
+            await self._report_failure(request)
+        except TarryError as exc:
+            log.error(
+                "could not report the failure of %s to %s: %s",
+                message.id,
+                request["destination"],
+                exc,
             )

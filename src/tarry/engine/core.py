@@ -47,6 +47,7 @@ from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message
 from tarry.model.queue_args import Policy, parse_policy, parse_queue_args
 from tarry.model.redrive import parse_redrive
+from tarry.model.route_policy import RoutePolicy
 from tarry.model.state import MessageState
 from tarry.model.time import Clock, SystemClock
 from tarry.model.validate import (
@@ -133,6 +134,8 @@ class Engine:
             release_local=self._release_local,
             give_up=self._give_up,
             notify=self._emit_all,
+            policy_for=self.route_policy,
+            report_failure=self._report_failure,
         )
         self.schedules = Schedules(
             config=config.schedules,
@@ -440,6 +443,17 @@ class Engine:
             self.store.release_claims([m.id for m in batch])
         self._after(txn)
         return refused
+
+    def route_policy(self, name: str) -> RoutePolicy | None:
+        """The delivery policy of the route ``name`` (None: not a route)."""
+        # From the route book: a route put at run time has its policy too.
+        route = self.routes.find(name)
+        return route.policy if route is not None else None
+
+    async def _report_failure(self, request: dict[str, Any]) -> None:
+        """A route's failure report, sent as tarry itself (the route's settings were authorised
+        to name its destination when they were given)."""
+        await self.send(request, may_send=None)
 
     async def _give_up(self, message: Message, error: DeliveryFailed) -> None:
         if not self.shared:

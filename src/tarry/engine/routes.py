@@ -101,6 +101,13 @@ class RouteBook:
         found += [RouteEntry(n, r, "api") for n, (_, r) in self._stored.items()]
         return sorted(found, key=lambda e: e.name)
 
+    def find(self, name: str) -> RouteConfig | None:
+        """The route in force under ``name`` (the file's first), or None."""
+        if name in self._configured:
+            return self._configured[name]
+        stored = self._stored.get(name)
+        return stored[1] if stored is not None else None
+
     def get(self, name: str) -> RouteEntry:
         if name in self._configured:
             return RouteEntry(name, self._configured[name], "config")

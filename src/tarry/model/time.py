@@ -10,6 +10,7 @@ import asyncio
 import re
 import time
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Protocol
 
 from tarry.errors import InvalidArgument
@@ -23,6 +24,7 @@ __all__ = [
     "format_rfc3339",
     "parse_duration_ms",
     "parse_instant_ms",
+    "parse_retry_after_ms",
     "wait_at_most",
     "whole_number",
 ]
@@ -153,6 +155,32 @@ def format_rfc3339(ms: int) -> str:
         .isoformat(timespec="milliseconds")
         .replace("+00:00", "Z")
     )
+
+
+#: The longest ``Retry-After`` honoured: a receiver asking for more is retried after a day.
+MAX_RETRY_AFTER_MS = 86_400_000
+
+
+def parse_retry_after_ms(value: str | None, *, now_ms: int) -> int | None:
+    """When a ``Retry-After`` header (RFC 9110: delay-seconds or an HTTP-date) lets the next
+    request go, in epoch ms, at most ``MAX_RETRY_AFTER_MS`` ahead; None when it is absent or
+    unreadable (the sender then keeps its own back-off)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if _WHOLE.fullmatch(text):
+        seconds = int(text)
+        if seconds < 0:
+            return None
+        return now_ms + min(seconds * 1000, MAX_RETRY_AFTER_MS)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT; an obsolete form may parse naive
+        when = when.replace(tzinfo=UTC)
+    at_ms = int(when.timestamp() * 1000)
+    return min(max(at_ms, now_ms), now_ms + MAX_RETRY_AFTER_MS)
 
 
 async def wait_at_most(event: asyncio.Event, seconds: float) -> None:

@@ -4,9 +4,10 @@ server may then bind only to loopback.
 
 Every name an operation touches is checked, not only the one in its path: a subscription's queue,
 a queue's or a policy's ``dead_letter_to`` (send on it), a send's ``reply_to`` when it asks for
-reports (send on it, per message, through ``may_send`` in the send rules), and a policy's
-pattern (``may_set_pattern``). Reading metadata needs ``read`` (or ``receive``/``admin``) on
-the name."""
+reports (send on it, per message, through ``may_send`` in the send rules), a route's
+``on_failure_report_to`` (send on it, ``require_route_policy``), and a policy's pattern
+(``may_set_pattern``). Reading metadata needs ``read`` (or ``receive``/``admin``) on the
+name."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from tarry.errors import InvalidArgument, NotAuthorized, Unauthenticated
 from tarry.model.message import Message
 from tarry.model.pattern_scope import literal_prefix
 from tarry.model.queue_args import Policy, QueueArgs
+from tarry.model.route_policy import RoutePolicy
 
 __all__ = ["Principal", "check_bind_safety", "principal_for"]
 
@@ -124,6 +126,12 @@ class Principal:
         target = args.dead_letter_to
         if target is not None:
             self.require(self.may_send(target), "dead-letter into", target, scope="send")
+
+    def require_route_policy(self, policy: RoutePolicy) -> None:
+        """A route's failure reports write into ``on_failure_report_to`` (like ``reply_to``):
+        the token that sets the route must be able to send there."""
+        for target in policy.names():
+            self.require(self.may_send(target), "report route failures to", target, scope="send")
 
     def require_policy(self, policy: Policy, *, action: str) -> None:
         """Set or delete ``policy``: admin on its name, a pattern inside the token's admin globs

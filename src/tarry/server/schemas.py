@@ -380,6 +380,15 @@ class RouteDeleted(BaseModel):
     name: str
     deleted: bool
     dead_lettered: int = Field(description="waiting messages dead-lettered (force=true)")
+    rate_per_s: float | None = Field(None, description="most deliveries started per second")
+    concurrency: int | None = Field(None, description="most deliveries under way at once")
+    retries: int | None = Field(None, description="attempts after the first (None: [dispatch])")
+    retry_backoff_ms: int | None = Field(None, description="first retry delay, doubling")
+    retry_backoff_max_ms: int | None = Field(None, description="longest retry delay")
+    retry_jitter: float | None = Field(None, description="each retry delay spread by ± this")
+    on_failure_report_to: str | None = Field(
+        None, description="queue, topic or route told when a message is dead-lettered"
+    )
 
 
 class RouteList(BaseModel):

@@ -3,6 +3,9 @@
 2xx means accepted. 408, 429, 5xx, connection errors and timeouts are transient (retried);
 other 4xx are permanent (the error queue at once). httpx's exceptions are translated in one
 place, ``_delivery_failed``. A route with ``secrets`` signs each attempt (``signing.py``).
+A 429 or 503 carries the receiver's ``Retry-After`` (as given:
+seconds or an HTTP-date) in ``details["retry_after"]``; the dispatcher starts nothing for the
+route before it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from tarry.transports.signing import Signer
 __all__ = ["HttpTransport"]
 
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
+#: Statuses whose ``Retry-After`` says when the receiver takes requests again (RFC 9110).
+_RETRY_AFTER_STATUS = frozenset({429, 503})
 
 
 class HttpTransport:
@@ -34,7 +39,12 @@ class HttpTransport:
         #: The URL as failures (the error queue's headers, logs) show it: no credentials.
         self._shown_url = redact_url(route.url)
         self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(timeout=route.timeout_ms / 1000)
+        # The route's lane never has more deliveries under way than its concurrency (100 by
+        # default), so the pool holds that many connections, kept alive between deliveries,
+        # and no request waits for a connection inside httpx (where a burst timed out).
+        cap = route.policy.concurrency
+        limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
+        self._client = client or httpx.AsyncClient(timeout=route.timeout_ms / 1000, limits=limits)
 
     def headers_for(self, message: Message) -> dict[str, str]:
         headers = dict(message.headers)
@@ -64,10 +74,15 @@ class HttpTransport:
         if 200 <= status < 300:
             return
         transient = status >= 500 or status in _TRANSIENT_STATUS
+        details: dict[str, str] = {}
+        retry_after = response.headers.get("retry-after")
+        if retry_after is not None and status in _RETRY_AFTER_STATUS:
+            details["retry_after"] = retry_after
         raise DeliveryFailed(
             f"{self._shown_url} answered HTTP {status}",
             reason=f"http_{status}",
             permanent=not transient,
+            **details,
         )
 
     async def close(self) -> None:

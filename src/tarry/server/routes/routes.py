@@ -25,11 +25,7 @@ async def put_route(request: Request, name: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_admin(name), "put route", name, scope="admin")
     data = await json_object(request)
-    report_to = RouteConfig.parse(name, data).on_failure_report_to
-    if report_to is not None:  # failure reports are sent there: the token must be able to
-        principal.require(
-            principal.may_send(report_to), "report failures to", report_to, scope="send"
-        )
+    principal.require_route_policy(RouteConfig.parse(name, data).policy)
     entry, created = await engine_of(request).put_route(name, data)
     return JSON(entry.to_public(), status_code=201 if created else 200)
 
