@@ -227,3 +227,26 @@ def test_a_route_with_a_bad_policy_is_refused_at_start_naming_the_key(make_serve
     with pytest.raises(RuntimeError) as refused:
         make_server(route("bad", "http://127.0.0.1:9/x", concurrency=0))
     assert "concurrency (0) must be between 1 and 10000" in str(refused.value)
+
+
+def test_a_route_put_at_run_time_follows_its_own_policy(make_server, receiver) -> None:
+    # Given a route put over the API (not in tarry.toml) with 1 retry of its own and a failure
+    # queue, and a receiver that always fails
+    receiver.always["/put"] = 503
+    server = make_server("[dispatch]\nnumber_of_retries = 0\n[queues.failures]\n")
+    with Client(server.url) as client:
+        client.put_route(
+            "put-down",
+            transport="http",
+            url=f"{receiver.base}/put",
+            retries=1,
+            retry_backoff="100ms",
+            on_failure_report_to="failures",
+        )
+        # When a message for it falls due
+        sent = client.send("put-down", "x")
+        # Then it is tried twice (the route's retries, not the global none), then reported
+        [report] = client.receive("failures", wait="10s")
+        assert json.loads(report.body)["attempts"] == 2
+        assert len(receiver.attempts["/put"]) == 2
+        assert client.get(sent.id).state == "dead_lettered"
