@@ -28,7 +28,8 @@ import pytest
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.state import MessageState
-from tarry.store.log import LogStore, cleanup
+from tarry.store.log import LogStore
+from tarry.store.log.layout import Layout
 from tests.store.crashfs import CrashFiles, Mode
 
 NOW = 1_700_000_000_000
@@ -134,7 +135,7 @@ async def run_workload(fs: CrashFiles, root: Path, *, fsync: str = "batch") -> W
     await release(NOW + 2 * G + 1_500, delivered=False)
     # The first partition is over and drained: cleanup deletes it (the queue database's
     # releases are durable already here: no barrier needed).
-    assert await cleanup.delete_released(store, NOW + 2 * G + 1_500) == 1
+    assert await store.delete_released(NOW + 2 * G + 1_500) == 1
     await send([NOW + 3 * G + 1, NOW + 3 * G + 2])
     await release(NOW + 2 * G + G // 2, delivered=True)
     await store.close()
@@ -255,12 +256,6 @@ async def test_a_power_loss_at_every_crash_point_loses_no_acknowledged_message(
     await crash_everywhere(tmp_path, mode, during_reschedule=False, fsync=fsync)
 
 
-@pytest.mark.xfail(
-    reason="a reschedule writes its MOVED marker and the new copy to two partitions' files, "
-    "made durable by separate fsyncs: a power loss between them loses the message (marker "
-    "kept) or keeps both copies (copy kept); the single write-ahead log of issue 22 fixes it",
-    strict=True,
-)
 async def test_a_power_loss_during_a_reschedule_keeps_the_message_once(tmp_path: Path) -> None:
     await crash_everywhere(tmp_path, "drop", during_reschedule=True)
 
@@ -277,14 +272,14 @@ async def test_a_snapshot_fsyncs_the_markers_it_names(tmp_path: Path) -> None:
     await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 5)
     # When a snapshot is written, and the power fails right after it
     await store.snapshot()
-    sizes = {str(n): p.written for n, p in store.partitions.items()}
+    sizes = {n: p.written for n, p in store.partitions.items()}
     await shut(store)
     target = tmp_path / "after"
     target.mkdir()
     fs.disk_after(len(fs.ops), target, mode="drop")
     # Then the disk holds every byte the snapshot recorded
     on_disk = {
-        p.name[2:].lstrip("0"): [s.stat().st_size for s in sorted(p.glob("seg-*"))]
+        Layout.parse_dir(p.name): [s.stat().st_size for s in sorted(p.glob("seg-*"))]
         for p in (target / "log").glob("p-*")
     }
     assert on_disk == sizes

@@ -79,7 +79,7 @@ class SegmentFiles:
             self._dirty.clear()
             return
         for path in paths:
-            self.fs.fsync(self._write[path], what="segment")
+            self.fs.fsync(self._write[path], what="partition")
         self._dirty -= paths
         for directory in sorted(self._new_dirs, key=lambda d: len(d.parts)):
             self.fs.fsync_dir(directory)
@@ -99,7 +99,7 @@ class SegmentFiles:
                 continue
             try:
                 self.fs.truncate(fd, length)
-                self.fs.fsync(fd, what="segment")
+                self.fs.fsync(fd, what="partition")
             finally:
                 self.fs.close(fd)
             self._dirty.discard(path)
@@ -117,14 +117,14 @@ class SegmentFiles:
         for path in sorted(self._dirty):
             fd = self._write.get(path)
             if fd is not None:
-                self.fs.fsync(fd, what="segment")
+                self.fs.fsync(fd, what="partition")
                 continue
             try:  # closed since (``trim``); gone with its partition when missing
                 fd = self.fs.open_existing(path)
             except FileNotFoundError:
                 continue
             try:
-                self.fs.fsync(fd, what="segment")
+                self.fs.fsync(fd, what="partition")
             finally:
                 self.fs.close(fd)
         for directory in sorted(self._new_dirs, key=lambda d: len(d.parts)):
