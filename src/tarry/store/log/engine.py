@@ -21,14 +21,11 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from tarry.engine.types import MessageQuery
 from tarry.errors import NotCancellable, NotFound, TarryError, Unavailable
@@ -38,27 +35,25 @@ from tarry.store.base import StoreOutcome
 from tarry.store.log import clean, cleanup
 from tarry.store.log.batch import group_records
 from tarry.store.log.checkpoint import Checkpoints
+from tarry.store.log.dedupe import admit
 from tarry.store.log.fs import Files
 from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash
 from tarry.store.log.layout import Layout
 from tarry.store.log.locate import Located, list_page, locate_many
 from tarry.store.log.opening import recover
-from tarry.store.log.partition import Partition, split
+from tarry.store.log.reading import ensure_loaded, load, read_message, read_messages
 from tarry.store.log.record import (
     CANCELLED,
     FAILED,
-    MESSAGE,
     MOVED,
     RELEASED,
-    Record,
-    decode_message,
     encode_marker,
     encode_markers,
     encode_message,
     encode_messages,
 )
-from tarry.store.log.recovery import Recovered, replay
-from tarry.store.log.scrub import damage_line, scrub_all
+from tarry.store.log.recovery import Recovered
+from tarry.store.log.scrub import scrub_all
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import RECENT_MAX, PartitionTable
 from tarry.store.log.wal import WalLog
@@ -214,7 +209,16 @@ class LogStore:
         keys = [dedupe_hash(m) if m.message_id is not None else 0 for m in messages]
         accepted: Sequence[Message]
         if any(keys):
-            outcomes, accepted, hashes, keyed = await self._admit(messages, keys)
+            admitted = await admit(
+                messages,
+                keys,
+                dedupe=self.state.dedupe,
+                unwritten=self._unwritten,
+                locate_many=self._locate_many,
+                get=self.get,
+            )
+            outcomes, accepted = admitted.outcomes, admitted.accepted
+            hashes, keyed = admitted.hashes, admitted.keyed
         else:  # nothing to de-duplicate: every message is new
             outcomes = [StoreOutcome(m, True) for m in messages]
             accepted, hashes, keyed = messages, keys, []
@@ -269,86 +273,7 @@ class LogStore:
             raise
         return outcomes
 
-    async def _admit(
-        self, messages: Sequence[Message], keys: builtins.list[int]
-    ) -> tuple[
-        builtins.list[StoreOutcome],
-        builtins.list[Message],
-        builtins.list[int],
-        builtins.list[tuple[int, Message]],
-    ]:
-        """De-duplication of a batch with keys (``keys``: each message's hash, 0 for none):
-        the outcome of each message, the messages to write with their hashes, and the keyed
-        ones among them (now in ``_unwritten``)."""
-        outcomes: list[StoreOutcome] = []
-        accepted: list[Message] = []
-        hashes: list[int] = []
-        keyed: list[tuple[int, Message]] = []
-        dedupe = self.state.dedupe
-        kept_ids = [dedupe[key] for key in keys if key in dedupe]
-        # Repeats of pending messages are read back in one pass over each partition they name,
-        # before the loop: a rerun of an import repeats a whole batch.
-        kept = await self._locate_many(kept_ids) if kept_ids else {}
-        looked = set(kept_ids)
-        for message, key in zip(messages, keys, strict=True):
-            if key:
-                writing = self._unwritten.get(key)
-                if writing is not None:  # the same key earlier in this or a concurrent batch
-                    outcomes.append(StoreOutcome(replace(writing), False))
-                    continue
-                if key in dedupe:
-                    kept_id = dedupe[key]
-                    if kept_id in kept:
-                        found: Message | None = kept[kept_id].message
-                    else:  # gone since, or named by a batch written while we looked
-                        found = None if kept_id in looked else await self.get(kept_id)
-                    if found is not None:
-                        outcomes.append(StoreOutcome(found, False))
-                        continue
-                self._unwritten[key] = message
-                keyed.append((key, message))
-            accepted.append(message)
-            hashes.append(key)
-            outcomes.append(StoreOutcome(message, True))
-        return outcomes, accepted, hashes, keyed
-
     # --- due messages -----------------------------------------------------------------------
-    def _load(self, partition: Partition) -> None:
-        """Build the index of a partition that becomes due (reading its records once)."""
-        if partition.index is not None:
-            return
-        started = time.perf_counter()
-        replay(partition, self.state, build_index=True, index_only=True)
-        assert partition.index is not None
-        held = {h.pos for h in self.table.held() if h.number == partition.number}
-        if held:  # never index twice what is claimed, waiting or leaving
-            partition.index.drop_positions(np.fromiter(held, np.int64, len(held)))
-        log.info(
-            "indexed partition %d: %d pending in %.3f s",
-            partition.number,
-            len(partition.index),
-            time.perf_counter() - started,
-        )
-
-    def _ensure_loaded(self, now_ms: int) -> None:
-        horizon = now_ms + self.prefetch_ms
-        overdue_indexed = 0
-        for number in self._numbers:
-            partition = self.partitions[number]
-            if partition.start_ms > horizon:
-                break
-            partition.settle(now_ms)
-            if partition.live <= 0:
-                continue
-            if partition.index is None:
-                # After downtime, overdue partitions are indexed a few at a time, in due order.
-                if overdue_indexed >= 2 and partition.end_ms <= now_ms:
-                    break
-                self._load(partition)
-            assert partition.index is not None
-            if partition.end_ms <= now_ms and len(partition.index):
-                overdue_indexed += 1
-
     async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:
         self._check()
         table = self.table
@@ -357,7 +282,7 @@ class LogStore:
             if held.until <= now_ms:
                 del self._claims[message_id]
                 table.wait(message_id, held, held.due)
-        self._ensure_loaded(now_ms)
+        ensure_loaded(table, now_ms)
         picked = table.due_waiting(now_ms, limit)
         for number in self._numbers:
             if len(picked) >= limit:
@@ -370,7 +295,7 @@ class LogStore:
                     picked.append((None, Held(number, pos, due, "")))
         out: list[Message] = []
         helds = [held for _, held in picked]
-        for held, message in zip(helds, self._read_messages(helds), strict=True):
+        for held, message in zip(helds, read_messages(table, self.files, helds), strict=True):
             if message is None:
                 continue
             failure = self.state.failures.get(message.id)
@@ -386,44 +311,6 @@ class LogStore:
             self._last_upkeep_ms = now_ms
             self._upkeeping = asyncio.get_running_loop().create_task(self._upkeep(now_ms))
         return out
-
-    def _read_message(self, held: Held) -> Message | None:
-        partition = self.partitions.get(held.number)
-        if partition is None:
-            return None
-        return self._message_of(partition, held.pos, self.files.read(partition, held.pos))
-
-    def _read_messages(self, helds: list[Held]) -> list[Message | None]:
-        """``_read_message`` of each, reading each partition's records in one go."""
-        out: list[Message | None] = [None] * len(helds)
-        by_number: dict[int, list[int]] = {}
-        for i, held in enumerate(helds):
-            by_number.setdefault(held.number, []).append(i)
-        for number, indexes in by_number.items():
-            partition = self.partitions.get(number)
-            if partition is None:
-                continue
-            positions = [helds[i].pos for i in indexes]
-            got = self.files.read_messages(partition, positions)
-            for i, pos, message in zip(indexes, positions, got, strict=True):
-                if isinstance(message, Message):
-                    out[i] = message
-                else:
-                    self._damaged(partition, pos, message)
-        return out
-
-    def _message_of(self, partition: Partition, pos: int, got: Record | str) -> Message | None:
-        if isinstance(got, Record) and got.kind == MESSAGE:
-            return decode_message(got.payload)[0]
-        self._damaged(partition, pos, got if isinstance(got, str) else "not a message record")
-        return None
-
-    def _damaged(self, partition: Partition, pos: int, reason: str) -> None:
-        """Never deliver garbage: the damaged message is reported and left out."""
-        segment, offset = split(pos)
-        line = damage_line(partition.segment_path(segment), offset, reason)
-        if self.state.report(line):
-            log.error("cannot read a message (%s); it is skipped", line)
 
     async def _upkeep(self, now_ms: int) -> None:
         """Cleanup, then a snapshot if anything changed (every ``snapshot_interval_ms``)."""
@@ -447,7 +334,7 @@ class LogStore:
                 continue
             # The earliest partition with pending messages is the next to fall due: indexing
             # it now gives the exact time (and it is needed next anyway).
-            self._load(partition)
+            load(self.table, partition)
             assert partition.index is not None
             candidate = partition.index.next_due()
             if candidate is not None:
@@ -483,7 +370,7 @@ class LogStore:
             if held is None or held.number not in self.partitions:
                 continue
             if not held.destination:
-                message = self._read_message(held)
+                message = read_message(self.table, self.files, held)
                 held.destination = message.destination if message else ""
             self._leaving[message_id] = held
             markers.setdefault(held.number, []).append((message_id, held.pos, held.destination))
