@@ -135,8 +135,9 @@ class WalLog:
             self._new_entry = False
 
     def cut(self, size: int) -> None:
-        """Cut the current segment back to ``size`` (a failed group's bytes), durably."""
-        if self._fd is not None and size < self.size:
+        """Cut the current segment back to ``size`` (a failed group's bytes, which a failed
+        write may have left without counting them), durably."""
+        if self._fd is not None:
             self.fs.truncate(self._fd, size)
             self.fs.fsync(self._fd, what="wal")
             self.size = size
