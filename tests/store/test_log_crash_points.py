@@ -1,7 +1,9 @@
 """The log store under a simulated power loss at every crash point of a scripted workload
-(``crashfs.py``): sends due soon and far ahead, cancels, reschedules, releases into the queue
-database (recorded there first, as ``tarry.engine.release`` does) and deliveries, a snapshot,
-cleanup of a released partition, and a clean close. At each boundary between two file changes,
+(``crashfs.py``): sends due soon and far ahead (up to a year), cancels, reschedules, releases
+into the queue database (recorded there first, as ``tarry.engine.release`` does) and
+deliveries, each a group commit of the write-ahead log (rolled over to new WAL segments), a
+checkpoint, cleanup of a released partition (with its checkpoint, which deletes WAL segments),
+and a clean close. At each boundary between two file changes,
 in both modes (nothing unsynced survives; a random prefix of it does), a fresh ``LogStore``
 recovers what the disk would hold and must show:
 
@@ -54,11 +56,13 @@ def message(due_ms: int, n: int) -> Message:
 
 
 def open_store(root: Path, fs: CrashFiles | None = None, *, fsync: str = "batch") -> LogStore:
-    # Small segments: groups roll over to new segment files (and new directory entries).
+    # Small segments: groups roll over to new segment files (and new directory entries), and
+    # the write-ahead log to new segments that checkpoints delete.
     return LogStore(
         root,
         granularity_ms=G,
         segment_bytes=2048,
+        wal_segment_bytes=1024,
         commit_interval_ms=0,
         snapshot_interval_ms=10 * DAY,
         fsync=fsync,
@@ -112,8 +116,9 @@ async def run_workload(fs: CrashFiles, root: Path, *, fsync: str = "batch") -> W
 
     near = await send([NOW + 1_000 + 7_000 * i for i in range(6)])  # partition NOW // G
     far = await send([NOW + 30 * DAY + 1_000 * i for i in range(3)])
-    # One partition each: a group touching this many files is made durable by one syncfs.
-    await send([NOW + (10 + i) * DAY for i in range(10)])
+    # Spread over a year: one group commit (one WAL write and fsync) for partitions of
+    # several levels (``layout.py``).
+    await send([NOW + (10 + 35 * i) * DAY + i * 7_000 for i in range(10)])
     await send([NOW + 2 * G + 500 * i for i in range(5)])
     fs.mark(("finishing", [near[1].id]))
     await store.cancel(near[1].id, now_ms=NOW)
