@@ -9,7 +9,6 @@ from pathlib import Path
 
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
-from tarry.model.state import MessageState
 from tarry.store.log import LogStore
 from tarry.store.log.fs import OsFiles
 from tarry.store.log.wal import segments, wal_root
