@@ -8,7 +8,8 @@ state includes. Then, on the writer thread (after every group the capture saw):
    gained entries (``SegmentFiles.sync_dirty``);
 2. write the snapshot's parts and, last, its manifest naming the WAL position (temp file, fsync,
    rename, fsync the directory: ``manifest.py``);
-3. delete the WAL segments before that position.
+3. delete the WAL segments before that position (the capture began a new segment, so the next
+   checkpoint deletes the one this covers: the WAL on disk stays bounded by the interval).
 
 Recovery loads the newest manifest and replays the WAL from its position, so a restart reads
 what was written since the last checkpoint, however many partitions or messages there are.
@@ -64,6 +65,13 @@ class Checkpoints:
         self._running = True
         started = time.perf_counter()
         try:
+            loop = asyncio.get_running_loop()
+            # A new WAL segment first (between two groups, on the writer thread): every group
+            # before it has had its ``on_written`` when this resumes, so the capture below
+            # covers them, and the next checkpoint can delete the segment they are in.
+            rolled = await loop.run_in_executor(self.executor, self.writer.wal.roll)
+            if rolled is not None and self.writer.wal_end < rolled:
+                self.writer.wal_end = rolled
             self.seq += 1
             manifest, indexes, dedupe = capture(self.table, self.seq)
             end = self.writer.wal_end
@@ -79,7 +87,7 @@ class Checkpoints:
                 self.wal_segments_deleted += self.writer.wal.drop_before(end.seq)
                 return path
 
-            path = await asyncio.get_running_loop().run_in_executor(self.executor, write)
+            path = await loop.run_in_executor(self.executor, write)
             self.times.observe(time.perf_counter() - started)
             sweep_orphans(self.root, manifest.seq, fs=self.files.fs)
             return path

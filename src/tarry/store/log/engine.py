@@ -534,8 +534,17 @@ class LogStore:
     async def delete_released(self, now_ms: int) -> int:
         """Delete the partitions whose every message is released (``cleanup.py``)."""
         return await cleanup.delete_released(
-            self.table, now_ms, files=self.files, checkpoint=self.snapshot, barrier=self.barrier
+            self.table, now_ms, files=self.files, checkpoint=self._checkpoint, barrier=self.barrier
         )
+
+    async def _checkpoint(self) -> Path | None:
+        """A checkpoint begun now (after the one being written, if any)."""
+        for _ in range(2_000):
+            path = await self.snapshot()
+            if path is not None:
+                return path
+            await asyncio.sleep(0.005)
+        return None
 
     def inspect(self) -> dict[str, Any]:
         """Figures for ``tarry store inspect`` and the benchmarks."""

@@ -115,6 +115,15 @@ class WalLog:
         self.size = len(MAGIC)
         self._new_entry = True
 
+    def roll(self) -> WalPosition | None:
+        """Begin a new segment now, when the current one holds groups (a checkpoint does, so
+        that the segments it covers can be deleted: the WAL on disk stays bounded by the
+        checkpoint interval); the new segment's start, or None."""
+        if self._fd is None or self.size <= len(MAGIC):
+            return None
+        self.start(self.seq + 1)
+        return self.position
+
     def append(self, group: bytes) -> None:
         if self._fd is None or (
             self.size > len(MAGIC) and self.size + len(group) > self.segment_bytes
