@@ -30,6 +30,7 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import google_crc32c
 
@@ -244,24 +245,38 @@ def apply(
     """Make each partition's files hold what the WAL tail says (see the module docstring);
     returns how many entries had to be written."""
     written = 0
-    for key, pos, data in entries:
-        partition = partition_of(key)
-        segment, offset = split(pos)
-        path = partition.segment_path(segment)
-        try:
-            size = os.stat(path).st_size
-        except FileNotFoundError:
-            size = 0
-        if size > offset:
-            with open(path, "rb") as handle:
+    sizes: dict[Path, int] = {}
+    handles: dict[Path, BinaryIO] = {}
+    try:
+        for key, pos, data in entries:
+            partition = partition_of(key)
+            segment, offset = split(pos)
+            path = partition.segment_path(segment)
+            size = sizes.get(path)
+            if size is None:
+                try:
+                    size = os.stat(path).st_size
+                except FileNotFoundError:
+                    size = 0
+            if size > offset:
+                handle = handles.get(path)
+                if handle is None:
+                    handle = handles[path] = open(path, "rb")  # noqa: SIM115 (closed below)
                 handle.seek(offset)
                 if handle.read(len(data)) == data:
+                    sizes[path] = size
                     continue
-            cut(path, offset)
-            size = offset
-        if size < offset:
-            report(f"{path}: holds {size} bytes, but the WAL has a record for byte {offset}")
-            continue
-        write(partition, segment, data)
-        written += 1
+                handles.pop(path).close()
+                cut(path, offset)
+                size = offset
+            if size < offset:
+                report(f"{path}: holds {size} bytes, but the WAL has a record for byte {offset}")
+                sizes[path] = size
+                continue
+            write(partition, segment, data)
+            sizes[path] = size + len(data)
+            written += 1
+    finally:
+        for handle in handles.values():
+            handle.close()
     return written
