@@ -56,6 +56,7 @@ async def test_a_torn_partition_tail_is_written_again_from_the_wal(tmp_path: Pat
     store = await opened(tmp_path)
     first, second = message(NOW + 10), message(NOW + 20)
     await store.store([first, second])
+    store.files.flush()  # written behind the WAL, not fsynced
     await crash(store)
     [segment] = segments(tmp_path)
     segment.write_bytes(segment.read_bytes()[:-7])
@@ -75,6 +76,7 @@ async def test_a_torn_wal_tail_is_cut_and_never_served(tmp_path: Path) -> None:
     kept, torn = message(NOW + 10), message(NOW + 20)
     await store.store([kept])
     await store.store([torn])
+    store.files.flush()
     await crash(store)
     [segment] = segments(tmp_path)
     segment.write_bytes(segment.read_bytes()[: -len(encode_message(torn))])
@@ -121,6 +123,7 @@ async def test_messages_fall_into_time_partitions_and_roll_over(tmp_path: Path) 
     store = await opened(tmp_path)
     batch = [message(NOW + offset) for offset in (5, G + 5, 2 * G + 5)]
     await store.store(batch)
+    store.files.flush()  # written behind the WAL
     assert len(list(tmp_path.glob("p-*"))) == 3
     # When time passes the first partition's end
     first = await store.fetch_due(NOW + G, limit=10, lease_ms=10 * G)

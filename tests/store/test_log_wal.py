@@ -10,8 +10,8 @@ from pathlib import Path
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.store.log import LogStore
-from tarry.store.log.fs import OsFiles
 from tarry.store.log.wal import segments, wal_root
+from tests.store.crashfs import CrashFiles
 
 NOW = 1_700_000_000_000
 G = 300_000
@@ -52,11 +52,13 @@ async def test_a_group_commit_costs_one_fsync_however_the_due_times_are_spread(
     tmp_path: Path,
 ) -> None:
     for name, over_ms in (("seconds", 9_000), ("year", YEAR)):
-        # Given an open store counting its fsyncs
-        fs = OsFiles()
-        store = LogStore(tmp_path / name, granularity_ms=G, fs=fs)
+        # Given an open store counting its fsyncs and recording its writes
+        (tmp_path / name).mkdir()
+        fs = CrashFiles(tmp_path / name)
+        store = LogStore(tmp_path / name / "log", granularity_ms=G, fs=fs)
         await store.open()
         before = dict(fs.fsyncs)
+        ops = len(fs.ops)
         # When a batch of 1,000 due over 1-10 s, or over a year, is stored (one group)
         groups = store.writer.groups
         await store.store(spread(1_000, over_ms))
@@ -64,6 +66,9 @@ async def test_a_group_commit_costs_one_fsync_however_the_due_times_are_spread(
         assert store.writer.groups == groups + 1
         made = {k: v - before.get(k, 0) for k, v in fs.fsyncs.items() if v != before.get(k, 0)}
         assert made == {"wal": 1}, (name, made)
+        # And one write, the WAL's: the partitions' bytes are written behind it
+        writes = [op.path for op in fs.ops[ops:] if op.kind == "write"]
+        assert len(writes) == 1 and writes[0] is not None and writes[0].parent.name == "wal"
         await store.close()
 
 

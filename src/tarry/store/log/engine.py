@@ -89,13 +89,15 @@ class LogStore:
         #: Makes the queue database's releases durable before a partition's files go.
         self.barrier = barrier
         self.layout = Layout(granularity_ms)
+        #: Every change to the store's files goes through ``files.fs`` (``fs.py``).
+        self.files = SegmentFiles(fs)
         #: The partitions and everything that goes with them (``table.py``).
-        self.table = table = PartitionTable(root, self.layout, prefetch_ms=prefetch_ms)
+        self.table = table = PartitionTable(
+            root, self.layout, prefetch_ms=prefetch_ms, flush=self.files.flush
+        )
         self.partitions = table.partitions
         self._numbers = table.numbers
         self._claims, self._waiting, self._leaving = table.claims, table.waiting, table.leaving
-        #: Every change to the store's files goes through ``files.fs`` (``fs.py``).
-        self.files = SegmentFiles(fs)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-log")
         self._scrub_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-scrub")
         self._scrubbing: asyncio.Task[None] | None = None
@@ -283,6 +285,14 @@ class LogStore:
                 del self._claims[message_id]
                 table.wait(message_id, held, held.due)
         ensure_loaded(table, now_ms)
+        # The due partitions' bytes held in memory are written out before anything is taken
+        # out of circulation: a failed write (a full disk) fails the fetch, losing nothing.
+        for number in self._numbers:
+            partition = self.partitions[number]
+            if partition.start_ms > now_ms:
+                break
+            if partition.index is not None:
+                self.files.flush(partition)
         picked = table.due_waiting(now_ms, limit)
         for number in self._numbers:
             if len(picked) >= limit:

@@ -138,6 +138,7 @@ def locate_many(table: PartitionTable, message_ids: Iterable[str]) -> dict[str, 
             partition = table.partitions.get(number)
             if partition is None:
                 continue
+            table.flush(partition)
             for message_id, records in _records_of(partition, ids - located.keys()).items():
                 trail = _Trail()
                 for pos, record in records:
@@ -191,6 +192,7 @@ async def list_page(table: PartitionTable, query: MessageQuery) -> tuple[list[Me
             selected.sort(key=lambda m: (m.deliver_at_ms, m.id))
             if partition.start_ms > selected[query.limit].deliver_at_ms:
                 break
+        table.flush(partition)
         messages = await loop.run_in_executor(None, scan_partition, partition)
         selected += [m for m in messages if query.matches(m, after)]
     selected.sort(key=lambda m: (m.deliver_at_ms, m.id))

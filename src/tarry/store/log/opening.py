@@ -91,6 +91,7 @@ def recover(root: Path, *, table: PartitionTable, files: SegmentFiles) -> Opened
         cut=lambda path, length: files.cut({path: length}),
         report=state.report,
     )
+    files.flush()  # what the WAL gave back, on disk before the partitions are read
     trusted = (
         record is not None
         and not rewritten

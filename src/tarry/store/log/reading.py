@@ -28,6 +28,7 @@ def load(table: PartitionTable, partition: Partition) -> None:
     if partition.index is not None:
         return
     started = time.perf_counter()
+    table.flush(partition)
     replay(partition, table.state, build_index=True, index_only=True)
     assert partition.index is not None
     held = {h.pos for h in table.held() if h.number == partition.number}

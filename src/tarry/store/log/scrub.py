@@ -77,6 +77,7 @@ async def scrub_all(
             continue
         began = time.perf_counter()
         try:
+            table.flush(partition)
             lines = await loop.run_in_executor(
                 pool, scrub_partition, partition, list(partition.written)
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tarry.store.log.held import Held
@@ -25,8 +25,17 @@ RECENT_MAX = 200_000
 
 
 class PartitionTable:
-    def __init__(self, root: Path, layout: Layout, *, prefetch_ms: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        layout: Layout,
+        *,
+        prefetch_ms: int,
+        flush: Callable[[Partition], None],
+    ) -> None:
         self.root = root
+        #: Writes out what is held in memory for a partition: before reading its files.
+        self.flush = flush
         self.layout = layout
         self.prefetch_ms = prefetch_ms
         self.partitions: dict[int, Partition] = {}

@@ -30,7 +30,7 @@ from typing import Any
 from tarry.errors import TarryError, Unavailable
 from tarry.store.faults import storage_fault
 from tarry.store.log.partition import Partition, split
-from tarry.store.log.segment import SegmentFiles
+from tarry.store.log.segment import FLUSH_BYTES, SegmentFiles
 from tarry.store.log.wal import MAGIC, WalLog, WalPosition, encode_group
 
 __all__ = ["GroupWriter", "OnWritten"]
@@ -233,8 +233,9 @@ class GroupWriter:
 
     def _write_group(self, batch: list[Any], durable: bool) -> WalPosition:
         """On the writer thread: the group's WAL record (one write, one fsync when durable),
-        then its bytes appended to the partitions (one write per touched segment, no fsync).
-        Returns the WAL position after the group."""
+        then its bytes handed to the partitions' files, held in memory and written out in the
+        background (``SegmentFiles.flush``; fsynced by a checkpoint). Returns the WAL position
+        after the group."""
         self.repair()
         writes: list[tuple[int, int, bytes]] = []
         grouped: dict[tuple[int, int], list[bytes]] = {}
@@ -250,14 +251,18 @@ class GroupWriter:
             self.wal.append(encode_group(writes))
             if durable:
                 self.wal.sync()
-            self.files.trim()
-            for key, chunks in grouped.items():
-                self.files.write(owners[key], key[1], b"".join(chunks))
         except BaseException:
             with self._cut_lock:  # a roll to a new segment: cut that back to its magic
                 rolled = start.seq != self.wal.seq
                 self._wal_cut = WalPosition(self.wal.seq, len(MAGIC)) if rolled else start
             raise
+        for key, chunks in grouped.items():  # held in memory, written behind the WAL
+            self.files.write(owners[key], key[1], b"".join(chunks))
+        if self.files.pending_bytes > FLUSH_BYTES:
+            try:
+                self.files.flush()
+            except OSError as exc:  # the WAL has it: the next flush or checkpoint tries again
+                log.warning("writing partitions behind the write-ahead log failed: %s", exc)
         return self.wal.position
 
     def sync_dirty(self) -> None:
