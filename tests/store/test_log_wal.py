@@ -12,6 +12,7 @@ from tarry.model.message import Message
 from tarry.store.log import LogStore
 from tarry.store.log.wal import segments, wal_root
 from tests.store.crashfs import CrashFiles
+from tests.store.test_log_crash_points import shut
 
 NOW = 1_700_000_000_000
 G = 300_000
@@ -36,16 +37,6 @@ def message(due_ms: int, n: int = 0) -> Message:
 def spread(n: int, over_ms: int, seed: int = 1) -> list[Message]:
     rng = random.Random(seed)
     return [message(NOW + 1_000 + rng.randrange(over_ms), seed * n + i) for i in range(n)]
-
-
-async def crash(store: LogStore) -> None:
-    """Stop without the closing checkpoint (kill -9: the files as written)."""
-    if store._scrubbing is not None:
-        store._scrubbing.cancel()
-    store._opened = False
-    store.files.close()
-    store._executor.shutdown(wait=True)
-    store._scrub_pool.shutdown(wait=True)
 
 
 async def test_a_group_commit_costs_one_fsync_however_the_due_times_are_spread(
@@ -111,7 +102,7 @@ async def test_a_checkpoint_deletes_the_wal_before_it_and_a_restart_reads_only_t
     tail = spread(30, YEAR, seed=99)
     await store.store(tail)
     await store.cancel(tail[0].id, now_ms=NOW)
-    await crash(store)
+    await shut(store)  # kill -9: no closing checkpoint
     store = LogStore(tmp_path, granularity_ms=G, wal_segment_bytes=16_384)
     await store.open()
     assert store.state.replayed_records == len(tail) + 1
@@ -130,7 +121,7 @@ async def test_a_kill_9_loses_nothing_that_only_the_wal_made_durable(tmp_path: P
     await store.snapshot()
     sent = spread(500, YEAR, seed=7)
     await store.store(sent)
-    await crash(store)
+    await shut(store)  # kill -9: no closing checkpoint
     for segment in tmp_path.glob("p*-*/seg-*.log"):
         segment.unlink()
     # When the store opens again
