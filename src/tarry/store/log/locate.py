@@ -8,6 +8,7 @@ due time (``layout.py``): each that exists is read. MOVED markers lead to the ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -138,7 +139,8 @@ def locate_many(table: PartitionTable, message_ids: Iterable[str]) -> dict[str, 
             partition = table.partitions.get(number)
             if partition is None:
                 continue
-            table.flush(partition)
+            with contextlib.suppress(OSError):  # a full disk: the files hold what they hold
+                table.flush(partition)
             for message_id, records in _records_of(partition, ids - located.keys()).items():
                 trail = _Trail()
                 for pos, record in records:
@@ -192,7 +194,8 @@ async def list_page(table: PartitionTable, query: MessageQuery) -> tuple[list[Me
             selected.sort(key=lambda m: (m.deliver_at_ms, m.id))
             if partition.start_ms > selected[query.limit].deliver_at_ms:
                 break
-        table.flush(partition)
+        with contextlib.suppress(OSError):
+            table.flush(partition)
         messages = await loop.run_in_executor(None, scan_partition, partition)
         selected += [m for m in messages if query.matches(m, after)]
     selected.sort(key=lambda m: (m.deliver_at_ms, m.id))

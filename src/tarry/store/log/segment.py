@@ -60,6 +60,8 @@ class SegmentFiles:
         #: Appends not written yet, by file (in order), with their partitions.
         self._pending: dict[Path, list[bytes]] = {}
         self._owners: dict[Path, Partition] = {}
+        #: The paths of ``_pending`` by partition key (a read flushes its partition's alone).
+        self._paths_of: dict[int, list[Path]] = {}
         self.pending_bytes = 0
         self._lock = threading.RLock()
 
@@ -71,6 +73,7 @@ class SegmentFiles:
             if chunks is None:
                 self._pending[path] = [data]
                 self._owners[path] = partition
+                self._paths_of.setdefault(partition.number, []).append(path)
             else:
                 chunks.append(data)
             self.pending_bytes += len(data)
@@ -81,14 +84,23 @@ class SegmentFiles:
         with self._lock:
             if not self._pending:
                 return
-            paths = (
-                list(self._pending)
-                if partition is None
-                else [p for p, owner in self._owners.items() if owner is partition]
-            )
+            if partition is None:
+                paths = list(self._pending)
+            else:
+                paths = list(self._paths_of.get(partition.number, ()))
+                if not paths:
+                    return
             for path in paths:
                 self._flush_one(path)
             self.trim()
+
+    def _forget(self, path: Path) -> None:
+        partition = self._owners.pop(path)
+        del self._pending[path]
+        paths = self._paths_of[partition.number]
+        paths.remove(path)
+        if not paths:
+            del self._paths_of[partition.number]
 
     def _flush_quietly(self, partition: Partition) -> None:
         """``flush`` before a read, its failure left to the read: a fetch flushed the bytes it
@@ -116,7 +128,7 @@ class SegmentFiles:
         except OSError:
             self.fs.truncate(fd, before)  # no partial record before the next try
             raise
-        del self._pending[path], self._owners[path]
+        self._forget(path)
         self.pending_bytes -= len(data)
         self._dirty.add(path)
 
@@ -171,9 +183,9 @@ class SegmentFiles:
 
     def close_partition(self, partition: Partition) -> None:
         with self._lock:
-            for path in [p for p, owner in self._owners.items() if owner is partition]:
-                self.pending_bytes -= sum(map(len, self._pending.pop(path)))
-                del self._owners[path]
+            for path in list(self._paths_of.get(partition.number, ())):
+                self.pending_bytes -= sum(map(len, self._pending[path]))
+                self._forget(path)
             for path in [p for p in self._write if p.parent == partition.dir]:
                 self.fs.close(self._write.pop(path))
             for path in [p for p in self._read if p.parent == partition.dir]:
@@ -185,6 +197,7 @@ class SegmentFiles:
         with self._lock:
             self._pending.clear()
             self._owners.clear()
+            self._paths_of.clear()
             self.pending_bytes = 0
             for fd in self._write.values():
                 self.fs.close(fd)
