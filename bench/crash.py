@@ -60,9 +60,11 @@ class Server:
         env = {**os.environ, "TARRY_STORE__FSYNC": self.fsync, "TARRY_JOURNAL__ENABLED": "false"}
         command = [sys.executable, "-m", "tarry.cli.main", "serve", "--port", str(self.port)]
         command += ["--data", str(self.data_dir), "--store", self.store]
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
-        )
+        log = self.data_dir.parent / "serve.log"  # the last start's, for when it fails
+        with open(log, "w") as stderr:
+            self.process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=stderr, env=env
+            )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -70,7 +72,8 @@ class Server:
                 return
             except httpx.HTTPError:
                 time.sleep(0.05)
-        raise RuntimeError("tarry serve did not start")
+        tail = log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"tarry serve did not start within 30 s; its stderr ends:\n{tail}")
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
