@@ -93,6 +93,11 @@ class Layout:
         return number << _LEVEL_BITS
 
     @staticmethod
+    def split_key(key: int) -> tuple[int, int]:
+        """(start // granularity, level) of partition ``key``."""
+        return key >> _LEVEL_BITS, key & _LEVEL_MASK
+
+    @staticmethod
     def dir_name(key: int) -> str:
         level, number = key & _LEVEL_MASK, key >> _LEVEL_BITS
         return f"p-{number:010d}" if level == 0 else f"p{level}-{number:010d}"

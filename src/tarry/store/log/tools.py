@@ -62,9 +62,12 @@ def inspect(directory: Path, *, granularity_ms: int = 300_000) -> dict[str, Any]
     rows = []
     for number, partition in sorted(partitions.items()):
         files = sorted(partition.dir.glob("seg-*.log"))
+        start_index, level = Layout.split_key(number)
         rows.append(
             {
-                "partition": number,
+                # The directory's number (start // granularity) and its level (``layout.py``).
+                "partition": start_index,
+                "level": level,
                 "start_ms": partition.start_ms,
                 "end_ms": partition.end_ms,
                 "segments": len(files),
