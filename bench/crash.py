@@ -3,13 +3,17 @@ consumes; afterwards every message that got a 201 must have been delivered exact
 before its due time, none lost. Prints JSON.
 
     .venv/bin/python bench/crash.py [--kills 50] [--store log] [--fsync batch] [--clean-every 0]
-        [--plain]
+        [--plain] [--far-share 0.3]
 
 The producer sends batches with a ``message_id`` per message and, like a real producer, resends
 a batch whose answer it never got (de-duplication keeps it single). The consumer long-polls,
 acks, and records what it got. A message received again after an ack that the server confirmed
 is a duplicate; one received again because the kill came before its ack is a redelivery
 (at-least-once consumption, counted apart).
+
+``--far-share F`` sends that share of the messages due far ahead (a minute to a year) instead of
+within ``max_delay_ms``: those must still be held after the last restart (found by id,
+scheduled, at their due time), and none of them received.
 """
 
 from __future__ import annotations
@@ -56,9 +60,11 @@ class Server:
         env = {**os.environ, "TARRY_STORE__FSYNC": self.fsync, "TARRY_JOURNAL__ENABLED": "false"}
         command = [sys.executable, "-m", "tarry.cli.main", "serve", "--port", str(self.port)]
         command += ["--data", str(self.data_dir), "--store", self.store]
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
-        )
+        log = self.data_dir.parent / "serve.log"  # the last start's, for when it fails
+        with open(log, "w") as stderr:
+            self.process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=stderr, env=env
+            )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -66,7 +72,8 @@ class Server:
                 return
             except httpx.HTTPError:
                 time.sleep(0.05)
-        raise RuntimeError("tarry serve did not start")
+        tail = log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"tarry serve did not start within 30 s; its stderr ends:\n{tail}")
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -94,8 +101,16 @@ class Ledger:
     stop_consuming: threading.Event = field(default_factory=threading.Event)
 
 
+FAR_MS = (60_000, 365 * 86_400_000)
+
+
 def produce(
-    server: Server, ledger: Ledger, batch_size: int, max_delay_ms: int, plain: bool = False
+    server: Server,
+    ledger: Ledger,
+    batch_size: int,
+    max_delay_ms: int,
+    plain: bool = False,
+    far_share: float = 0.0,
 ) -> None:
     """With ``plain`` the sends carry no ``message_id`` (the release path of plain messages),
     so an unanswered batch is not sent again (that would schedule copies): it is dropped, and
@@ -107,7 +122,9 @@ def produce(
                 {
                     "destination": QUEUE,
                     "body": f"m{sequence + i}",
-                    "delay_ms": random.randint(0, max_delay_ms),
+                    "delay_ms": random.randint(*FAR_MS)
+                    if random.random() < far_share
+                    else random.randint(0, max_delay_ms),
                 }
                 for i in range(batch_size)
             ]
@@ -183,6 +200,7 @@ def run(
     gap_s: tuple[float, float] = (0.3, 1.5),
     drain_timeout_s: float = 60.0,
     plain: bool = False,
+    far_share: float = 0.0,
 ) -> dict[str, Any]:
     owned = tempfile.TemporaryDirectory() if data_dir is None else None
     directory = data_dir or Path(owned.name if owned else ".")
@@ -191,7 +209,10 @@ def run(
     httpx.put(f"{server.url}/v1/queues/{QUEUE}", json={}, timeout=10).raise_for_status()
     ledger = Ledger()
     threads = [
-        threading.Thread(target=produce, args=(server, ledger, batch_size, max_delay_ms, plain)),
+        threading.Thread(
+            target=produce,
+            args=(server, ledger, batch_size, max_delay_ms, plain, far_share),
+        ),
         threading.Thread(target=consume, args=(server, ledger)),
     ]
     for thread in threads:
@@ -211,7 +232,8 @@ def run(
         deadline = time.monotonic() + drain_timeout_s
         while time.monotonic() < deadline:
             with ledger.lock:
-                wanted = {i for i, _ in ledger.accepted.values()}
+                horizon = time.time() * 1000
+                wanted = {i for i, d in ledger.accepted.values() if d <= horizon}
                 if wanted <= set(ledger.received):
                     break
             time.sleep(0.2)
@@ -223,15 +245,25 @@ def run(
         ledger.stop_consuming.set()
         for thread in threads:
             thread.join()
+    try:
+        with ledger.lock:
+            end_ms = time.time() * 1000 + 5_000
+            far = {i: d for i, d in ledger.accepted.values() if d > end_ms}
+        far_missing = held_far(server, far)
+    finally:
         server.stop()
     with ledger.lock:
-        due = {i: d for i, d in ledger.accepted.values()}
+        due = {i: d for i, d in ledger.accepted.values() if i not in far}
         lost = sorted(set(due) - set(ledger.received))
         early = sum(
             1 for i, got in ledger.received.items() if i in due and min(t for t, _ in got) < due[i]
         )
         result = {
             "kills": kills,
+            "far_accepted": len(far),
+            "far_lost": len(far_missing),
+            "far_lost_ids": far_missing[:10],
+            "far_received": len(set(far) & set(ledger.received)),
             "clean_stops": kills // clean_every if clean_every else 0,
             "store": store,
             "fsync": fsync,
@@ -251,12 +283,30 @@ def run(
         }
     result["ok"] = (
         result["lost"] == 0
+        and result["far_lost"] == 0
+        and result["far_received"] == 0
         and result["duplicates_after_confirmed_ack"] == 0
         and result["early"] == 0
     )
     if owned is not None:
         owned.cleanup()
     return result
+
+
+def held_far(server: Server, far: dict[str, int]) -> list[str]:
+    """The far-ahead messages the server does not hold as sent: missing, not scheduled, or due
+    at another time."""
+    missing = []
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for message_id, due in far.items():
+            got = client.get(f"/v1/messages/{message_id}")
+            if got.status_code != 200:
+                missing.append(message_id)
+                continue
+            body = got.json()
+            if body["state"] != "scheduled" or body["deliver_at"] != due:
+                missing.append(message_id)
+    return sorted(missing)
 
 
 def main() -> None:
@@ -276,8 +326,15 @@ def main() -> None:
         help="send without message_id (plain messages: their own release path); unanswered "
         "batches are dropped, not resent",
     )
+    parser.add_argument(
+        "--far-share",
+        type=float,
+        default=0.0,
+        help="share of messages due a minute to a year ahead (held, not received, at the end)",
+    )
     args = parser.parse_args()
     result = run(
+        far_share=args.far_share,
         kills=args.kills,
         clean_every=args.clean_every,
         store=args.store,

@@ -167,27 +167,30 @@ async def fill(store: LogStore) -> list[str]:
     return kept
 
 
-@pytest.mark.parametrize("small_disk", [2], indirect=True)
+@pytest.mark.parametrize("small_disk", [4], indirect=True)
 async def test_finding_08_a_failed_append_is_cut_back_and_the_next_one_succeeds(
     small_disk: Path,
 ) -> None:
     """The log store alone: a write that fills the disk fails with ``StorageFault``, leaves no
     partial record behind once space is back, and the store writes again without reopening."""
-    # Given a log store on a 2 MB disk, a filler file taking 1 MB of it
+    # Given a log store on a 4 MB disk, a filler file taking 3 MB of it (freed, it leaves room
+    # for the partition's copy of what the write-ahead log holds)
     filler = small_disk / "filler"
-    filler.write_bytes(bytes(1024 * 1024))
+    filler.write_bytes(bytes(3 * 1024 * 1024))
     root = small_disk / "log"
     store = LogStore(root, fsync="always")
     await store.open()
     # When messages are stored until the disk is full
     kept = await fill(store)
-    [segment] = sorted(root.glob("p-*/seg-*.log"))
     [partition] = store.partitions.values()
     assert partition.sizes == partition.written  # the failed reservation was given back
     # Then once space is freed the next append succeeds, right after the last good record
     filler.unlink()
+    store.files.flush()  # what the WAL holds, written to the partition behind it
+    [segment] = sorted(root.glob("p-*/seg-*.log"))
     later = message(999)
     await store.store([later])
+    store.files.flush()
     assert segment.stat().st_size == sum(partition.written)
     assert await store.count_scheduled() == len(kept) + 1
     # And a restart that checks every file finds exactly those records, and no damage

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tarry.store.log.layout import Layout
 from tests.e2e.test_serve_and_crash import receive_all
 
 SMALL_SEGMENTS = '[store]\nengine = "log"\nsegment_bytes = 4096\n'
@@ -87,7 +88,10 @@ def test_finding_09_damage_in_a_far_partition_is_reported_at_once_after_a_clean_
     sent |= send_batch(server.url, 10, delay_ms=7_200_000)
     server.stop()
     assert (server.data_dir / "log" / "CLEAN").exists()  # the restart trusts the snapshot
-    partitions = sorted((server.data_dir / "log").glob("p-*"))
+    # (sorted by start: the later one is coarser, ``tarry.store.log.layout``)
+    partitions = sorted(
+        (server.data_dir / "log").glob("p*-*"), key=lambda p: Layout.parse_dir(p.name) or 0
+    )
     assert len(partitions) == 2
     segment = sorted(partitions[-1].glob("seg-*.log"))[-1]
     # When a byte inside one of those messages is flipped and the server starts again

@@ -1,5 +1,5 @@
 """Against a real `tarry serve` on the log store: /metrics shows the write path (fsyncs by what
-they made durable, group commits, snapshot durations)."""
+they made durable, group commits, WAL bytes, snapshot and checkpoint durations)."""
 
 from __future__ import annotations
 
@@ -42,16 +42,18 @@ def test_metrics_count_the_log_stores_fsyncs_group_commits_and_snapshot_duration
         if after.get("tarry_store_snapshot_seconds_count", 0) >= 1 or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    # Then the batch's group commit and its fsyncs (the new segment, its new directories) are
-    # counted, and so is the snapshot with its parts and manifest
-    segment = 'tarry_store_fsyncs_total{what="segment"}'
+    # Then the batch's group commit and its WAL fsync are counted, with its WAL bytes, and so
+    # is the checkpoint: the partition it fsynced, its new directories, its parts and manifest
+    wal = 'tarry_store_fsyncs_total{what="wal"}'
     directory = 'tarry_store_fsyncs_total{what="directory"}'
     assert after["tarry_store_group_commits_total"] >= before["tarry_store_group_commits_total"] + 1
-    assert after[segment] >= before.get(segment, 0) + 1
+    assert after[wal] >= before.get(wal, 0) + 1
+    assert after["tarry_store_wal_bytes_total"] >= before["tarry_store_wal_bytes_total"] + 50 * 40
     assert after[directory] >= before.get(directory, 0) + 2
     assert after["tarry_store_snapshot_seconds_count"] >= 1, after
-    assert after['tarry_store_fsyncs_total{what="snapshot"}'] >= 1
-    assert after['tarry_store_fsyncs_total{what="manifest"}'] >= 1
+    assert after["tarry_store_checkpoint_seconds_count"] >= 1, after
+    assert after['tarry_store_fsyncs_total{what="partition"}'] >= 1
+    assert after['tarry_store_fsyncs_total{what="checkpoint"}'] >= 2
     assert (
         after['tarry_store_snapshot_seconds_bucket{le="+Inf"}']
         == after["tarry_store_snapshot_seconds_count"]

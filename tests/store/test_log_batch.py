@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tarry.model.state import MessageState
 from tarry.store.log import LogStore
+from tarry.store.log.layout import Layout
 from tarry.store.log.record import MESSAGE, Record, encode_messages
 from tests.store.test_log_recovery import NOW, G, message
 
@@ -28,7 +29,7 @@ async def test_a_batch_over_two_partitions_and_several_segments_is_indexed_where
     # positions where their own records are
     assert [o.message.id for o in outcomes if o.created] == [m.id for m in batch]
     for number in (NOW // G, NOW // G + 1):
-        partition = store.partitions[number]
+        partition = store.partitions[Layout.level0(number)]
         assert partition.index is not None
         due, pos = partition.index.arrays()
         wanted = sorted((m.deliver_at_ms, m.id) for m in batch if m.deliver_at_ms // G == number)

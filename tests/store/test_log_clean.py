@@ -13,6 +13,7 @@ from tarry.errors import Unavailable
 from tarry.model.message import Message
 from tarry.store.log import LogStore
 from tarry.store.log.clean import CLEAN
+from tarry.store.log.layout import Layout
 from tests.store.test_log_recovery import NOW, G, crash, message, opened
 
 
@@ -117,7 +118,7 @@ async def test_a_record_whose_partitions_are_not_all_on_disk_is_not_trusted(
     store = await opened(tmp_path)
     later = message(NOW + 20 + 2 * G)
     await store.store([later])
-    gone = store.partitions[batch[0].deliver_at_ms // G].dir
+    gone = store.partitions[Layout.level0(batch[0].deliver_at_ms // G)].dir
     await crash(store)
     for path in gone.iterdir():
         path.unlink()

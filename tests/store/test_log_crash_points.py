@@ -1,7 +1,9 @@
 """The log store under a simulated power loss at every crash point of a scripted workload
-(``crashfs.py``): sends due soon and far ahead, cancels, reschedules, releases into the queue
-database (recorded there first, as ``tarry.engine.release`` does) and deliveries, a snapshot,
-cleanup of a released partition, and a clean close. At each boundary between two file changes,
+(``crashfs.py``): sends due soon and far ahead (up to a year), cancels, reschedules, releases
+into the queue database (recorded there first, as ``tarry.engine.release`` does) and
+deliveries, each a group commit of the write-ahead log (rolled over to new WAL segments), a
+checkpoint, cleanup of a released partition (with its checkpoint, which deletes WAL segments),
+and a clean close. At each boundary between two file changes,
 in both modes (nothing unsynced survives; a random prefix of it does), a fresh ``LogStore``
 recovers what the disk would hold and must show:
 
@@ -28,7 +30,8 @@ import pytest
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.state import MessageState
-from tarry.store.log import LogStore, cleanup
+from tarry.store.log import LogStore
+from tarry.store.log.layout import Layout
 from tests.store.crashfs import CrashFiles, Mode
 
 NOW = 1_700_000_000_000
@@ -53,11 +56,13 @@ def message(due_ms: int, n: int) -> Message:
 
 
 def open_store(root: Path, fs: CrashFiles | None = None, *, fsync: str = "batch") -> LogStore:
-    # Small segments: groups roll over to new segment files (and new directory entries).
+    # Small segments: groups roll over to new segment files (and new directory entries), and
+    # the write-ahead log to new segments that checkpoints delete.
     return LogStore(
         root,
         granularity_ms=G,
         segment_bytes=2048,
+        wal_segment_bytes=1024,
         commit_interval_ms=0,
         snapshot_interval_ms=10 * DAY,
         fsync=fsync,
@@ -111,8 +116,9 @@ async def run_workload(fs: CrashFiles, root: Path, *, fsync: str = "batch") -> W
 
     near = await send([NOW + 1_000 + 7_000 * i for i in range(6)])  # partition NOW // G
     far = await send([NOW + 30 * DAY + 1_000 * i for i in range(3)])
-    # One partition each: a group touching this many files is made durable by one syncfs.
-    await send([NOW + (10 + i) * DAY for i in range(10)])
+    # Spread over a year: one group commit (one WAL write and fsync) for partitions of
+    # several levels (``layout.py``).
+    await send([NOW + (10 + 35 * i) * DAY + i * 7_000 for i in range(10)])
     await send([NOW + 2 * G + 500 * i for i in range(5)])
     fs.mark(("finishing", [near[1].id]))
     await store.cancel(near[1].id, now_ms=NOW)
@@ -134,7 +140,7 @@ async def run_workload(fs: CrashFiles, root: Path, *, fsync: str = "batch") -> W
     await release(NOW + 2 * G + 1_500, delivered=False)
     # The first partition is over and drained: cleanup deletes it (the queue database's
     # releases are durable already here: no barrier needed).
-    assert await cleanup.delete_released(store, NOW + 2 * G + 1_500) == 1
+    assert await store.delete_released(NOW + 2 * G + 1_500) == 1
     await send([NOW + 3 * G + 1, NOW + 3 * G + 2])
     await release(NOW + 2 * G + G // 2, delivered=True)
     await store.close()
@@ -255,12 +261,6 @@ async def test_a_power_loss_at_every_crash_point_loses_no_acknowledged_message(
     await crash_everywhere(tmp_path, mode, during_reschedule=False, fsync=fsync)
 
 
-@pytest.mark.xfail(
-    reason="a reschedule writes its MOVED marker and the new copy to two partitions' files, "
-    "made durable by separate fsyncs: a power loss between them loses the message (marker "
-    "kept) or keeps both copies (copy kept); the single write-ahead log of issue 22 fixes it",
-    strict=True,
-)
 async def test_a_power_loss_during_a_reschedule_keeps_the_message_once(tmp_path: Path) -> None:
     await crash_everywhere(tmp_path, "drop", during_reschedule=True)
 
@@ -277,14 +277,14 @@ async def test_a_snapshot_fsyncs_the_markers_it_names(tmp_path: Path) -> None:
     await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 5)
     # When a snapshot is written, and the power fails right after it
     await store.snapshot()
-    sizes = {str(n): p.written for n, p in store.partitions.items()}
+    sizes = {n: p.written for n, p in store.partitions.items()}
     await shut(store)
     target = tmp_path / "after"
     target.mkdir()
     fs.disk_after(len(fs.ops), target, mode="drop")
     # Then the disk holds every byte the snapshot recorded
     on_disk = {
-        p.name[2:].lstrip("0"): [s.stat().st_size for s in sorted(p.glob("seg-*"))]
+        Layout.parse_dir(p.name): [s.stat().st_size for s in sorted(p.glob("seg-*"))]
         for p in (target / "log").glob("p-*")
     }
     assert on_disk == sizes

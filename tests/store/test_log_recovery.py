@@ -11,6 +11,9 @@ from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.store.log import LogStore
+from tarry.store.log.layout import Layout
+from tarry.store.log.record import encode_message
+from tarry.store.log.wal import MAGIC
 
 NOW = 1_700_000_000_000
 G = 60_000
@@ -47,20 +50,46 @@ def segments(root: Path) -> list[Path]:
     return sorted(root.glob("p-*/seg-*.log"))
 
 
-async def test_a_torn_tail_is_cut_and_never_served(tmp_path: Path) -> None:
-    # Given two messages written and the last one half-written by a crash
+async def test_a_torn_partition_tail_is_written_again_from_the_wal(tmp_path: Path) -> None:
+    # Given two messages acknowledged, and the partition's file cut short by a crash (its
+    # bytes are fsynced only by a checkpoint; the WAL holds them)
     store = await opened(tmp_path)
-    kept, torn = message(NOW + 10), message(NOW + 20)
-    await store.store([kept, torn])
+    first, second = message(NOW + 10), message(NOW + 20)
+    await store.store([first, second])
+    store.files.flush()  # written behind the WAL, not fsynced
     await crash(store)
     [segment] = segments(tmp_path)
     segment.write_bytes(segment.read_bytes()[:-7])
     # When the store recovers
     store = await opened(tmp_path)
-    # Then the torn record is gone and the whole one is due
+    # Then the WAL's tail wrote the partition's bytes again: both are due, nothing damaged
+    due = await store.fetch_due(NOW + 100, limit=10, lease_ms=1000)
+    assert [m.id for m in due] == [first.id, second.id]
+    assert await store.check() == []
+    await store.close()
+
+
+async def test_a_torn_wal_tail_is_cut_and_never_served(tmp_path: Path) -> None:
+    # Given a message acknowledged, and a second one whose group the power cut off halfway
+    # through its WAL record (before any of it reached the partition)
+    store = await opened(tmp_path)
+    kept, torn = message(NOW + 10), message(NOW + 20)
+    await store.store([kept])
+    await store.store([torn])
+    store.files.flush()
+    await crash(store)
+    [segment] = segments(tmp_path)
+    segment.write_bytes(segment.read_bytes()[: -len(encode_message(torn))])
+    wal = sorted((tmp_path / "wal").glob("wal-*.log"))[-1]
+    wal.write_bytes(wal.read_bytes()[:-7])
+    # When the store recovers
+    store = await opened(tmp_path)
+    # Then the torn group is gone (never served), the whole one is due, and a torn tail is
+    # not damage
     due = await store.fetch_due(NOW + 100, limit=10, lease_ms=1000)
     assert [m.id for m in due] == [kept.id]
-    assert await store.check() == []  # a torn tail is not damage
+    assert await store.check() == []
+    assert len(wal.read_bytes()) < len(MAGIC) + 200  # cut back to the whole group
     await store.close()
 
 
@@ -71,6 +100,7 @@ async def test_a_flipped_byte_in_a_closed_segment_is_reported_and_the_rest_serve
     store = await opened(tmp_path, segment_bytes=4096)
     batch = [message(NOW + i, body=b"x" * 600) for i in range(12)]
     await store.store(batch)
+    await store.snapshot()  # a checkpoint: the partition's bytes are its own, the WAL's gone
     await crash(store)
     first = segments(tmp_path)[0]
     assert len(segments(tmp_path)) > 1
@@ -93,6 +123,7 @@ async def test_messages_fall_into_time_partitions_and_roll_over(tmp_path: Path) 
     store = await opened(tmp_path)
     batch = [message(NOW + offset) for offset in (5, G + 5, 2 * G + 5)]
     await store.store(batch)
+    store.files.flush()  # written behind the WAL
     assert len(list(tmp_path.glob("p-*"))) == 3
     # When time passes the first partition's end
     first = await store.fetch_due(NOW + G, limit=10, lease_ms=10 * G)
@@ -112,9 +143,9 @@ async def test_a_partition_born_near_its_due_time_is_indexed_at_once(tmp_path: P
     await store.store([near, far])
     # Then the near partition is indexed from birth (nothing to read back when it falls due)
     # and holds its message, while the far one costs no index until it comes near
-    near_index = store.partitions[near.deliver_at_ms // G].index
+    near_index = store.partitions[Layout.level0(near.deliver_at_ms // G)].index
     assert near_index is not None and len(near_index) == 1
-    assert store.partitions[far.deliver_at_ms // G].index is None
+    assert store.partitions[store.layout.key_for(far.deliver_at_ms, NOW)].index is None
     assert [m.id for m in await store.fetch_due(NOW + 5, limit=10, lease_ms=G)] == [near.id]
     await store.remove([near.id], state=MessageState.DELIVERED, now_ms=NOW + 5)
     assert [m.id for m in await store.fetch_due(NOW + 100 * G, limit=10, lease_ms=G)] == [far.id]
@@ -147,10 +178,9 @@ async def test_released_partitions_are_deleted_with_their_files(tmp_path: Path) 
     await store.store(batch)
     due = await store.fetch_due(NOW + 10, limit=10, lease_ms=1000)
     await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 10)
-    from tarry.store.log.cleanup import delete_released
 
     # The first partition is drained and its window over; the second still holds a message
-    assert await delete_released(store, NOW + G + 1) == 1
+    assert await store.delete_released(NOW + G + 1) == 1
     assert len(list(tmp_path.glob("p-*"))) == 1
     assert await store.get(batch[1].id) is not None
     await store.close()
@@ -248,7 +278,6 @@ async def test_a_failed_message_waits_out_its_back_off_across_a_restart(
 async def test_a_message_arriving_for_a_released_partition_keeps_it_from_deletion(
     tmp_path: Path,
 ) -> None:
-    from tarry.store.log.cleanup import delete_released
     from tarry.store.log.partition import PartitionState
 
     # Given a partition whose window is over and whose messages are all released
@@ -257,7 +286,7 @@ async def test_a_message_arriving_for_a_released_partition_keeps_it_from_deletio
     await store.store([first])
     [due] = await store.fetch_due(NOW + 10, limit=1, lease_ms=1000)
     await store.remove([due.id], state=MessageState.READY, now_ms=NOW + 10)
-    partition = store.partitions[(NOW + 5) // G]
+    partition = store.partitions[Layout.level0((NOW + 5) // G)]
     end = partition.end_ms
     partition.settle(end)
     assert partition.state is PartitionState.RELEASED
@@ -265,7 +294,7 @@ async def test_a_message_arriving_for_a_released_partition_keeps_it_from_deletio
     late = message(end - 1)
     await store.store([late])
     # Then the partition is sealed again, not deleted, and the message is released
-    assert await delete_released(store, end + 1) == 0
+    assert await store.delete_released(end + 1) == 0
     assert partition.state is PartitionState.SEALED
     [got] = await store.fetch_due(end + 1, limit=10, lease_ms=1000)
     assert got.id == late.id
@@ -297,7 +326,6 @@ async def test_a_manifest_naming_a_missing_part_is_ignored_and_the_log_replayed(
 async def test_a_rescheduled_message_is_found_by_id_after_its_first_partition_is_deleted(
     tmp_path: Path,
 ) -> None:
-    from tarry.store.log.cleanup import delete_released
 
     # Given a message moved out of its partition, whose partition is then drained and deleted
     store = await opened(tmp_path)
@@ -306,7 +334,7 @@ async def test_a_rescheduled_message_is_found_by_id_after_its_first_partition_is
     await store.reschedule(moved.id, deliver_at_ms=NOW + 10 * G, now_ms=NOW)
     due = await store.fetch_due(NOW + 10, limit=10, lease_ms=1000)
     await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 10)
-    assert await delete_released(store, NOW + G + 1) == 1
+    assert await store.delete_released(NOW + G + 1) == 1
     # When it is looked up by id, now and after a crash (the MOVED marker went with its partition)
     found_now = await store.get(moved.id)
     await crash(store)
@@ -349,8 +377,6 @@ async def test_a_rescheduled_message_keeps_its_message_id_after_its_first_partit
 ) -> None:
     from dataclasses import replace
 
-    from tarry.store.log.cleanup import delete_released
-
     # Given a message sent with a message_id, moved out of its partition, which is then drained
     # and deleted, and a crash
     store = await opened(tmp_path)
@@ -359,7 +385,7 @@ async def test_a_rescheduled_message_keeps_its_message_id_after_its_first_partit
     await store.reschedule(moved.id, deliver_at_ms=NOW + 10 * G, now_ms=NOW)
     due = await store.fetch_due(NOW + 10, limit=10, lease_ms=1000)
     await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 10)
-    assert await delete_released(store, NOW + G + 1) == 1
+    assert await store.delete_released(NOW + G + 1) == 1
     retry = replace(moved, id=ids.new_due(NOW, NOW + 5))
     [before] = await store.store([retry])
     await crash(store)

@@ -28,6 +28,7 @@ async def test_inspect_shows_partitions_counts_and_the_snapshot(tmp_path: Path) 
 async def test_verify_reports_a_damaged_record_and_fixes_nothing(tmp_path: Path) -> None:
     store = await opened(tmp_path)
     await store.store([message(NOW + i, body=b"y" * 100) for i in range(5)])
+    store.files.flush()  # the partition's bytes, written behind the WAL
     await crash(store)
     [segment] = segments(tmp_path)
     assert CliRunner().invoke(cli, ["store", "verify", str(tmp_path)]).exit_code == 0

@@ -142,17 +142,29 @@ class _WritePath(Collector):
         yield fsyncs
         yield CounterMetricFamily(
             "tarry_store_group_commits",
-            "Group commits of the log store (one write per touched file each)",
+            "Group commits of the log store (one WAL write and at most one fsync each)",
             value=figures["group_commits"],
         )
-        times = figures["snapshot_seconds"]
-        cumulative, buckets = 0, []
-        for bound, count in zip((*times["bounds"], "+Inf"), times["counts"], strict=True):
-            cumulative += count
-            buckets.append((bound if bound == "+Inf" else str(float(bound)), cumulative))
-        yield HistogramMetricFamily(
-            "tarry_store_snapshot_seconds",
-            "How long each log store snapshot took to write, manifest included",
-            buckets=buckets,
-            sum_value=times["sum"],
+        yield CounterMetricFamily(
+            "tarry_store_wal_bytes",
+            "Bytes the log store appended to its write-ahead log",
+            value=figures.get("wal_bytes", 0),
         )
+        for name, key, what in (
+            ("tarry_store_snapshot_seconds", "snapshot_seconds", "snapshot"),
+            ("tarry_store_checkpoint_seconds", "checkpoint_seconds", "checkpoint"),
+        ):
+            times = figures.get(key)
+            if times is None:
+                continue
+            cumulative, buckets = 0, []
+            for bound, count in zip((*times["bounds"], "+Inf"), times["counts"], strict=True):
+                cumulative += count
+                buckets.append((bound if bound == "+Inf" else str(float(bound)), cumulative))
+            yield HistogramMetricFamily(
+                name,
+                f"How long each log store {what} took to write (partitions fsynced, snapshot, "
+                "manifest naming the WAL position)",
+                buckets=buckets,
+                sum_value=times["sum"],
+            )

@@ -404,7 +404,11 @@ class SnapshotSeconds(BaseModel):
 class StoreWritePath(BaseModel):
     fsyncs: dict[str, int] = Field(description="fsyncs by what they made durable")
     group_commits: int
+    wal_bytes: int = Field(0, description="bytes appended to the write-ahead log")
     snapshot_seconds: SnapshotSeconds
+    checkpoint_seconds: SnapshotSeconds | None = Field(
+        None, description="checkpoint durations (a checkpoint writes the snapshot)"
+    )
 
 
 class Stats(BaseModel):

@@ -131,7 +131,7 @@ def _survivors(path: Path, state: Recovered, fs: Files) -> tuple[Path | None, in
     if not dropped:
         return path, len(kept)
     filtered = path.with_suffix(".adopt")
-    fs.write_file(filtered, b"".join(kept), what="segment")
+    fs.write_file(filtered, b"".join(kept), what="partition")
     return filtered, len(kept)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tarry.model.message import Message
+from tarry.store.log.layout import Layout
 from tarry.store.log.partition import Partition
 
 __all__ = ["Group", "group_records"]
@@ -35,19 +36,21 @@ def group_records(
     messages: Sequence[Message],
     records: list[bytes],
     *,
-    granularity_ms: int,
+    layout: Layout,
+    now_ms: int,
     segment_bytes: int,
     partition_of: Callable[[int, Message], Partition],
 ) -> list[Group]:
-    """``records`` (one per message) grouped by the partition of their due time, each group
-    split where it would pass ``segment_bytes`` (a group larger than a segment starts a new
-    one; a single larger record is a group of its own). ``partition_of(number, message)``
-    gives the partition ``number`` that ``message`` (the first of a group) is appended to."""
+    """``records`` (one per message) grouped by the partition of their due time (as placed at
+    ``now_ms``: ``layout.keys_for``), each group split where it would pass ``segment_bytes`` (a
+    group larger than a segment starts a new one; a single larger record is a group of its
+    own). ``partition_of(number, message)`` gives the partition ``number`` that ``message`` (the
+    first of a group) is appended to."""
     n = len(messages)
     dues = np.fromiter((m.deliver_at_ms for m in messages), np.int64, n)
     lengths = np.fromiter(map(len, records), np.int64, n)
     groups: list[Group] = []
-    for number, rows in _by_number(dues // granularity_ms):
+    for number, rows in _by_number(layout.keys_for(dues, now_ms)):
         if rows is None:  # the whole batch
             group_messages, group_records_, group_dues, group_lengths = (
                 messages,

@@ -1,35 +1,31 @@
 """``LogStore``: the time-partitioned log store (Pulsar PIP-26's design) behind the
 ``DelayedStore`` contract, with a separate queue database (``tarry.store.base``).
 
-- Every accepted message is appended to the partition covering its due time (``partition.py``)
-  through the group-commit ``GroupWriter``; only partitions that are due (and the next one,
-  ``prefetch_ms`` ahead) carry a ``DueIndex``. Future partitions cost a small header each.
+- Every accepted change is one group commit of the write-ahead log (``wal.py``: one write, one
+  fsync per group, ``writer.py``), then appended to the partition covering its due time
+  (``partition.py``; coarser partitions far ahead, ``layout.py``) without an fsync; only
+  partitions that are due (and the next, ``prefetch_ms`` ahead) carry a ``DueIndex``.
 - In-memory bookkeeping changes in the writer's ``on_written`` step, together with the sizes a
   snapshot records; a message taken out of circulation before its marker is on disk (cancel,
   reschedule, release) stays in ``_leaving`` meanwhile, and snapshots include it.
 - A message id carries its due time (``tarry.model.ids``): ``get``, ``cancel`` and
   ``reschedule`` read one partition (following MOVED markers), never all of them.
-- Snapshots (``snapshot.py`` + ``manifest.py``) every ``snapshot_interval_ms`` and on close;
-  ``recovery.py`` on open; ``cleanup.py`` deletes released partitions.
+- Checkpoints (``checkpoint.py``: partitions fsynced, then a snapshot and its manifest naming
+  the WAL position) every ``snapshot_interval_ms`` and on close; ``opening.py`` on open (the
+  checkpoint, then the WAL tail); ``cleanup.py`` deletes released partitions. The partitions
+  and their state are owned by a ``PartitionTable`` (``table.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import builtins
-import heapq
 import logging
-import os
-import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from tarry.engine.types import MessageQuery
 from tarry.errors import NotCancellable, NotFound, TarryError, Unavailable
@@ -37,40 +33,35 @@ from tarry.model.message import Message
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.log import clean, cleanup
-from tarry.store.log.adopt import adopt_imports
 from tarry.store.log.batch import group_records
-from tarry.store.log.figures import SnapshotTimes
+from tarry.store.log.checkpoint import Checkpoints
+from tarry.store.log.dedupe import admit
 from tarry.store.log.fs import Files
 from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash
-from tarry.store.log.index import DueIndex
+from tarry.store.log.layout import Layout
 from tarry.store.log.locate import Located, list_page, locate_many
-from tarry.store.log.partition import Partition, split
+from tarry.store.log.opening import recover
+from tarry.store.log.reading import ensure_loaded, load, read_message, read_messages
 from tarry.store.log.record import (
     CANCELLED,
     FAILED,
-    MESSAGE,
     MOVED,
     RELEASED,
-    Record,
-    decode_message,
     encode_marker,
     encode_markers,
     encode_message,
     encode_messages,
 )
-from tarry.store.log.recovery import Recovered, load_snapshot, replay, snapshot_root, sweep_orphans
-from tarry.store.log.scrub import damage_line, scrub_partition
+from tarry.store.log.recovery import Recovered
+from tarry.store.log.scrub import scrub_all
 from tarry.store.log.segment import SegmentFiles
-from tarry.store.log.snapshot import capture, write_snapshot
+from tarry.store.log.table import RECENT_MAX, PartitionTable
+from tarry.store.log.wal import WalLog
 from tarry.store.log.writer import GroupWriter
 
 __all__ = ["LogStore"]
 
 log = logging.getLogger(__name__)
-
-#: Messages sent without delay, remembered by id so that their release at once (by the send
-#: path, not a fetch) needs no lookup; bounded.
-_RECENT_MAX = 200_000
 
 
 class LogStore:
@@ -89,6 +80,7 @@ class LogStore:
         prefetch_ms: int = 30_000,
         barrier: Callable[[], Awaitable[None]] | None = None,
         fs: Files | None = None,
+        wal_segment_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.root = root
         self.granularity_ms = granularity_ms
@@ -96,12 +88,16 @@ class LogStore:
         self.prefetch_ms = prefetch_ms
         #: Makes the queue database's releases durable before a partition's files go.
         self.barrier = barrier
-        self.partitions: dict[int, Partition] = {}
-        self._numbers: list[int] = []
-        self.state = Recovered()
+        self.layout = Layout(granularity_ms)
         #: Every change to the store's files goes through ``files.fs`` (``fs.py``).
         self.files = SegmentFiles(fs)
-        self.snapshot_times = SnapshotTimes()
+        #: The partitions and everything that goes with them (``table.py``).
+        self.table = table = PartitionTable(
+            root, self.layout, prefetch_ms=prefetch_ms, flush=self.files.flush
+        )
+        self.partitions = table.partitions
+        self._numbers = table.numbers
+        self._claims, self._waiting, self._leaving = table.claims, table.waiting, table.leaving
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-log")
         self._scrub_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-scrub")
         self._scrubbing: asyncio.Task[None] | None = None
@@ -110,126 +106,53 @@ class LogStore:
         self.scrub_done = False
         self.writer = GroupWriter(
             self.files,
+            WalLog(root, self.files.fs, segment_bytes=wal_segment_bytes),
             self._executor,
             fsync=fsync,
             commit_interval_ms=commit_interval_ms,
             segment_bytes=segment_bytes,
         )
-        self._claims: dict[str, Held] = {}
-        #: Released claims and failed messages, due again at ``Held.due`` (heap of (due, id)).
-        self._waiting: dict[str, Held] = {}
-        self._retry_heap: list[tuple[int, str]] = []
-        self._leaving: dict[str, Held] = {}
-        self._recent: dict[str, Held] = {}
+        self.checkpoints = Checkpoints(
+            root, table=table, files=self.files, writer=self.writer, executor=self._executor
+        )
         #: De-duplication keys of messages being written (not yet in ``state.dedupe``).
         self._unwritten: dict[int, Message] = {}
-        self._seq = 0
-        self._changes = 0
         self._last_upkeep_ms = 0
-        self._now_ms = 0
         self._opened = False
-        self._snapshotting = False
         self._upkeeping: asyncio.Task[None] | None = None
         self.recovery_seconds = 0.0
         #: The last start trusted a clean-close record (``clean.py``): no partition checked.
         self.clean_start = False
 
+    @property
+    def state(self) -> Recovered:
+        return self.table.state
+
     # --- lifecycle --------------------------------------------------------------------------
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._recover)
+        opened = await loop.run_in_executor(
+            self._executor, lambda: recover(self.root, table=self.table, files=self.files)
+        )
+        self.checkpoints.seq = opened.seq
+        self.clean_start = opened.clean_start
+        self.recovery_seconds = opened.seconds
+        wal = self.writer.wal
+        await loop.run_in_executor(self._executor, wal.start, opened.next_wal_seq)
+        self.writer.wal_end = wal.position
         self._opened = True
+        if opened.migrated:  # a directory of an older tarry: in this version's format now
+            await self.snapshot()
         self._scrubbing = loop.create_task(self._scrub(), name="tarry-log-scrub")
 
     async def _scrub(self) -> None:
         """Check every partition found at the start, nearest due first (``scrub.py``)."""
-        loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        for number in list(self._numbers):
-            partition = self.partitions.get(number)
-            if partition is None or not partition.written:
-                continue
-            began = time.perf_counter()
-            try:
-                lines = await loop.run_in_executor(
-                    self._scrub_pool, scrub_partition, partition, list(partition.written)
-                )
-            except Exception as exc:  # unreadable (EIO, permissions): that is damage too
-                lines = [f"{partition.dir}: cannot be read ({exc})"]
-            for line in lines:
-                if self.state.report(line):
-                    log.error("damaged record found by the start-up check: %s", line)
-            self.scrubbed += 1
-            await asyncio.sleep(time.perf_counter() - began)
-        self.scrub_done = True
-        log.info(
-            "start-up check: %d partitions read in %.3f s, %d damaged records or files known",
-            self.scrubbed,
-            time.perf_counter() - started,
-            len(self.state.damaged),
-        )
 
-    def _recover(self) -> None:
-        started = time.perf_counter()
-        fs = self.files.fs
-        if not snapshot_root(self.root).is_dir():
-            # A new store: its directories' entries are made durable before any write is
-            # acknowledged, or a power loss could take the store's directory with everything.
-            fs.mkdir(snapshot_root(self.root))
-            fs.fsync_dir(self.root.parent)
-            fs.fsync_dir(self.root)
-        with os.scandir(self.root) as entries:
-            numbers = sorted(
-                int(e.name[2:])
-                for e in entries
-                if e.name.startswith("p-") and e.name[2:].isdigit() and e.is_dir()
-            )
-        for number in numbers:  # in order: each insertion lands at the end
-            self._partition(number)
-        load_snapshot(self.root, self.partitions, self.state)
-        manifest = self.state.manifest
-        # New snapshots number past every manifest on disk, usable or not.
-        on_disk = [
-            int(p.name.split("-", 1)[1])
-            for p in snapshot_root(self.root).glob("manifest-*")
-            if p.name.split("-", 1)[1].isdigit()
-        ]
-        self._seq = max(on_disk, default=0)
-        sweep_orphans(self.root, manifest.seq if manifest else None, fs=fs)
-        record = clean.take(self.root, fs=fs)
-        trusted = record is not None and record.matches(
-            manifest.seq if manifest else None,
-            sum(1 for p in self.partitions.values() if p.sizes),
-        )
-        if record is not None and not trusted:
-            log.info("clean-close record %s does not match the snapshot loaded; checking", record)
-        self.clean_start = trusted
-        for partition in self.partitions.values():
-            replay(
-                partition,
-                self.state,
-                build_index=partition.index is not None,
-                trusted=trusted,
-                fs=fs,
-            )
-        adopt_imports(  # bulk imports (tarry pipeline import --into), all or nothing
-            self.root,
-            granularity_ms=self.granularity_ms,
-            partition_of=self._partition,
-            state=self.state,
-            fs=fs,
-        )
-        self.recovery_seconds = time.perf_counter() - started
-        log.info(
-            "log store recovered %d partitions (%d pending) in %.3f s: snapshot %s, %d records "
-            "replayed, %s",
-            len(self.partitions),
-            sum(p.live for p in self.partitions.values()),
-            self.recovery_seconds,
-            manifest.seq if manifest else "none",
-            self.state.replayed_records,
-            "after a clean close (files unchecked)" if trusted else "every partition checked",
-        )
+        def counted() -> None:
+            self.scrubbed += 1
+
+        await scrub_all(self.table, self._scrub_pool, on_partition=counted, log=log)
+        self.scrub_done = True
 
     async def close(self) -> None:
         if self._scrubbing is not None:
@@ -253,7 +176,7 @@ class LogStore:
                     # restart may take its partition sizes without checking the files.
                     self.writer.seal()
                     written = sum(1 for p in self.partitions.values() if p.written)
-                    record = clean.CleanClose(self._seq, written)
+                    record = clean.CleanClose(self.checkpoints.seq, written)
                     await loop.run_in_executor(
                         self._executor,
                         lambda: clean.mark(self.root, record, fs=self.files.fs),
@@ -261,22 +184,10 @@ class LogStore:
             except OSError as exc:  # a full disk: the next start checks every file instead
                 log.error("closing without a final snapshot or clean-close record: %s", exc)
         self._opened = False
+        self.writer.wal.close()
         self.files.close()
         self._executor.shutdown(wait=True)
         self._scrub_pool.shutdown(wait=True)
-
-    def _partition(self, number: int, *, now_ms: int | None = None) -> Partition:
-        """The partition ``number``, made when it is new. A partition made for a new message
-        (``now_ms`` given: it has no files yet) within ``prefetch_ms`` of falling due is indexed
-        from birth, as ``_ensure_loaded`` would index it (empty: nothing to read back)."""
-        partition = self.partitions.get(number)
-        if partition is None:
-            partition = Partition(self.root, number, self.granularity_ms)
-            if now_ms is not None and partition.start_ms <= now_ms + self.prefetch_ms:
-                partition.index = DueIndex()
-            self.partitions[number] = partition
-            bisect.insort(self._numbers, number)
-        return partition
 
     async def probe(self) -> None:
         """The store breaker's trial: cut back what failed writes left, and write and fsync a
@@ -300,7 +211,16 @@ class LogStore:
         keys = [dedupe_hash(m) if m.message_id is not None else 0 for m in messages]
         accepted: Sequence[Message]
         if any(keys):
-            outcomes, accepted, hashes, keyed = await self._admit(messages, keys)
+            admitted = await admit(
+                messages,
+                keys,
+                dedupe=self.state.dedupe,
+                unwritten=self._unwritten,
+                locate_many=self._locate_many,
+                get=self.get,
+            )
+            outcomes, accepted = admitted.outcomes, admitted.accepted
+            hashes, keyed = admitted.hashes, admitted.keyed
         else:  # nothing to de-duplicate: every message is new
             outcomes = [StoreOutcome(m, True) for m in messages]
             accepted, hashes, keyed = messages, keys, []
@@ -309,10 +229,11 @@ class LogStore:
         order = group_records(
             accepted,
             encode_messages(accepted, hashes),
-            granularity_ms=self.granularity_ms,
+            layout=self.layout,
+            now_ms=max(self.table.now_ms, accepted[0].sent_at_ms),
             segment_bytes=self.writer.segment_bytes,
-            partition_of=lambda number, first: self._partition(
-                number, now_ms=max(self._now_ms, first.sent_at_ms)
+            partition_of=lambda number, first: self.table.partition(
+                number, now_ms=max(self.table.now_ms, first.sent_at_ms)
             ),
         )
         dedupe = self.state.dedupe
@@ -337,12 +258,12 @@ class LogStore:
                 sent_now = [i for i, m in enumerate(batch) if m.deliver_at_ms <= m.sent_at_ms]
                 for i in sent_now:  # sent without delay: released at once
                     m = batch[i]
-                    self._recent[m.id] = Held(
+                    self.table.recent[m.id] = Held(
                         partition.number, int(poss[i]), m.deliver_at_ms, m.destination
                     )
-            if len(self._recent) > _RECENT_MAX:
-                self._recent.clear()
-            self._changes += len(accepted)
+            if len(self.table.recent) > RECENT_MAX:
+                self.table.recent.clear()
+            self.table.changes += len(accepted)
 
         items = [(g.partition, b"".join(g.records)) for g in order]
         try:
@@ -354,108 +275,25 @@ class LogStore:
             raise
         return outcomes
 
-    async def _admit(
-        self, messages: Sequence[Message], keys: builtins.list[int]
-    ) -> tuple[
-        builtins.list[StoreOutcome],
-        builtins.list[Message],
-        builtins.list[int],
-        builtins.list[tuple[int, Message]],
-    ]:
-        """De-duplication of a batch with keys (``keys``: each message's hash, 0 for none):
-        the outcome of each message, the messages to write with their hashes, and the keyed
-        ones among them (now in ``_unwritten``)."""
-        outcomes: list[StoreOutcome] = []
-        accepted: list[Message] = []
-        hashes: list[int] = []
-        keyed: list[tuple[int, Message]] = []
-        dedupe = self.state.dedupe
-        kept_ids = [dedupe[key] for key in keys if key in dedupe]
-        # Repeats of pending messages are read back in one pass over each partition they name,
-        # before the loop: a rerun of an import repeats a whole batch.
-        kept = await self._locate_many(kept_ids) if kept_ids else {}
-        looked = set(kept_ids)
-        for message, key in zip(messages, keys, strict=True):
-            if key:
-                writing = self._unwritten.get(key)
-                if writing is not None:  # the same key earlier in this or a concurrent batch
-                    outcomes.append(StoreOutcome(replace(writing), False))
-                    continue
-                if key in dedupe:
-                    kept_id = dedupe[key]
-                    if kept_id in kept:
-                        found: Message | None = kept[kept_id].message
-                    else:  # gone since, or named by a batch written while we looked
-                        found = None if kept_id in looked else await self.get(kept_id)
-                    if found is not None:
-                        outcomes.append(StoreOutcome(found, False))
-                        continue
-                self._unwritten[key] = message
-                keyed.append((key, message))
-            accepted.append(message)
-            hashes.append(key)
-            outcomes.append(StoreOutcome(message, True))
-        return outcomes, accepted, hashes, keyed
-
     # --- due messages -----------------------------------------------------------------------
-    def _load(self, partition: Partition) -> None:
-        """Build the index of a partition that becomes due (reading its records once)."""
-        if partition.index is not None:
-            return
-        started = time.perf_counter()
-        replay(partition, self.state, build_index=True, index_only=True)
-        assert partition.index is not None
-        held = {h.pos for h in self._held() if h.number == partition.number}
-        if held:  # never index twice what is claimed, waiting or leaving
-            partition.index.drop_positions(np.fromiter(held, np.int64, len(held)))
-        log.info(
-            "indexed partition %d: %d pending in %.3f s",
-            partition.number,
-            len(partition.index),
-            time.perf_counter() - started,
-        )
-
-    def _held(self) -> list[Held]:
-        return [*self._claims.values(), *self._waiting.values(), *self._leaving.values()]
-
-    def _ensure_loaded(self, now_ms: int) -> None:
-        horizon = (now_ms + self.prefetch_ms) // self.granularity_ms
-        overdue_indexed = 0
-        for number in self._numbers[: bisect.bisect_right(self._numbers, horizon)]:
-            partition = self.partitions[number]
-            partition.settle(now_ms)
-            if partition.live <= 0:
-                continue
-            if partition.index is None:
-                # After downtime, overdue partitions are indexed a few at a time, in due order.
-                if overdue_indexed >= 2 and partition.end_ms <= now_ms:
-                    break
-                self._load(partition)
-            assert partition.index is not None
-            if partition.end_ms <= now_ms and len(partition.index):
-                overdue_indexed += 1
-
-    def _wait(self, message_id: str, held: Held, due: int) -> None:
-        held.due = due
-        self._waiting[message_id] = held
-        heapq.heappush(self._retry_heap, (due, message_id))
-
     async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:
         self._check()
-        self._now_ms = max(self._now_ms, now_ms)
+        table = self.table
+        table.now_ms = max(table.now_ms, now_ms)
         for message_id, held in list(self._claims.items()):
             if held.until <= now_ms:
                 del self._claims[message_id]
-                self._wait(message_id, held, held.due)
-        self._ensure_loaded(now_ms)
-        picked: list[tuple[str | None, Held]] = []
-        heap = self._retry_heap
-        while heap and heap[0][0] <= now_ms and len(picked) < limit:
-            due, message_id = heapq.heappop(heap)
-            waiting = self._waiting.get(message_id)
-            if waiting is not None and waiting.due == due:
-                del self._waiting[message_id]
-                picked.append((message_id, waiting))
+                table.wait(message_id, held, held.due)
+        ensure_loaded(table, now_ms)
+        # The due partitions' bytes held in memory are written out before anything is taken
+        # out of circulation: a failed write (a full disk) fails the fetch, losing nothing.
+        for number in self._numbers:
+            partition = self.partitions[number]
+            if partition.start_ms > now_ms:
+                break
+            if partition.index is not None:
+                self.files.flush(partition)
+        picked = table.due_waiting(now_ms, limit)
         for number in self._numbers:
             if len(picked) >= limit:
                 break
@@ -467,13 +305,13 @@ class LogStore:
                     picked.append((None, Held(number, pos, due, "")))
         out: list[Message] = []
         helds = [held for _, held in picked]
-        for held, message in zip(helds, self._read_messages(helds), strict=True):
+        for held, message in zip(helds, read_messages(table, self.files, helds), strict=True):
             if message is None:
                 continue
             failure = self.state.failures.get(message.id)
             if failure is not None:
                 if failure.retry_at_ms > now_ms:  # a back-off that outlived a restart
-                    self._wait(message.id, held, failure.retry_at_ms)
+                    table.wait(message.id, held, failure.retry_at_ms)
                     continue
                 message.failures, message.last_error = failure.attempts, failure.error
             held.destination, held.until = message.destination, now_ms + lease_ms
@@ -484,49 +322,11 @@ class LogStore:
             self._upkeeping = asyncio.get_running_loop().create_task(self._upkeep(now_ms))
         return out
 
-    def _read_message(self, held: Held) -> Message | None:
-        partition = self.partitions.get(held.number)
-        if partition is None:
-            return None
-        return self._message_of(partition, held.pos, self.files.read(partition, held.pos))
-
-    def _read_messages(self, helds: list[Held]) -> list[Message | None]:
-        """``_read_message`` of each, reading each partition's records in one go."""
-        out: list[Message | None] = [None] * len(helds)
-        by_number: dict[int, list[int]] = {}
-        for i, held in enumerate(helds):
-            by_number.setdefault(held.number, []).append(i)
-        for number, indexes in by_number.items():
-            partition = self.partitions.get(number)
-            if partition is None:
-                continue
-            positions = [helds[i].pos for i in indexes]
-            got = self.files.read_messages(partition, positions)
-            for i, pos, message in zip(indexes, positions, got, strict=True):
-                if isinstance(message, Message):
-                    out[i] = message
-                else:
-                    self._damaged(partition, pos, message)
-        return out
-
-    def _message_of(self, partition: Partition, pos: int, got: Record | str) -> Message | None:
-        if isinstance(got, Record) and got.kind == MESSAGE:
-            return decode_message(got.payload)[0]
-        self._damaged(partition, pos, got if isinstance(got, str) else "not a message record")
-        return None
-
-    def _damaged(self, partition: Partition, pos: int, reason: str) -> None:
-        """Never deliver garbage: the damaged message is reported and left out."""
-        segment, offset = split(pos)
-        line = damage_line(partition.segment_path(segment), offset, reason)
-        if self.state.report(line):
-            log.error("cannot read a message (%s); it is skipped", line)
-
     async def _upkeep(self, now_ms: int) -> None:
         """Cleanup, then a snapshot if anything changed (every ``snapshot_interval_ms``)."""
         try:
-            await cleanup.delete_released(self, now_ms)
-            if self._changes:
+            await self.delete_released(now_ms)
+            if self.table.changes:
                 await self.snapshot()
         except Exception:
             log.exception("log store upkeep failed")
@@ -535,11 +335,7 @@ class LogStore:
 
     async def next_due_time(self) -> int | None:
         self._check()
-        best: int | None = None
-        for due, message_id in self._retry_heap:
-            held = self._waiting.get(message_id)
-            if held is not None and held.due == due:
-                best = due if best is None else min(best, due)
+        best = self.table.next_waiting()
         for number in self._numbers:
             partition = self.partitions[number]
             if best is not None and best < partition.start_ms:
@@ -548,7 +344,7 @@ class LogStore:
                 continue
             # The earliest partition with pending messages is the next to fall due: indexing
             # it now gives the exact time (and it is needed next anyway).
-            self._load(partition)
+            load(self.table, partition)
             assert partition.index is not None
             candidate = partition.index.next_due()
             if candidate is not None:
@@ -559,7 +355,7 @@ class LogStore:
         for message_id in ids:
             held = self._claims.pop(message_id, None)
             if held is not None:
-                self._wait(message_id, held, held.due)
+                self.table.wait(message_id, held, held.due)
 
     def hold_claims(self, ids: Sequence[str], *, until_ms: int) -> None:
         """Keep claimed messages back until ``until_ms`` without counting a failure (their
@@ -567,40 +363,11 @@ class LogStore:
         for message_id in ids:
             held = self._claims.pop(message_id, None)
             if held is not None:
-                self._wait(message_id, held, until_ms)
+                self.table.wait(message_id, held, until_ms)
 
     # --- finishing --------------------------------------------------------------------------
-    def _take(self, message_id: str) -> Held | None:
-        """Take a pending message out of circulation (claims, waiting, or the index)."""
-        held = self._claims.pop(message_id, None) or self._waiting.pop(message_id, None)
-        if held is not None:
-            return held
-        recent = self._recent.pop(message_id, None)
-        if recent is not None:
-            partition = self.partitions.get(recent.number)
-            if partition is not None and partition.index is not None:
-                if partition.index.discard(recent.due, recent.pos):
-                    return recent
-        return None
-
     def _finished(self, message_id: str, held: Held) -> None:
-        """Bookkeeping once a message's RELEASED / CANCELLED / MOVED marker is written."""
-        self._finished_many([(message_id, held)])
-
-    def _finished_many(self, taken: Sequence[tuple[str, Held]]) -> None:
-        """``_finished`` of each, the counts changed once per partition and destination (a
-        released batch mostly shares both)."""
-        leaving, failures = self._leaving.pop, self.state.failures.pop
-        for message_id, _ in taken:
-            leaving(message_id, None)
-            failures(message_id, None)
-        for number, count in Counter(held.number for _, held in taken).items():
-            partition = self.partitions.get(number)
-            if partition is not None:
-                partition.finished += count
-        for destination, count in Counter(held.destination for _, held in taken).items():
-            self.state.scheduled[destination] -= count
-        self._changes += len(taken)
+        self.table.finished([(message_id, held)])
 
     async def remove(self, ids: Sequence[str], *, state: MessageState, now_ms: int) -> int:
         self._check()
@@ -609,11 +376,11 @@ class LogStore:
         markers: dict[int, list[tuple[str, int, str]]] = {}
         code = STATE_CODES[state]
         for message_id in ids:
-            held = self._take(message_id)
+            held = self.table.take(message_id)
             if held is None or held.number not in self.partitions:
                 continue
             if not held.destination:
-                message = self._read_message(held)
+                message = read_message(self.table, self.files, held)
                 held.destination = message.destination if message else ""
             self._leaving[message_id] = held
             markers.setdefault(held.number, []).append((message_id, held.pos, held.destination))
@@ -624,7 +391,7 @@ class LogStore:
         ]
 
         def on_written(_: list[int]) -> None:
-            self._finished_many(taken)
+            self.table.finished(taken)
 
         if items:
             # A release into a local queue is recorded in the queue database first: its
@@ -634,17 +401,9 @@ class LogStore:
                     items, durable=state is not MessageState.READY, on_written=on_written
                 )
             except TarryError:
-                self._put_back(taken)
+                self.table.put_back(taken)
                 raise
         return len(taken)
-
-    def _put_back(self, taken: Sequence[tuple[str, Held]]) -> None:
-        """Markers that could not be written: their messages wait, due again at once, so the
-        step is retried (a release again is a no-op in the queue database; its marker is
-        written then) instead of staying out of circulation until a restart."""
-        for message_id, held in taken:
-            if self._leaving.pop(message_id, None) is not None:
-                self._wait(message_id, held, held.due)
 
     async def record_failure(self, message_id: str, *, error: str, retry_at_ms: int) -> int:
         self._check()
@@ -657,7 +416,7 @@ class LogStore:
             FAILED, message_id, held.pos, retry_at_ms, failures=count, error=error[:2000]
         )
         self.state.failures[message_id] = Failure(count, error[:2000], retry_at_ms)
-        self._wait(message_id, held, retry_at_ms)
+        self.table.wait(message_id, held, retry_at_ms)
         await self.writer.append([(self.partitions[held.number], marker)], durable=False)
         return count
 
@@ -670,7 +429,7 @@ class LogStore:
 
     async def _locate_many(self, message_ids: builtins.list[str]) -> dict[str, Located]:
         return await asyncio.get_running_loop().run_in_executor(
-            None, locate_many, self, message_ids
+            None, locate_many, self.table, message_ids
         )
 
     def _refuse_claimed(self, message_id: str) -> None:
@@ -684,7 +443,7 @@ class LogStore:
         message = found.message
         self._refuse_claimed(message.id)
         held = self._waiting.pop(message.id, None)
-        self._recent.pop(message.id, None)
+        self.table.recent.pop(message.id, None)
         if held is None:
             held = Held(found.partition.number, found.pos, found.due, message.destination)
             index = found.partition.index
@@ -715,7 +474,7 @@ class LogStore:
                 on_written=lambda _: self._finished(message_id, held),
             )
         except TarryError:
-            self._put_back([(message_id, held)])
+            self.table.put_back([(message_id, held)])
             raise
         message.state, message.updated_at_ms = MessageState.CANCELLED, now_ms
         return message
@@ -732,7 +491,7 @@ class LogStore:
             )
         held = self._take_located(found)
         moved = replace(message, deliver_at_ms=deliver_at_ms, updated_at_ms=now_ms)
-        target = self._partition(deliver_at_ms // self.granularity_ms, now_ms=now_ms)
+        target = self.table.partition(self.layout.key_for(deliver_at_ms, now_ms), now_ms=now_ms)
         marker = encode_marker(
             MOVED, message_id, found.pos, deliver_at_ms, destination=message.destination
         )
@@ -752,7 +511,7 @@ class LogStore:
                 on_written=on_written,
             )
         except TarryError:
-            self._put_back([(message_id, held)])
+            self.table.put_back([(message_id, held)])
             raise
         return moved
 
@@ -765,41 +524,37 @@ class LogStore:
 
     async def list(self, query: MessageQuery) -> tuple[builtins.list[Message], str | None]:
         self._check()
-        return await list_page(self, query)
+        return await list_page(self.table, query)
 
     async def count_scheduled(self, destination: str | None = None) -> int:
         if destination is None:
             return sum(p.live for p in self.partitions.values())
         return max(0, self.state.scheduled.get(destination, 0))
 
-    # --- snapshots --------------------------------------------------------------------------
+    # --- checkpoints ------------------------------------------------------------------------
     async def snapshot(self) -> Path | None:
-        """Snapshot every indexed partition (``snapshot.py``); the state is captured in one
-        event-loop step, so it agrees with the ``written`` sizes it records."""
-        if self._snapshotting:
+        """Write a checkpoint (``checkpoint.py``); its manifest's path, or None while another
+        is being written. The state is captured in one event-loop step, so it agrees with the
+        ``written`` sizes and the WAL position it records."""
+        if self.checkpoints.running:
             return None
-        self._snapshotting = True
-        started = time.perf_counter()
-        try:
-            self._seq += 1
-            manifest, indexes, (hashes, ids) = capture(self, self._seq)
-            self._changes = 0
+        self.table.changes = 0
+        return await self.checkpoints.take()
 
-            def write() -> Path:
-                # The manifest must not name bytes the disk may not have: markers (and under
-                # ``never`` everything) are written without an fsync. On the writer thread,
-                # after every group the capture saw.
-                self.writer.sync_dirty()
-                return write_snapshot(
-                    snapshot_root(self.root), manifest, indexes, (hashes, ids), fs=self.files.fs
-                )
+    async def delete_released(self, now_ms: int) -> int:
+        """Delete the partitions whose every message is released (``cleanup.py``)."""
+        return await cleanup.delete_released(
+            self.table, now_ms, files=self.files, checkpoint=self._checkpoint, barrier=self.barrier
+        )
 
-            path = await asyncio.get_running_loop().run_in_executor(self._executor, write)
-            self.snapshot_times.observe(time.perf_counter() - started)
-            sweep_orphans(self.root, manifest.seq, fs=self.files.fs)
-            return path
-        finally:
-            self._snapshotting = False
+    async def _checkpoint(self) -> Path | None:
+        """A checkpoint begun now (after the one being written, if any)."""
+        for _ in range(2_000):
+            path = await self.snapshot()
+            if path is not None:
+                return path
+            await asyncio.sleep(0.005)
+        return None
 
     def inspect(self) -> dict[str, Any]:
         """Figures for ``tarry store inspect`` and the benchmarks."""
@@ -818,11 +573,14 @@ class LogStore:
 
     def write_path(self) -> dict[str, Any]:
         """What the write path has done (``/metrics``): fsyncs by what they made durable,
-        group commits, and snapshot durations (``figures.py``)."""
+        group commits, WAL bytes, and checkpoint durations (``figures.py``)."""
+        times = self.checkpoints.times.figures()
         return {
             "fsyncs": dict(self.files.fs.fsyncs),
             "group_commits": self.writer.groups,
-            "snapshot_seconds": self.snapshot_times.figures(),
+            "wal_bytes": self.writer.wal.bytes_written,
+            "snapshot_seconds": times,
+            "checkpoint_seconds": times,
         }
 
     @property

@@ -23,8 +23,10 @@ from typing import Literal, Protocol
 
 __all__ = ["HAS_SYNCFS", "Files", "FsyncWhat", "OsFiles"]
 
-#: What an fsync makes durable (the label of ``tarry_store_fsyncs_total``).
-FsyncWhat = Literal["segment", "directory", "snapshot", "manifest", "filesystem", "probe"]
+#: What an fsync makes durable (the label of ``tarry_store_fsyncs_total``): ``wal`` the group
+#: commit's (``wal.py``), ``partition`` a checkpoint's of partition segments, ``checkpoint`` its
+#: snapshot parts and commit record.
+FsyncWhat = Literal["wal", "partition", "directory", "checkpoint", "filesystem", "probe"]
 
 
 class Files(Protocol):

@@ -1,13 +1,14 @@
 """Finding a message's records without an id index: the id carries the due time it was made
 with (``tarry.model.ids``), which names one partition; one ``bytes.find`` pass per segment of
 that partition finds every record of the id (each candidate is checked as a whole record, so
-an id that merely appears in some body is ignored). MOVED markers lead to the next partition.
+an id that merely appears in some body is ignored). Partitions of several levels may cover one
+due time (``layout.py``): each that exists is read. MOVED markers lead to the next ones.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
+import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,7 +35,7 @@ from tarry.store.log.record import (
 from tarry.store.sqlite.store import decode_cursor, page
 
 if TYPE_CHECKING:
-    from tarry.store.log.engine import LogStore
+    from tarry.store.log.table import PartitionTable
 
 __all__ = ["Located", "list_page", "locate_many", "scan_partition"]
 
@@ -112,40 +113,46 @@ class _Trail:
         return Located(partition, pos, message.deliver_at_ms, message)
 
 
-def locate_many(store: LogStore, message_ids: Iterable[str]) -> dict[str, Located]:
+def locate_many(table: PartitionTable, message_ids: Iterable[str]) -> dict[str, Located]:
     """Each of ``message_ids`` that the store holds, found with one read of each partition the
     ids name (a batch of repeated sends costs a pass per partition, not one per message)."""
-    granularity = store.granularity_ms
-    forwards = store.state.forwards
+    forwards = table.state.forwards
     wanted: dict[int, set[str]] = {}
+    seen: set[tuple[int, str]] = set()
+
+    def want(due: int, message_id: str) -> None:
+        for partition in table.holding(due):
+            if (partition.number, message_id) not in seen:
+                seen.add((partition.number, message_id))
+                wanted.setdefault(partition.number, set()).add(message_id)
+
     for message_id in message_ids:
         # A rescheduled message is read where its latest copy is: the partition its id names
         # (with the MOVED marker) may have been cleaned up since.
         due = forwards.get(message_id) or id_due_ms(message_id)
         if due is not None:
-            wanted.setdefault(due // granularity, set()).add(message_id)
+            want(due, message_id)
     located: dict[str, Located] = {}
-    for _ in range(1000):  # a chain of reschedules, never a loop
-        if not wanted:
-            break
-        moved: dict[int, set[str]] = {}
-        for number, ids in wanted.items():
-            partition = store.partitions.get(number)
+    while wanted:  # a chain of reschedules ends: each (partition, id) is read once
+        reading, wanted = wanted, {}
+        for number, ids in reading.items():
+            partition = table.partitions.get(number)
             if partition is None:
                 continue
-            for message_id, records in _records_of(partition, ids).items():
+            with contextlib.suppress(OSError):  # a full disk: the files hold what they hold
+                table.flush(partition)
+            for message_id, records in _records_of(partition, ids - located.keys()).items():
                 trail = _Trail()
                 for pos, record in records:
                     trail.follow(pos, record)
-                if trail.moved_to is not None and trail.moved_to // granularity != number:
-                    moved.setdefault(trail.moved_to // granularity, set()).add(message_id)
+                if trail.moved_to is not None:
+                    want(trail.moved_to, message_id)
                 elif (found := trail.located(partition)) is not None:
                     located[message_id] = found
-        wanted = moved
     return located
 
 
-def scan_partition(store: LogStore, partition: Partition) -> list[Message]:
+def scan_partition(partition: Partition) -> list[Message]:
     """Every message whose current record is in ``partition``, with its state (for listing)."""
     messages: dict[str, Message] = {}
     for _, data in _segments(partition):
@@ -168,24 +175,28 @@ def scan_partition(store: LogStore, partition: Partition) -> list[Message]:
     return list(messages.values())
 
 
-async def list_page(store: LogStore, query: MessageQuery) -> tuple[list[Message], str | None]:
-    """One page of ``GET /v1/messages`` from the log store: partitions are read in due order
-    from the first the query (or its cursor) can touch, and reading stops once the page is
-    full, so a page never reads every partition."""
+async def list_page(table: PartitionTable, query: MessageQuery) -> tuple[list[Message], str | None]:
+    """One page of ``GET /v1/messages`` from the log store: partitions are read in order of
+    their start from the first the query (or its cursor) can touch, and reading stops once the
+    page is full and the next partition starts after the page's last due time (a coarse
+    partition may hold messages due after a finer one's), so a page never reads every one."""
     after = decode_cursor(query.cursor) if query.cursor else None
     low = max(query.due_after_ms or 0, after[0] if after else 0)
-    first = bisect.bisect_left(store._numbers, low // store.granularity_ms)
     selected: list[Message] = []
     loop = asyncio.get_running_loop()
-    for number in list(store._numbers[first:]):
-        partition = store.partitions.get(number)
+    for number in table.reaching(low):
+        partition = table.partitions.get(number)
         if partition is None:
             continue
         if query.due_before_ms is not None and partition.start_ms >= query.due_before_ms:
             break
-        messages = await loop.run_in_executor(None, scan_partition, store, partition)
-        messages.sort(key=lambda m: (m.deliver_at_ms, m.id))
-        selected += [m for m in messages if query.matches(m, after)]
         if len(selected) > query.limit:
-            break
+            selected.sort(key=lambda m: (m.deliver_at_ms, m.id))
+            if partition.start_ms > selected[query.limit].deliver_at_ms:
+                break
+        with contextlib.suppress(OSError):
+            table.flush(partition)
+        messages = await loop.run_in_executor(None, scan_partition, partition)
+        selected += [m for m in messages if query.matches(m, after)]
+    selected.sort(key=lambda m: (m.deliver_at_ms, m.id))
     return page(selected, query.limit)

@@ -1,12 +1,14 @@
-"""The manifest: the commit record of one snapshot, written last (temp file, fsync, rename,
-fsync the directory). Recovery trusts only what a valid manifest names.
+"""The manifest: the commit record of one checkpoint (a snapshot and the write-ahead log position
+it covers), written last (temp file, fsync, rename, fsync the directory). Recovery trusts only
+what a valid manifest names, and replays the WAL from ``wal`` (``[seq, offset]``).
 
 File layout: ``MAGIC`` (8 bytes) · version:u32 · crc32c:u32 of the body · body (JSON):
 ``{"seq", "created_ms", "parts": [{"name", "bytes", "crc"}], "partitions": {number:
 {"sizes", "total", "finished"}}, "indexed": {number: [first_part, part_count, entries]},
 "dedupe": [first_part, part_count, entries], "scheduled": {destination: n}, "failures": {id:
-[count, error, retry_at_ms]}, "forwards": {id: due_ms}}`` (a failure of two items, from an
-older tarry, retries at once).
+[count, error, retry_at_ms]}, "forwards": {id: due_ms}, "wal": [seq, offset]}`` (a failure of
+two items, from an older tarry, retries at once). Version 1 (before the WAL and ``layout.py``)
+named partitions by ``due // granularity``; it is read with those numbers turned into keys.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import google_crc32c
 import orjson
 
 from tarry.store.log.fs import Files
+from tarry.store.log.layout import Layout
 
 __all__ = ["MAGIC", "Manifest", "ManifestError", "frame", "unframe", "write_last"]
 
 MAGIC = b"TARRYMF1"
-VERSION = 1
+VERSION = 2
+#: Written before the WAL (partitions numbered ``due // granularity``): still read.
+LEGACY_VERSION = 1
 _HEAD = struct.Struct("<8sII")
 
 
@@ -56,7 +61,7 @@ def write_last(final: Path, data: bytes, *, fs: Files) -> Path:
     """Write a commit record so that it is either whole or absent after a crash: temp file,
     fsync, rename, fsync the directory."""
     temp = final.with_name(final.name + ".tmp")
-    fs.write_file(temp, data, what="manifest")
+    fs.write_file(temp, data, what="checkpoint")
     fs.rename(temp, final)
     fs.fsync_dir(final.parent)
     return final
@@ -73,6 +78,8 @@ class Manifest:
     scheduled: dict[str, int] = field(default_factory=dict)
     failures: dict[str, list[Any]] = field(default_factory=dict)
     forwards: dict[str, int] = field(default_factory=dict)
+    #: The WAL position this checkpoint covers: replay starts there.
+    wal: list[int] = field(default_factory=lambda: [0, 0])
 
     def encode(self) -> bytes:
         return frame(orjson.dumps(self.__dict__), magic=MAGIC, version=VERSION)
@@ -81,7 +88,15 @@ class Manifest:
     def validate(cls, data: bytes) -> Manifest:
         """Check magic, then version, then checksum; raises ``ManifestError`` naming the first
         that fails."""
-        return cls(**orjson.loads(unframe(data, magic=MAGIC, version=VERSION)))
+        found = _HEAD.unpack_from(data)[1] if len(data) >= _HEAD.size else VERSION
+        version = LEGACY_VERSION if found == LEGACY_VERSION else VERSION
+        manifest = cls(**orjson.loads(unframe(data, magic=MAGIC, version=version)))
+        if version == LEGACY_VERSION:
+            manifest.partitions = {
+                str(Layout.level0(int(n))): v for n, v in manifest.partitions.items()
+            }
+            manifest.indexed = {str(Layout.level0(int(n))): v for n, v in manifest.indexed.items()}
+        return manifest
 
     def write(self, directory: Path, *, fs: Files) -> Path:
         return write_last(directory / f"manifest-{self.seq:012d}", self.encode(), fs=fs)

@@ -1,6 +1,7 @@
 """A time partition: the messages due in ``[start_ms, end_ms)``, in append-only segment files
-``<root>/p-<number>/seg-<n>.log`` (``segment.py``), with a small header kept in memory (counts,
-segment sizes) and, only while it is due, a ``DueIndex``.
+``<root>/p-<number>/seg-<n>.log`` (``segment.py``; coarser partitions far ahead: ``layout.py``),
+with a small header kept in memory (counts, segment sizes) and, only while it is due, a
+``DueIndex``. Appended behind the write-ahead log (``wal.py``), fsynced by checkpoints.
 
 Lifecycle (one table, ``ALLOWED``): ``open`` (its window has not ended; new messages arrive) →
 ``sealed`` (the window is over; only markers are appended while the rest is released) →
@@ -15,6 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from tarry.store.log.index import DueIndex
+from tarry.store.log.layout import Layout
 
 __all__ = [
     "ALLOWED",
@@ -56,11 +58,11 @@ ALLOWED: dict[PartitionState, frozenset[PartitionState]] = {
 
 
 class Partition:
-    def __init__(self, root: Path, number: int, granularity_ms: int) -> None:
+    def __init__(self, root: Path, number: int, layout: Layout) -> None:
+        #: The partition's key (``layout.py``): sorts partitions by start.
         self.number = number
-        self.start_ms = number * granularity_ms
-        self.end_ms = self.start_ms + granularity_ms
-        self.dir = root / f"p-{number:010d}"
+        self.start_ms, self.end_ms = layout.window(number)
+        self.dir = root / layout.dir_name(number)
         #: Bytes reserved (written or being written) per segment, in order.
         self.sizes: list[int] = []
         #: Bytes whose write has completed, per segment (what a reader may scan).

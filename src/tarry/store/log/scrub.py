@@ -11,13 +11,21 @@ long as it read, so it takes at most about half a core from a start that has muc
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tarry.store.log.partition import Partition
 from tarry.store.log.record import Damage, scan
 
-__all__ = ["damage_line", "scrub_partition"]
+if TYPE_CHECKING:
+    from tarry.store.log.table import PartitionTable
+
+__all__ = ["damage_line", "scrub_all", "scrub_partition"]
 
 #: Records checked between two offers of the GIL: the thread would otherwise keep it for the
 #: interpreter's whole switch interval while the event loop waits for it.
@@ -49,3 +57,41 @@ def scrub_partition(partition: Partition, lengths: list[int]) -> list[str]:
                 reason = f"file ends at byte {len(data)} of {length}" if short else item.reason
                 found.append(damage_line(path, item.offset, reason))
     return found
+
+
+async def scrub_all(
+    table: PartitionTable,
+    pool: ThreadPoolExecutor,
+    *,
+    on_partition: Callable[[], None],
+    log: logging.Logger,
+) -> None:
+    """Check every partition of ``table`` found at the start, nearest due first, on ``pool``;
+    damage goes to ``table.state`` (and the log), ``on_partition`` after each."""
+    loop = asyncio.get_running_loop()
+    started = time.perf_counter()
+    scrubbed = 0
+    for number in list(table.numbers):
+        partition = table.partitions.get(number)
+        if partition is None or not partition.written:
+            continue
+        began = time.perf_counter()
+        try:
+            table.flush(partition)
+            lines = await loop.run_in_executor(
+                pool, scrub_partition, partition, list(partition.written)
+            )
+        except Exception as exc:  # unreadable (EIO, permissions): that is damage too
+            lines = [f"{partition.dir}: cannot be read ({exc})"]
+        for line in lines:
+            if table.state.report(line):
+                log.error("damaged record found by the start-up check: %s", line)
+        scrubbed += 1
+        on_partition()
+        await asyncio.sleep(time.perf_counter() - began)
+    log.info(
+        "start-up check: %d partitions read in %.3f s, %d damaged records or files known",
+        scrubbed,
+        time.perf_counter() - started,
+        len(table.state.damaged),
+    )

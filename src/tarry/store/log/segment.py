@@ -1,10 +1,11 @@
-"""Segment files: appends from one writer thread (whole groups per write, then fsync as the
-durability policy says) and positional reads.
+"""Segment files: appends held in memory behind the write-ahead log and written in the
+background (``flush``: when ``FLUSH_BYTES`` are held, before any read of the partition, and by
+each checkpoint, which then fsyncs them), and positional reads.
 
 Durability policies (``[store] fsync``):
 
 - ``batch`` (default): writes arriving within ``commit_interval_ms`` share one write and one
-  fsync per touched segment; a producer's 201 waits for that fsync.
+  fsync of the write-ahead log (``wal.py``); a producer's 201 waits for that fsync.
 - ``always``: every group is fsynced at once, without waiting to gather more.
 - ``never``: written to the operating system before the 201, never fsynced by the write path
   (a process crash loses nothing; a power loss may lose the last seconds).
@@ -12,6 +13,7 @@ Durability policies (``[store] fsync``):
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import threading
@@ -19,7 +21,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from tarry.model.message import Message
-from tarry.store.log.fs import HAS_SYNCFS, Files, OsFiles
+from tarry.store.log.fs import Files, OsFiles
 from tarry.store.log.partition import OFFSET_MASK, SEGMENT_SHIFT, Partition, split
 from tarry.store.log.record import (
     HEADER,
@@ -30,20 +32,22 @@ from tarry.store.log.record import (
     parse_record,
 )
 
-__all__ = ["SegmentFiles"]
+__all__ = ["FLUSH_BYTES", "SegmentFiles"]
+
+log = logging.getLogger(__name__)
 
 
-#: More touched files than this in one group: one ``syncfs`` beats one ``fsync`` per file
-#: (messages spread over many future partitions).
-SYNCFS_ABOVE = 8
+#: Appends held in memory past this many bytes are written out by the writer thread.
+FLUSH_BYTES = 8 * 1024 * 1024
 #: Most descriptors kept open per kind (write / read); the least recently used are closed.
 MAX_OPEN = 256
 
 
 class SegmentFiles:
     """Descriptors of segment files, bounded (``MAX_OPEN`` per kind, least recently used closed
-    first): writes happen on the writer thread, reads with ``os.pread`` from any thread. New
-    files and directories are made durable with the group that created them (``sync``)."""
+    first). Appends are held in memory (``write``) and written by ``flush`` (any thread, under
+    the lock); reads map the files from any thread, after flushing their partition. New files,
+    directories and appended bytes are made durable by a checkpoint (``sync_dirty``)."""
 
     def __init__(self, fs: Files | None = None) -> None:
         #: Every change to a file goes through ``fs`` (``fs.py``); reads map the files directly.
@@ -53,11 +57,61 @@ class SegmentFiles:
         self._new_dirs: set[Path] = set()
         #: Segments written since their last fsync (markers are appended without one).
         self._dirty: set[Path] = set()
-        self._lock = threading.Lock()
+        #: Appends not written yet, by file (in order), with their partitions.
+        self._pending: dict[Path, list[bytes]] = {}
+        self._owners: dict[Path, Partition] = {}
+        #: The paths of ``_pending`` by partition key (a read flushes its partition's alone).
+        self._paths_of: dict[int, list[Path]] = {}
+        self.pending_bytes = 0
+        self._lock = threading.RLock()
 
-    def write(self, partition: Partition, segment: int, data: bytes) -> Path:
-        """Append ``data`` to a segment; returns its path (for ``sync``)."""
+    def write(self, partition: Partition, segment: int, data: bytes) -> None:
+        """Append ``data`` to a segment: held in memory until the next ``flush``."""
         path = partition.segment_path(segment)
+        with self._lock:
+            chunks = self._pending.get(path)
+            if chunks is None:
+                self._pending[path] = [data]
+                self._owners[path] = partition
+                self._paths_of.setdefault(partition.number, []).append(path)
+            else:
+                chunks.append(data)
+            self.pending_bytes += len(data)
+
+    def flush(self, partition: Partition | None = None) -> None:
+        """Write out what is held for ``partition`` (every partition: None), one ``write`` per
+        file. Raises ``OSError`` as the writes do; what failed stays held, its file cut back."""
+        with self._lock:
+            if not self._pending:
+                return
+            if partition is None:
+                paths = list(self._pending)
+            else:
+                paths = list(self._paths_of.get(partition.number, ()))
+                if not paths:
+                    return
+            for path in paths:
+                self._flush_one(path)
+            self.trim()
+
+    def _forget(self, path: Path) -> None:
+        partition = self._owners.pop(path)
+        del self._pending[path]
+        paths = self._paths_of[partition.number]
+        paths.remove(path)
+        if not paths:
+            del self._paths_of[partition.number]
+
+    def _flush_quietly(self, partition: Partition) -> None:
+        """``flush`` before a read, its failure left to the read: a fetch flushed the bytes it
+        reads already (what failed now is a later group's, which the WAL holds)."""
+        try:
+            self.flush(partition)
+        except OSError as exc:
+            log.warning("cannot write partition %d behind the WAL yet: %s", partition.number, exc)
+
+    def _flush_one(self, path: Path) -> None:
+        partition = self._owners[path]
         fd = self._write.get(path)
         if fd is None:
             if not partition.dir.exists():
@@ -67,23 +121,16 @@ class SegmentFiles:
             self._new_dirs.add(partition.dir)
             self._write[path] = fd
         self._write.move_to_end(path)
-        self.fs.write(fd, data)
+        data = b"".join(self._pending[path])
+        before = os.fstat(fd).st_size
+        try:
+            self.fs.write(fd, data)
+        except OSError:
+            self.fs.truncate(fd, before)  # no partial record before the next try
+            raise
+        self._forget(path)
+        self.pending_bytes -= len(data)
         self._dirty.add(path)
-        return path
-
-    def sync(self, paths: set[Path]) -> None:
-        """Make the given files, and the directories that gained entries, durable."""
-        if HAS_SYNCFS and len(paths) + len(self._new_dirs) > SYNCFS_ABOVE and paths:
-            self.fs.sync_filesystem(next(iter(paths)).parent)
-            self._new_dirs.clear()
-            self._dirty.clear()
-            return
-        for path in paths:
-            self.fs.fsync(self._write[path], what="segment")
-        self._dirty -= paths
-        for directory in sorted(self._new_dirs, key=lambda d: len(d.parts)):
-            self.fs.fsync_dir(directory)
-        self._new_dirs.clear()
 
     def cut(self, lengths: dict[Path, int]) -> None:
         """Truncate each file to its length (what a failed group left past it), durably, and
@@ -99,32 +146,34 @@ class SegmentFiles:
                 continue
             try:
                 self.fs.truncate(fd, length)
-                self.fs.fsync(fd, what="segment")
+                self.fs.fsync(fd, what="partition")
             finally:
                 self.fs.close(fd)
             self._dirty.discard(path)
 
     def trim(self) -> None:
-        """Close the least recently used write descriptors past ``MAX_OPEN`` (between groups:
-        everything written through them has had its group's fsync)."""
+        """Close the least recently used write descriptors past ``MAX_OPEN`` (what was written
+        through them is in ``_dirty`` until a checkpoint fsyncs it)."""
         while len(self._write) > MAX_OPEN:
             _, fd = self._write.popitem(last=False)
             self.fs.close(fd)
 
     def sync_dirty(self) -> None:
-        """fsync every segment written since its last fsync, open or not (a snapshot must not
-        name bytes the disk may not have), and the directories that gained entries."""
+        """Flush, then fsync every segment written since its last fsync, open or not (a
+        checkpoint must not name bytes the disk may not have), and the directories that gained
+        entries."""
+        self.flush()
         for path in sorted(self._dirty):
             fd = self._write.get(path)
             if fd is not None:
-                self.fs.fsync(fd, what="segment")
+                self.fs.fsync(fd, what="partition")
                 continue
             try:  # closed since (``trim``); gone with its partition when missing
                 fd = self.fs.open_existing(path)
             except FileNotFoundError:
                 continue
             try:
-                self.fs.fsync(fd, what="segment")
+                self.fs.fsync(fd, what="partition")
             finally:
                 self.fs.close(fd)
         for directory in sorted(self._new_dirs, key=lambda d: len(d.parts)):
@@ -134,13 +183,22 @@ class SegmentFiles:
 
     def close_partition(self, partition: Partition) -> None:
         with self._lock:
+            for path in list(self._paths_of.get(partition.number, ())):
+                self.pending_bytes -= sum(map(len, self._pending[path]))
+                self._forget(path)
             for path in [p for p in self._write if p.parent == partition.dir]:
                 self.fs.close(self._write.pop(path))
             for path in [p for p in self._read if p.parent == partition.dir]:
                 self._read.pop(path).close()
 
     def close(self) -> None:
+        """Close every descriptor; what is held and not flushed is dropped (the write-ahead
+        log has it)."""
         with self._lock:
+            self._pending.clear()
+            self._owners.clear()
+            self._paths_of.clear()
+            self.pending_bytes = 0
             for fd in self._write.values():
                 self.fs.close(fd)
             for view in self._read.values():
@@ -154,6 +212,7 @@ class SegmentFiles:
         segment, offset = split(pos)
         path = partition.segment_path(segment)
         with self._lock:
+            self._flush_quietly(partition)
             view = self._map(path, offset + HEADER)
             if view is None:
                 return "missing segment"
@@ -175,6 +234,7 @@ class SegmentFiles:
             indexes.append(i)
             offsets.append(pos & OFFSET_MASK)
         with self._lock:
+            self._flush_quietly(partition)
             for segment, (indexes, offsets) in by_segment.items():
                 path = partition.segment_path(segment)
                 view = self._map(path, max(offsets) + HEADER)

@@ -20,7 +20,7 @@ from tarry.store.log.index import I64
 from tarry.store.log.manifest import Manifest
 
 if TYPE_CHECKING:
-    from tarry.store.log.engine import LogStore
+    from tarry.store.log.table import PartitionTable
 
 __all__ = ["PART_BYTES", "SnapshotError", "capture", "read_blob", "write_snapshot"]
 
@@ -36,7 +36,7 @@ def _write_blob(directory: Path, manifest: Manifest, blob: bytes, fs: Files) -> 
     for start in range(0, max(len(blob), 1), PART_BYTES):
         chunk = blob[start : start + PART_BYTES]
         name = f"part-{len(manifest.parts):06d}"
-        fs.write_file(directory / name, chunk, what="snapshot")
+        fs.write_file(directory / name, chunk, what="checkpoint")
         manifest.parts.append(
             {"name": name, "bytes": len(chunk), "crc": google_crc32c.value(chunk)}
         )
@@ -92,18 +92,18 @@ def dedupe_arrays(blob: bytes, entries: int) -> tuple[I64, np.ndarray[Any, Any]]
 
 
 def capture(
-    store: LogStore, seq: int
+    table: PartitionTable, seq: int
 ) -> tuple[Manifest, dict[int, tuple[I64, I64]], tuple[I64, np.ndarray[Any, Any]]]:
     """What snapshot ``seq`` of ``store`` holds, taken in one event-loop step (no await), so
     the sizes it records agree with the in-memory state (``writer.py``): every partition's
     header, and for indexed ones the index plus the messages held outside it (claimed, waiting
     to retry, or leaving until their marker is written)."""
-    manifest = Manifest(seq=seq, created_ms=store._now_ms)
+    manifest = Manifest(seq=seq, created_ms=table.now_ms)
     held_by: dict[int, list[Any]] = {}
-    for held in store._held():
+    for held in table.held():
         held_by.setdefault(held.number, []).append(held)
     indexes = {}
-    for number, partition in store.partitions.items():
+    for number, partition in table.partitions.items():
         manifest.partitions[str(number)] = {
             "sizes": list(partition.written),
             "total": partition.total,
@@ -118,7 +118,7 @@ def capture(
                 order = np.argsort(due, kind="stable")
                 due, pos = due[order], pos[order]
             indexes[number] = (due, pos)
-    state = store.state
+    state = table.state
     manifest.scheduled = {k: v for k, v in state.scheduled.items() if v > 0}
     manifest.failures = {k: list(v) for k, v in state.failures.items()}
     manifest.forwards = dict(state.forwards)

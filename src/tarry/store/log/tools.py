@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tarry.store.log.layout import Layout
 from tarry.store.log.manifest import Manifest, ManifestError
 from tarry.store.log.partition import Partition
 from tarry.store.log.record import Damage, Record, scan
 from tarry.store.log.recovery import Recovered, load_snapshot, replay, snapshot_root
 from tarry.store.log.snapshot import SnapshotError, read_blob
+from tarry.store.log.wal import WalPosition, read_tail, segments, wal_root
 
 __all__ = ["inspect", "log_root", "verify"]
 
@@ -25,11 +27,27 @@ def log_root(directory: Path) -> Path:
 
 def _partitions(root: Path, granularity_ms: int) -> dict[int, Partition]:
     partitions = {}
-    for path in sorted(root.glob("p-*")):
-        if path.is_dir() and path.name[2:].isdigit():
-            number = int(path.name[2:])
-            partitions[number] = Partition(root, number, granularity_ms)
+    layout = Layout(granularity_ms)
+    for path in sorted(root.glob("p*-*")):
+        key = Layout.parse_dir(path.name)
+        if path.is_dir() and key is not None:
+            partitions[key] = Partition(root, key, layout)
     return partitions
+
+
+def _wal(root: Path, problems: list[str] | None = None) -> dict[str, Any]:
+    """The WAL's segments and bytes; its groups checked when ``problems`` is given."""
+    directory = wal_root(root)
+    seqs = segments(directory)
+    groups = 0
+    if problems is not None:
+        for _ in read_tail(root, WalPosition(0, 0), fs=None, report=problems.append):
+            groups += 1
+    return {
+        "segments": len(seqs),
+        "bytes": sum((directory / f"wal-{s:012d}.log").stat().st_size for s in seqs),
+        **({"entries": groups} if problems is not None else {}),
+    }
 
 
 def inspect(directory: Path, *, granularity_ms: int = 300_000) -> dict[str, Any]:
@@ -44,9 +62,12 @@ def inspect(directory: Path, *, granularity_ms: int = 300_000) -> dict[str, Any]
     rows = []
     for number, partition in sorted(partitions.items()):
         files = sorted(partition.dir.glob("seg-*.log"))
+        start_index, level = Layout.split_key(number)
         rows.append(
             {
-                "partition": number,
+                # The directory's number (start // granularity) and its level (``layout.py``).
+                "partition": start_index,
+                "level": level,
                 "start_ms": partition.start_ms,
                 "end_ms": partition.end_ms,
                 "segments": len(files),
@@ -68,7 +89,9 @@ def inspect(directory: Path, *, granularity_ms: int = 300_000) -> dict[str, Any]
             "parts": len(manifest.parts),
             "part_bytes": sum(p["bytes"] for p in manifest.parts),
             "indexed_partitions": sorted(int(n) for n in manifest.indexed),
+            "wal": manifest.wal,
         },
+        "wal": _wal(root),
         "replayed_records": state.replayed_records,
         "problems": state.damaged,
     }
@@ -79,8 +102,8 @@ def verify(directory: Path) -> dict[str, Any]:
     root = log_root(directory)
     problems: list[str] = []
     records = 0
-    segments = sorted(root.glob("p-*/seg-*.log"))
-    for path in segments:
+    files = sorted(root.glob("p*-*/seg-*.log"))
+    for path in files:
         data = path.read_bytes()
         for item in scan(data):
             if isinstance(item, Record):
@@ -102,8 +125,9 @@ def verify(directory: Path) -> dict[str, Any]:
             problems.append(f"{path}: {exc}")
     return {
         "directory": str(root),
-        "segments": len(segments),
+        "segments": len(files),
         "records": records,
+        "wal": _wal(root, problems),
         "manifests": manifests,
         "problems": problems,
         "ok": not problems,

@@ -1,16 +1,19 @@
 """``GroupWriter``: group commit for the log store. Callers reserve their positions at once (in
-call order, on the event loop) and wait; one writer thread writes each group with one
-``write`` per touched segment and one ``fsync`` per touched segment (policies in
-``segment.py``). When a group is on disk, every caller's ``on_written`` runs on the event loop
-in the same step that advances the partitions' ``written`` sizes, so a snapshot taken at any
-moment sees sizes and in-memory state that agree.
+call order, on the event loop) and wait; one writer thread writes each group as ONE record of the
+write-ahead log (``wal.py``) with one ``write`` and, when durable, one ``fsync``, however many
+partitions the group touches (policies in ``segment.py``); then it appends the same bytes to the
+partitions' segment files without an fsync (a checkpoint makes them durable, ``checkpoint.py``).
+When a group is written, every caller's ``on_written`` runs on the event loop in the same step
+that advances the partitions' ``written`` sizes and the WAL position ``wal_end``, so a
+checkpoint captured at any moment sees sizes, WAL position and in-memory state that agree.
 
 A failed group (a full disk, an I/O error) fails every caller waiting (``StorageFault`` for a
 disk fault, 503 to a producer: nothing was stored) and is cut back: each partition's reserved
 sizes return to what is written, and before the next group writes, the writer thread truncates
-(and fsyncs) every file the failed group touched to that length, so a later group never follows
-a partial record and a failed write never turns up after a restart. The next append simply
-tries again; ``probe`` is the store breaker's trial while no producer is let through.
+(and fsyncs) the WAL and every file the failed group touched to that length, so a later group
+never follows a partial record and a failed write never turns up after a restart. The next
+append simply tries again; ``probe`` is the store breaker's trial while no producer is let
+through.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import Any
 from tarry.errors import TarryError, Unavailable
 from tarry.store.faults import storage_fault
 from tarry.store.log.partition import Partition, split
-from tarry.store.log.segment import SegmentFiles
+from tarry.store.log.segment import FLUSH_BYTES, SegmentFiles
+from tarry.store.log.wal import MAGIC, WalLog, WalPosition, encode_group
 
 __all__ = ["GroupWriter", "OnWritten"]
 
@@ -54,6 +58,7 @@ class GroupWriter:
     def __init__(
         self,
         files: SegmentFiles,
+        wal: WalLog,
         executor: ThreadPoolExecutor,
         *,
         fsync: str,
@@ -61,6 +66,11 @@ class GroupWriter:
         segment_bytes: int,
     ) -> None:
         self.files = files
+        self.wal = wal
+        #: The WAL position after the last group whose ``on_written`` has run.
+        self.wal_end = WalPosition(0, 0)
+        #: Where the WAL is cut back to before the next group (a failed group's bytes).
+        self._wal_cut: WalPosition | None = None
         self.executor = executor
         self.fsync = fsync
         self.commit_interval_ms = commit_interval_ms
@@ -84,7 +94,7 @@ class GroupWriter:
     @property
     def cut_pending(self) -> bool:
         """A failed group's bytes may still be in its files (``repair`` has not succeeded)."""
-        return bool(self._cut)
+        return bool(self._cut) or self._wal_cut is not None
 
     def check(self) -> None:
         if self.sealed:
@@ -126,7 +136,9 @@ class GroupWriter:
                 batch, self._pending = self._pending, []
                 durable = self.fsync != "never" and any(e[2] for e in batch)
                 try:
-                    await loop.run_in_executor(self.executor, self._write_group, batch, durable)
+                    end = await loop.run_in_executor(
+                        self.executor, self._write_group, batch, durable
+                    )
                 except BaseException as exc:
                     # Everything reserved is in ``batch`` or ``_pending``: fail it all and give
                     # its reservations back, in this step, before another append reserves.
@@ -147,6 +159,7 @@ class GroupWriter:
                     log.warning("log store writes succeed again")
                 self._last_fsync = time.monotonic()
                 self.groups += 1
+                self.wal_end = end
                 for writes, future, _, on_written in batch:
                     for partition, pos, data in writes:
                         segment, offset = split(pos)
@@ -184,6 +197,14 @@ class GroupWriter:
         nothing failed). Raises ``StorageFault`` (or ``Unavailable``) when it cannot."""
         with self._cut_lock:
             cut = dict(self._cut)
+            wal_cut, self._wal_cut = self._wal_cut, None
+        if wal_cut is not None and wal_cut.seq == self.wal.seq:
+            try:
+                self.wal.cut(wal_cut.offset)
+            except OSError as exc:
+                with self._cut_lock:
+                    self._wal_cut = self._wal_cut or wal_cut
+                raise _as_unavailable(exc) from exc
         if not cut:
             return
         try:
@@ -210,19 +231,39 @@ class GroupWriter:
         except OSError as exc:
             raise _as_unavailable(exc) from exc
 
-    def _write_group(self, batch: list[Any], durable: bool) -> None:
+    def _write_group(self, batch: list[Any], durable: bool) -> WalPosition:
+        """On the writer thread: the group's WAL record (one write, one fsync when durable),
+        then its bytes handed to the partitions' files, held in memory and written out in the
+        background (``SegmentFiles.flush``; fsynced by a checkpoint). Returns the WAL position
+        after the group."""
         self.repair()
+        writes: list[tuple[int, int, bytes]] = []
         grouped: dict[tuple[int, int], list[bytes]] = {}
         owners: dict[tuple[int, int], Partition] = {}
-        for writes, _, _, _ in batch:
-            for partition, pos, data in writes:
+        for entry_writes, _, _, _ in batch:
+            for partition, pos, data in entry_writes:
+                writes.append((partition.number, pos, data))
                 key = (partition.number, split(pos)[0])
                 grouped.setdefault(key, []).append(data)
                 owners[key] = partition
-        self.files.trim()
-        paths = {self.files.write(owners[key], key[1], b"".join(c)) for key, c in grouped.items()}
-        if durable:
-            self.files.sync(paths)
+        start = self.wal.position
+        try:
+            self.wal.append(encode_group(writes))
+            if durable:
+                self.wal.sync()
+        except BaseException:
+            with self._cut_lock:  # a roll to a new segment: cut that back to its magic
+                rolled = start.seq != self.wal.seq
+                self._wal_cut = WalPosition(self.wal.seq, len(MAGIC)) if rolled else start
+            raise
+        for key, chunks in grouped.items():  # held in memory, written behind the WAL
+            self.files.write(owners[key], key[1], b"".join(chunks))
+        if self.files.pending_bytes > FLUSH_BYTES:
+            try:
+                self.files.flush()
+            except OSError as exc:  # the WAL has it: the next flush or checkpoint tries again
+                log.warning("writing partitions behind the write-ahead log failed: %s", exc)
+        return self.wal.position
 
     def sync_dirty(self) -> None:
         """fsync every segment written since its last fsync (before a snapshot: markers, and

@@ -1,0 +1,114 @@
+"""``Layout``: which time partition a message goes to, so that the number of partitions stays
+bounded however far ahead messages are due.
+
+Partitions near now are ``granularity_ms`` wide (level 0); further out they are coarser, each
+level ``FACTOR`` times wider than the one below, up to ``MAX_LEVEL``. A message due ``d`` ms
+from now goes to the finest level whose partitions are at most ``1/PER_LEVEL`` of ``d`` wide::
+
+    level L: width granularity·4^L, for messages due within granularity·16·4^L (level 0: all
+             nearer ones; MAX_LEVEL: all further ones)
+
+With the default 5-minute granularity: 5 min, 20 min, 80 min, 5.3 h, 21 h and 3.6 days; a year
+of due times takes about 100 partitions of the top level and some 16 of each lower one, instead
+of 105,120 five-minute partitions (one directory, file and write each). A coarse partition is
+not split when it comes near: it is indexed whole once its start is within ``prefetch_ms`` (16
+bytes per pending message; at most 3.6 days of messages), and deleted once its window is over
+and every message in it is released.
+
+A partition's key orders partitions by start: ``start // granularity << 3 | level``. Level 0
+keys are ``number << 3`` where ``number = due // granularity`` names the directory ``p-<number>``,
+as in the stores written before the layout (and the offline import's areas); coarser partitions
+live in ``p<level>-<start // granularity>``. Partitions of different levels may overlap in time
+(a message due next month was placed at level 5 a month ago; one sent today for the same
+moment goes to a finer level): finding a message by id looks at each level's partition covering
+its due time (``candidates``: at most ``MAX_LEVEL + 1`` dictionary lookups).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["FACTOR", "MAX_LEVEL", "PER_LEVEL", "Layout"]
+
+FACTOR: int = 4
+PER_LEVEL = 16
+MAX_LEVEL = 5
+_LEVEL_BITS = 3
+_LEVEL_MASK = (1 << _LEVEL_BITS) - 1
+
+
+class Layout:
+    def __init__(self, granularity_ms: int) -> None:
+        self.granularity_ms = granularity_ms
+        self._widths: list[int] = [granularity_ms * FACTOR**level for level in range(MAX_LEVEL + 1)]
+
+    @property
+    def widest_ms(self) -> int:
+        """The width of the coarsest partitions."""
+        return self._widths[MAX_LEVEL]
+
+    def level_for(self, due_ms: int, now_ms: int) -> int:
+        ahead = due_ms - now_ms
+        for level in range(MAX_LEVEL):
+            if ahead < PER_LEVEL * self._widths[level]:
+                return level
+        return MAX_LEVEL
+
+    def key(self, due_ms: int, level: int) -> int:
+        """The key of the level-``level`` partition covering ``due_ms``."""
+        width = self._widths[level]
+        start = due_ms // width * width
+        return (start // self.granularity_ms) << _LEVEL_BITS | level
+
+    def key_for(self, due_ms: int, now_ms: int) -> int:
+        """The partition a message due at ``due_ms`` goes to when it arrives at ``now_ms``."""
+        return self.key(due_ms, self.level_for(due_ms, now_ms))
+
+    def keys_for(self, dues: npt.NDArray[np.int64], now_ms: int) -> npt.NDArray[np.int64]:
+        """``key_for`` of each due time of a batch, as an array."""
+        widths = np.array(self._widths, np.int64)
+        levels = np.searchsorted(PER_LEVEL * widths[:MAX_LEVEL], dues - now_ms, side="right")
+        width = widths[levels]
+        return ((dues // width * width) // self.granularity_ms) << _LEVEL_BITS | levels
+
+    def candidates(self, due_ms: int) -> list[int]:
+        """Every partition key that may hold a message due at ``due_ms``, finest first."""
+        return [self.key(due_ms, level) for level in range(MAX_LEVEL + 1)]
+
+    def window(self, key: int) -> tuple[int, int]:
+        """``[start_ms, end_ms)`` of partition ``key``."""
+        start = (key >> _LEVEL_BITS) * self.granularity_ms
+        return start, start + self._widths[key & _LEVEL_MASK]
+
+    def first_key_at(self, start_ms: int) -> int:
+        """The smallest key of a partition starting at or after ``start_ms`` (for bisecting
+        the sorted keys by time)."""
+        return -(-start_ms // self.granularity_ms) << _LEVEL_BITS
+
+    @staticmethod
+    def level0(number: int) -> int:
+        """The key of fine partition ``number`` (``due // granularity``: a directory of a store
+        written before the layout, an offline import's partition)."""
+        return number << _LEVEL_BITS
+
+    @staticmethod
+    def split_key(key: int) -> tuple[int, int]:
+        """(start // granularity, level) of partition ``key``."""
+        return key >> _LEVEL_BITS, key & _LEVEL_MASK
+
+    @staticmethod
+    def dir_name(key: int) -> str:
+        level, number = key & _LEVEL_MASK, key >> _LEVEL_BITS
+        return f"p-{number:010d}" if level == 0 else f"p{level}-{number:010d}"
+
+    @staticmethod
+    def parse_dir(name: str) -> int | None:
+        """The key a partition directory's name gives, or None (not a partition)."""
+        head, _, number = name.partition("-")
+        if not head.startswith("p") or not number.isdigit():
+            return None
+        level_text = head[1:] or "0"
+        if not level_text.isdigit() or int(level_text) > MAX_LEVEL:
+            return None
+        return int(number) << _LEVEL_BITS | int(level_text)

@@ -1,0 +1,104 @@
+"""Reading pending messages back: indexing partitions as they come due (``ensure_loaded``), and
+reading the records of the messages a fetch or a release picked (``read_messages``), damage
+reported (``/healthz``) and left out, never delivered."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from tarry.model.message import Message
+from tarry.store.log.held import Held
+from tarry.store.log.partition import Partition, split
+from tarry.store.log.record import MESSAGE, Record, decode_message
+from tarry.store.log.recovery import replay
+from tarry.store.log.scrub import damage_line
+from tarry.store.log.segment import SegmentFiles
+from tarry.store.log.table import PartitionTable
+
+__all__ = ["ensure_loaded", "load", "read_message", "read_messages"]
+
+log = logging.getLogger(__name__)
+
+
+def load(table: PartitionTable, partition: Partition) -> None:
+    """Build the index of a partition that becomes due (reading its records once)."""
+    if partition.index is not None:
+        return
+    started = time.perf_counter()
+    table.flush(partition)
+    replay(partition, table.state, build_index=True, index_only=True)
+    assert partition.index is not None
+    held = {h.pos for h in table.held() if h.number == partition.number}
+    if held:  # never index twice what is claimed, waiting or leaving
+        partition.index.drop_positions(np.fromiter(held, np.int64, len(held)))
+    log.info(
+        "indexed partition %d: %d pending in %.3f s",
+        partition.number,
+        len(partition.index),
+        time.perf_counter() - started,
+    )
+
+
+def ensure_loaded(table: PartitionTable, now_ms: int) -> None:
+    """Index every partition with pending messages that starts within ``prefetch_ms``."""
+    horizon = now_ms + table.prefetch_ms
+    overdue_indexed = 0
+    for number in table.numbers:
+        partition = table.partitions[number]
+        if partition.start_ms > horizon:
+            break
+        partition.settle(now_ms)
+        if partition.live <= 0:
+            continue
+        if partition.index is None:
+            # After downtime, overdue partitions are indexed a few at a time, in due order.
+            if overdue_indexed >= 2 and partition.end_ms <= now_ms:
+                break
+            load(table, partition)
+        assert partition.index is not None
+        if partition.end_ms <= now_ms and len(partition.index):
+            overdue_indexed += 1
+
+
+def read_message(table: PartitionTable, files: SegmentFiles, held: Held) -> Message | None:
+    partition = table.partitions.get(held.number)
+    if partition is None:
+        return None
+    got = files.read(partition, held.pos)
+    if isinstance(got, Record) and got.kind == MESSAGE:
+        return decode_message(got.payload)[0]
+    _damaged(table, partition, held.pos, got if isinstance(got, str) else "not a message record")
+    return None
+
+
+def read_messages(
+    table: PartitionTable, files: SegmentFiles, helds: list[Held]
+) -> list[Message | None]:
+    """``read_message`` of each, reading each partition's records in one go."""
+    out: list[Message | None] = [None] * len(helds)
+    by_number: dict[int, list[int]] = {}
+    for i, held in enumerate(helds):
+        by_number.setdefault(held.number, []).append(i)
+    for number, indexes in by_number.items():
+        partition = table.partitions.get(number)
+        if partition is None:
+            continue
+        positions = [helds[i].pos for i in indexes]
+        got = files.read_messages(partition, positions)
+        for i, pos, message in zip(indexes, positions, got, strict=True):
+            if isinstance(message, Message):
+                out[i] = message
+            else:
+                _damaged(table, partition, pos, message)
+    return out
+
+
+def _damaged(table: PartitionTable, partition: Partition, pos: int, reason: str) -> None:
+    """Never deliver garbage: the damaged message is reported and left out."""
+    segment, offset = split(pos)
+    line = damage_line(partition.segment_path(segment), offset, reason)
+    if table.state.report(line):
+        log.error("cannot read a message (%s); it is skipped", line)
