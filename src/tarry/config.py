@@ -167,6 +167,10 @@ class DispatchConfig(_Section):
     maximum_recovery_failures_per_second: int = Field(1, gt=0)
     expiry_sweep_ms: int = Field(250, gt=0)
     """How often expired messages are swept out of queues (receive never returns them anyway)."""
+    overload_lag_ms: int = Field(1_000, ge=0)
+    """Release lag (how far behind due time the oldest due, unreleased message is, or how late
+    the dispatcher is to wake) above which sends are refused with ``429 overloaded`` and a
+    ``Retry-After``, rather than accepted to be delivered late. 0 never refuses."""
 
 
 class TokenConfig(_Section):

@@ -86,7 +86,8 @@ async def _release_due(engine: Engine, now_ms: int, limit: int, lease_ms: int) -
                 refused.append((message, exc))
         held = [m.id for m in external] + [m.id for m, _ in refused]
         store.claim(conn, held, until_ms=now_ms + lease_ms)
-        return txn, DueRelease(len(due) - len(held), refused, external)
+        newest = max((m.deliver_at_ms for m in due if not m.failures), default=None)
+        return txn, DueRelease(len(due) - len(held), refused, external, newest)
 
     txn, outcome = await engine.qdb.write(work)
     engine._after(txn)

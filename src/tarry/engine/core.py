@@ -702,6 +702,11 @@ class Engine:
         open_names = self.breakers.open_names()
         if self.ingress is not None and not self.ingress.consuming:
             open_names.append("ingress")  # enabled, but not consuming from RabbitMQ now
+        reasons = self.breakers.reasons()
+        lag_ms, threshold = self.dispatcher.lag.lag_ms(), self.config.dispatch.overload_lag_ms
+        if threshold and lag_ms > threshold:  # sends are refused with 429 overloaded
+            open_names.append("overload")
+            reasons["overload"] = f"releases are {lag_ms} ms behind (limit {threshold} ms)"
         # Files a store found damaged (it serves the rest): named until an operator acts.
         damaged = list(getattr(self.store, "damaged", []))
         return {
@@ -709,8 +714,9 @@ class Engine:
             "open": open_names,
             "breakers": self.breakers.snapshot(),
             # Why each open breaker is open ("disk full: the log store cannot write ...").
-            "reasons": self.breakers.reasons(),
+            "reasons": reasons,
             "damaged": damaged,
+            "release_lag_ms": lag_ms,
         }
 
     async def stats(self) -> dict[str, Any]:

@@ -41,6 +41,11 @@ class Metrics:
             ["breaker"],
             registry=self.registry,
         )
+        self.release_lag = Gauge(
+            "tarry_release_lag_seconds",
+            "How far behind due time releases are (sends are refused above overload_lag_ms)",
+            registry=self.registry,
+        )
         self.damaged = Gauge(
             "tarry_store_damaged",
             "Damaged records and files the store knows of (each named in /healthz)",
@@ -77,6 +82,7 @@ class Metrics:
         for name, state in health["breakers"].items():
             self.breaker_open.labels(name).set(1 if state == "triggered" else 0)
         self.damaged.set(len(health["damaged"]))
+        self.release_lag.set(health["release_lag_ms"] / 1000)
         self.write_path.figures = stats.get("store_write_path")
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 

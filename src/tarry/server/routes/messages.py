@@ -36,7 +36,7 @@ async def send(request: Request) -> JSON:
     "/batch",
     summary="Schedule many messages; each accepted or rejected on its own",
     openapi_extra=schemas.body("SendBatch"),
-    responses=schemas.answers({200: schemas.BatchResults}, 400, 401, 403, 413, 503),
+    responses=schemas.answers({200: schemas.BatchResults}, 400, 401, 403, 413, 429, 503),
 )
 async def send_batch(request: Request) -> JSON:
     messages = await batch_messages(request, max_batch=request.app.state.config.server.max_batch)
