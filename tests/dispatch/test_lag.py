@@ -5,9 +5,9 @@ tests/e2e/test_overload.py)."""
 from __future__ import annotations
 
 import pytest
+from tests.dispatch.test_dispatcher import Harness
 
 from tarry.errors import Overloaded
-from tests.dispatch.test_dispatcher import Harness
 
 
 async def test_no_lag_while_nothing_is_due() -> None:

@@ -20,10 +20,12 @@ overload_lag_ms = 150
 """
 
 
-def _flood(client: httpx.Client, count: int, delay_ms: int) -> None:
+def _flood(client: httpx.Client, count: int, due_in_ms: int) -> None:
+    """``count`` messages all due at one time ``due_in_ms`` from now."""
+    deliver_at = int(time.time() * 1000) + due_in_ms
     for start in range(0, count, 2_000):
         batch = [
-            {"destination": "q", "body": f"m{n}", "delay_ms": delay_ms}
+            {"destination": "q", "body": f"m{n}", "deliver_at": deliver_at}
             for n in range(start, min(count, start + 2_000))
         ]
         response = client.post("/v1/messages/batch", json={"messages": batch})
@@ -38,10 +40,12 @@ def test_a_server_behind_on_releases_refuses_sends_with_429_and_takes_them_again
     with httpx.Client(base_url=server.url, timeout=30) as client:
         client.put("/v1/queues/q", json={}).raise_for_status()
         # On time: accepted.
-        assert client.post("/v1/messages", json={"destination": "q", "body": "x"}).status_code == 201
+        assert (
+            client.post("/v1/messages", json={"destination": "q", "body": "x"}).status_code == 201
+        )
         assert client.get("/healthz").json()["release_lag_ms"] <= 150
 
-        _flood(client, 12_000, delay_ms=1_500)
+        _flood(client, 12_000, due_in_ms=2_500)
         refused: httpx.Response | None = None
         deadline = time.monotonic() + 20
         probe = 0
