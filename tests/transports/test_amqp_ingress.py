@@ -116,7 +116,7 @@ async def find(engine, message_id: str, timeout_s: float = 5.0):
 
 
 def _query(message_id: str):
-    from tarry.engine.types import MessageQuery
+    from tarry.model.query import MessageQuery
 
     return MessageQuery(destination="orders", message_id=message_id)
 

@@ -31,8 +31,8 @@ from tarry.config import DispatchConfig
 from tarry.dispatch.backoff import compute_backoff_ms
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.lag import ReleaseLag
-from tarry.engine.types import Event
 from tarry.errors import DeliveryFailed, TarryError
+from tarry.model.events import Event
 from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.model.time import Clock, wait_at_most

@@ -21,16 +21,7 @@ from tarry.dispatch.dispatcher import Dispatcher
 from tarry.engine import cluster, consuming, release, sending
 from tarry.engine.handover import refuse_if_handed_over
 from tarry.engine.stores import build_stores
-from tarry.engine.types import (
-    Delivery,
-    Event,
-    EventBatchListener,
-    EventListener,
-    MayAccess,
-    MessageQuery,
-    QueueInfo,
-    SendResult,
-)
+from tarry.engine.types import Delivery, MayAccess, QueueInfo, SendResult
 from tarry.errors import (
     DeliveryFailed,
     InvalidArgument,
@@ -40,8 +31,10 @@ from tarry.errors import (
     TarryError,
     Unavailable,
 )
+from tarry.model.events import Event, EventBatchListener, EventListener
 from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message
+from tarry.model.query import MessageQuery
 from tarry.model.queue_args import Policy, parse_policy, parse_queue_args
 from tarry.model.state import MessageState
 from tarry.model.time import Clock, SystemClock

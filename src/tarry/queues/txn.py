@@ -17,9 +17,9 @@ from typing import Any
 
 import orjson
 
-from tarry.engine.types import Event
 from tarry.errors import DeliveryFailed
 from tarry.model.deaths import record_death, would_cycle
+from tarry.model.events import Event
 from tarry.model.expiry import is_expired, queue_expiries_ms, queue_expiry_ms
 from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message, Report, Undeliverable

@@ -13,7 +13,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from tarry.engine.api import EngineAPI
-from tarry.engine.types import Event
+from tarry.model.events import Event
 from tarry.model.message import Message
 
 __all__ = ["Metrics"]

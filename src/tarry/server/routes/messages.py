@@ -6,8 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-from tarry.engine.types import MessageQuery, SendResult
+from tarry.engine.types import SendResult
 from tarry.errors import NotAuthorized, NotFound, TarryError
+from tarry.model.query import MessageQuery
 from tarry.model.time import parse_instant_ms
 from tarry.server import schemas
 from tarry.server.deps import batch_messages, caller, engine_of, json_object

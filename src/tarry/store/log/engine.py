@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from tarry.engine.types import MessageQuery
 from tarry.errors import NotCancellable, NotFound, TarryError, Unavailable
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.log import clean, cleanup
