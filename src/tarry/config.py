@@ -76,7 +76,11 @@ class ServerConfig(_Section):
     ``timeout_keep_alive``)."""
     max_header_bytes: int = Field(16 * 1024, ge=1024)
     """Largest request line plus headers; a larger one gets 400 (h11's
-    ``max_incomplete_event_size``)."""
+    ``max_incomplete_event_size``; counted by tarry under httptools)."""
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    """``auto``: uvloop when installed (``pip install 'tarry[fast]'``), else asyncio."""
+    http_parser: Literal["auto", "h11", "httptools"] = "auto"
+    """``auto``: httptools (C) when installed (``tarry[fast]``), else h11 (pure Python)."""
     tls_cert: Path | None = None
     """PEM certificate (chain) to serve HTTPS with; needs ``tls_key``."""
     tls_key: Path | None = None

@@ -28,7 +28,8 @@ from tarry.engine.waiters import Waiters
 from tarry.errors import DeliveryFailed, TarryError
 from tarry.model.message import Message
 from tarry.queues.catalog import Catalog
-from tarry.queues.txn import ClockSequencer, QueueTxn
+from tarry.queues.sequence import ClockSequencer
+from tarry.queues.txn import QueueTxn
 
 if TYPE_CHECKING:
     from tarry.engine.core import Engine

@@ -31,11 +31,16 @@ class ConnectionGuard:
         # had then (a new cycle means a request arrived since) and their deadline.
         self._waiting: dict[H11Protocol, tuple[object, asyncio.TimerHandle]] = {}
 
-    def protocol(self) -> type[H11Protocol]:
-        """uvicorn's h11 protocol class, reporting to this guard."""
+    def protocol(self, parser: str = "h11", *, max_header_bytes: int | None = None) -> type[Any]:
+        """uvicorn's protocol class for ``parser`` (``h11``, or ``httptools`` when installed),
+        reporting to this guard. h11 enforces ``max_header_bytes`` itself (uvicorn's
+        ``h11_max_incomplete_event_size``); for httptools the class counts the head."""
         guard = self
+        base: type[Any] = H11Protocol
+        if parser == "httptools":
+            base = _head_limited(max_header_bytes)
 
-        class GuardedH11Protocol(H11Protocol):
+        class Guarded(base):  # type: ignore[misc]
             def connection_made(self, transport: Any) -> None:
                 super().connection_made(transport)
                 guard._opened(self)
@@ -50,7 +55,8 @@ class ConnectionGuard:
                 if not self.transport.is_closing() and _idle(self):
                     guard._wait_for_request(self)
 
-        return GuardedH11Protocol
+        Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
+        return Guarded
 
     def _opened(self, connection: H11Protocol) -> None:
         if len(self._open) >= self.max_connections and not self._close_oldest_waiting():
@@ -118,3 +124,39 @@ class ConnectionGuard:
 def _idle(connection: H11Protocol) -> bool:
     """No request running: none yet, or the last one answered."""
     return connection.cycle is None or connection.cycle.response_complete
+
+
+def _head_limited(max_header_bytes: int | None) -> type[Any]:
+    """uvicorn's httptools protocol refusing (400, as h11 does) a request line plus headers
+    longer than ``max_header_bytes``: an exception raised in a parser callback makes
+    httptools fail the request, and uvicorn answers a failed parse with 400."""
+    import httptools
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    if max_header_bytes is None:
+        return HttpToolsProtocol
+    limit = max_header_bytes
+
+    class HeadLimited(HttpToolsProtocol):
+        _head_bytes = 0
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._head_bytes = 0
+
+        def _count(self, size: int) -> None:
+            self._head_bytes += size
+            if self._head_bytes > limit:
+                raise httptools.HttpParserError(
+                    f"request head over {limit} bytes (server.max_header_bytes)"
+                )
+
+        def on_url(self, url: bytes) -> None:
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+    return HeadLimited
