@@ -65,7 +65,7 @@ class ConnectionGuard:
                 f"closed a new connection: all {self.max_connections} connections "
                 "(server.max_connections) have a request running",
             )
-            connection.transport.close()
+            _close(connection)
             return
         self._open.add(connection)
         self._wait_for_request(connection)
@@ -118,7 +118,15 @@ class ConnectionGuard:
 
     def _drop(self, connection: H11Protocol) -> None:
         self._open.discard(connection)
-        connection.transport.close()
+        _close(connection)
+
+
+def _close(connection: H11Protocol) -> None:
+    """Close a connection and take it out of uvicorn's count at once: ``connection_lost``,
+    which would, comes a loop turn or more later (later still under uvloop), and meanwhile the
+    closed connections would count against ``limit_concurrency`` (a 503 for a live client)."""
+    connection.transport.close()
+    connection.connections.discard(connection)
 
 
 def _idle(connection: H11Protocol) -> bool:
@@ -128,9 +136,8 @@ def _idle(connection: H11Protocol) -> bool:
 
 def _head_limited(max_header_bytes: int | None) -> type[Any]:
     """uvicorn's httptools protocol refusing (400, as h11 does) a request line plus headers
-    longer than ``max_header_bytes``: an exception raised in a parser callback makes
-    httptools fail the request, and uvicorn answers a failed parse with 400."""
-    import httptools
+    that has not ended within ``max_header_bytes``: httptools itself buffers a head without
+    bound, so the bytes received while a head is incomplete are counted here."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     if max_header_bytes is None:
@@ -139,24 +146,32 @@ def _head_limited(max_header_bytes: int | None) -> type[Any]:
 
     class HeadLimited(HttpToolsProtocol):
         _head_bytes = 0
+        _in_head = False
+        _ended_here = False
 
         def on_message_begin(self) -> None:
+            self._in_head, self._head_bytes = True, 0
             super().on_message_begin()
-            self._head_bytes = 0
 
-        def _count(self, size: int) -> None:
-            self._head_bytes += size
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._ended_here = True
+            super().on_message_complete()
+
+        def data_received(self, data: bytes) -> None:
+            self._ended_here = False
+            super().data_received(data)
+            # A chunk that leaves a head unfinished counts whole, unless a message ended in it
+            # (then it held that message's body too, and the new head counts from the next).
+            if not self._in_head or self._ended_here or self.transport.is_closing():
+                return
+            self._head_bytes += len(data)
             if self._head_bytes > limit:
-                raise httptools.HttpParserError(
-                    f"request head over {limit} bytes (server.max_header_bytes)"
-                )
-
-        def on_url(self, url: bytes) -> None:
-            self._count(len(url))
-            super().on_url(url)
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._count(len(name) + len(value) + 4)
-            super().on_header(name, value)
+                message = "Invalid HTTP request received."  # as uvicorn words a bad head
+                self.logger.warning(message)
+                self.send_400_response(message)
 
     return HeadLimited
