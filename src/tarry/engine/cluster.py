@@ -95,10 +95,10 @@ async def _release_due(engine: Engine, now_ms: int, limit: int, lease_ms: int) -
     return outcome
 
 
-def still_held(engine: Engine, conn: Any, batch: Sequence[Message]) -> Sequence[Message]:
+def still_held(store: Any, conn: Any, batch: Sequence[Message]) -> Sequence[Message]:
     """Inside the release transaction: the messages of ``batch`` this node still holds, their
     rows locked until commit (all of them for a store that only one process uses)."""
-    lock = getattr(engine.store, "release_claimed", None)
+    lock = getattr(store, "release_claimed", None)
     if lock is None:
         return batch
     held = lock(conn, [m.id for m in batch])

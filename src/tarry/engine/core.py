@@ -22,11 +22,14 @@ from tarry.engine import (
     queue_admin,
     release,
     sending,
+    shared_release,
 )
 from tarry.engine.context import EngineContext
 from tarry.engine.handover import refuse_if_handed_over
 from tarry.engine.housekeeping import housekeeping, sweep
 from tarry.engine.lifecycle import lock_data_dir, supervise
+from tarry.engine.listeners import emit_all, one_by_one
+from tarry.engine.routes import build_transports, rabbitmq
 from tarry.engine.stores import build_stores
 from tarry.engine.types import Delivery, MayAccess, QueueInfo, SendResult
 from tarry.errors import (
@@ -38,10 +41,9 @@ from tarry.errors import (
 )
 from tarry.model.events import Event, EventBatchListener, EventListener
 from tarry.model.ids import IdGenerator
-from tarry.model.message import DeathReason, Message
+from tarry.model.message import Message
 from tarry.model.query import MessageQuery
 from tarry.model.queue_args import Policy
-from tarry.model.state import MessageState
 from tarry.model.time import Clock, SystemClock
 from tarry.model.validate import (
     SendLimits,
@@ -54,38 +56,11 @@ from tarry.queues.catalog import (
 from tarry.queues.sequence import Sequencer
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore, QueueDatabase
-from tarry.store.sql import row_lock
 from tarry.transports.base import Transport
 
 __all__ = ["Engine"]
 
 log = logging.getLogger(__name__)
-
-
-def _rabbitmq() -> Any:
-    """The RabbitMQ transports, or a clear error when the optional dependency is missing."""
-    try:
-        from tarry.transports import rabbitmq_topology
-    except ImportError as exc:
-        raise InvalidArgument(
-            f"RabbitMQ is configured but its client library is missing ({exc}); "
-            "install it with pip install 'tarry[rabbitmq]'"
-        ) from None
-    return rabbitmq_topology
-
-
-def _one_by_one(listener: EventListener) -> EventBatchListener:
-    """A listener without a form for many events, given them one at a time (one that fails on
-    an event still gets the others)."""
-
-    def many(events: Sequence[Event]) -> None:
-        for event in events:
-            try:
-                listener(*event)
-            except Exception:
-                log.exception("event listener failed")
-
-    return many
 
 
 class Engine:
@@ -157,25 +132,14 @@ class Engine:
     @classmethod
     def from_config(cls, config: TarryConfig, *, clock: Clock | None = None) -> Engine:
         store, queues = build_stores(config)
-        transports: dict[str, Transport] = {}
-        for name, route in config.routes.items():
-            if route.transport == "http":
-                from tarry.transports.http import HttpTransport
-
-                transports[name] = HttpTransport(route)
-            elif route.transport == "rabbitmq":
-                transports[name] = _rabbitmq().rabbitmq_transport(name, route, clock=clock)
-            else:
-                raise InvalidArgument(
-                    f"route {name!r}: transport {route.transport!r} is not available in this build"
-                )
+        transports = build_transports(config, clock=clock)
         return cls(config, store=store, queues=queues, clock=clock, transports=transports)
 
     # --- lifecycle ----------------------------------------------------------------------------
     def add_listener(
         self, listener: EventListener, *, many: EventBatchListener | None = None
     ) -> None:
-        self._listeners.append(many if many is not None else _one_by_one(listener))
+        self._listeners.append(many if many is not None else one_by_one(listener))
 
     async def start(self, *, background: bool = True) -> None:
         """``background=False`` leaves the dispatcher and housekeeping loops to the caller (tests
@@ -206,7 +170,7 @@ class Engine:
                 self._spawn(self.journal.run)
         await self._declare_configured()
         if self.config.rabbitmq.ingress:
-            _rabbitmq()
+            rabbitmq()
             from tarry.transports.amqp_ingress import AmqpIngress
 
             self.ingress = AmqpIngress(self.config.rabbitmq, send_batch=self.send_batch)
@@ -261,13 +225,7 @@ class Engine:
         self._emit_all([(event, message, time_ms, None, None) for message in messages])
 
     def _emit_all(self, events: Sequence[Event]) -> None:
-        """Tell every listener about ``events`` (state changes already made), each listener
-        taking them all in one call, in order; a listener must never break a change."""
-        for many in self._listeners:
-            try:
-                many(events)
-            except Exception:
-                log.exception("event listener failed")
+        emit_all(self._listeners, events)
 
     def _txn(self, conn: sqlite3.Connection, now_ms: int) -> QueueTxn:
         return QueueTxn(
@@ -352,53 +310,13 @@ class Engine:
     ) -> list[tuple[Message, DeliveryFailed]]:
         if not self.shared:
             return await release.release(self, batch)
-
-        def work(conn: sqlite3.Connection) -> tuple[QueueTxn, list[tuple[Message, DeliveryFailed]]]:
-            txn = self._txn(conn, self.clock.now_ms())  # when it runs (see ``release._release``)
-            refused = []
-            # Claim check, enqueue and leaving the store commit together (exactly-once).
-            for message in cluster.still_held(self, conn, batch):
-                try:
-                    txn.enqueue(message, message.destination)
-                except DeliveryFailed as exc:
-                    refused.append((message, exc))
-            return txn, refused
-
-        try:
-            txn, refused = await self.qdb.write(work)
-        finally:
-            self.store.release_claims([m.id for m in batch])
-        self._after(txn)
-        return refused
+        return await shared_release.release(self.ctx, batch)
 
     async def _give_up(self, message: Message, error: DeliveryFailed) -> None:
         if not self.shared:
             return await release.give_up(self, message, error)
-        now = self.clock.now_ms()
-        text = f"{error.reason}: {error.message}"
+        await shared_release.give_up(self.ctx, message, error)
 
-        def work(conn: sqlite3.Connection) -> QueueTxn:
-            txn = self._txn(conn, now)
-            row = conn.execute(
-                f"SELECT state FROM messages WHERE id = ?{row_lock(conn)}", (message.id,)
-            ).fetchone()
-            if row is None or row[0] != MessageState.SCHEDULED.value:
-                return txn  # cancelled or finished meanwhile
-            conn.execute(
-                "UPDATE messages SET failures = ? WHERE id = ?", (message.failures, message.id)
-            )
-            txn.dead_letter(
-                message, from_queue=None, reason=DeathReason.DELIVERY_FAILED, error=text
-            )
-            return txn
-
-        try:
-            txn = await self.qdb.write(work)
-        finally:
-            self.store.release_claims([message.id])
-        self._after(txn)
-
-    # --- queues ---------------------------------------------------------------------------------
     # --- queues ---------------------------------------------------------------------------------
     async def declare_queue(self, name: str, args: Mapping[str, Any]) -> tuple[QueueInfo, bool]:
         return await queue_admin.declare_queue(self.ctx, name, args)
