@@ -173,7 +173,7 @@ class _CatalogReloader:
             known = engine.catalog.queues.get(name)
             if known is not None:  # last use is kept per node, in memory
                 entry.last_used_ms = known.last_used_ms
-        engine.catalog = fresh
+        engine.catalog.take(fresh)  # in place: the engine's parts hold it
 
 
 def _fingerprint(catalog: Catalog) -> tuple[object, ...]:
