@@ -80,7 +80,11 @@ class ServerConfig(_Section):
     ``timeout_keep_alive``)."""
     max_header_bytes: int = Field(16 * 1024, ge=1024)
     """Largest request line plus headers; a larger one gets 400 (h11's
-    ``max_incomplete_event_size``)."""
+    ``max_incomplete_event_size``; counted by tarry under httptools)."""
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    """``auto``: uvloop when installed (``pip install 'tarry[fast]'``), else asyncio."""
+    http_parser: Literal["auto", "h11", "httptools"] = "auto"
+    """``auto``: httptools (C) when installed (``tarry[fast]``), else h11 (pure Python)."""
     tls_cert: Path | None = None
     """PEM certificate (chain) to serve HTTPS with; needs ``tls_key``."""
     tls_key: Path | None = None
@@ -174,6 +178,10 @@ class DispatchConfig(_Section):
     maximum_recovery_failures_per_second: int = Field(1, gt=0)
     expiry_sweep_ms: int = Field(250, gt=0)
     """How often expired messages are swept out of queues (receive never returns them anyway)."""
+    overload_lag_ms: int = Field(1_000, ge=0)
+    """Release lag (how far behind due time the oldest due, unreleased message is, or how late
+    the dispatcher is to wake) above which sends are refused with ``429 overloaded`` and a
+    ``Retry-After``, rather than accepted to be delivered late. 0 never refuses."""
 
 
 class TokenConfig(_Section):

@@ -16,6 +16,7 @@ Hierarchy::
     ├── InUse                  in_use                409
     ├── MessageTooLarge        message_too_large     413
     ├── DestinationFull        destination_full      429
+    ├── Overloaded             overloaded            429 (with Retry-After: releases are behind)
     ├── Unavailable            unavailable           503
     │   └── StorageFault       (unavailable, 503: the disk refused a write; the store breaker
     │                          opens at once)
@@ -40,6 +41,7 @@ __all__ = [
     "NotCancellable",
     "NotFound",
     "OptionsError",
+    "Overloaded",
     "PreconditionFailed",
     "PutDisabled",
     "StorageFault",
@@ -176,6 +178,21 @@ class DestinationFull(TarryError):
 
     code = "destination_full"
     http_status = 429
+
+
+class Overloaded(TarryError):
+    """Raised when the server is further behind on releasing due messages than
+    ``[dispatch] overload_lag_ms`` allows: it refuses new work rather than deliver it late.
+    Nothing of the request was stored; retry after ``retry_after_s`` seconds (the
+    ``Retry-After`` header says the same)."""
+
+    code = "overloaded"
+    http_status = 429
+
+    @property
+    def retry_after_s(self) -> int:
+        """Whole seconds to wait before sending again (at least 1)."""
+        return max(1, int(self.details.get("retry_after_s", 1)))
 
 
 class Unavailable(TarryError):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tarry.engine.types import MessageQuery
 from tarry.errors import NotCancellable, NotFound
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
 from tarry.store.log import LogStore
 from tarry.store.memory import MemoryStore

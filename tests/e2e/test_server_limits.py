@@ -292,8 +292,12 @@ def test_finding_07_a_connection_without_a_request_head_is_closed_after_the_head
     assert sum("(header_timeout;" in line for line in server.stderr_lines) == 1, "one log line"
 
 
-def test_finding_07_a_request_head_over_max_header_bytes_gets_400(make_server) -> None:
-    server = make_server("[server]\nmax_header_bytes = 4096\n")
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+def test_finding_07_a_request_head_over_max_header_bytes_gets_400(make_server, parser) -> None:
+    if parser == "httptools":
+        pytest.importorskip("httptools", reason="tarry[fast] is not installed")
+    server = make_server(f'[server]\nmax_header_bytes = 4096\nhttp_parser = "{parser}"\n')
+    assert any(f"HTTP parser {parser}" in line for line in server.stderr_lines)
     with socket.create_connection(_address(server.url), timeout=10) as sock:
         # A head that has not ended after 5 KiB: refused without waiting for the rest.
         sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: tarry\r\nx-big: " + b"y" * 5120)

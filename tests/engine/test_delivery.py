@@ -259,17 +259,19 @@ async def test_a_waiting_consumer_gets_a_released_message_before_its_marker_is_w
     assert not await engine.dispatcher.run_once()  # released once: nothing due again
 
 
-async def test_a_queue_deleted_while_the_list_is_read_is_left_out(make_engine) -> None:
+async def test_a_queue_deleted_while_the_list_is_read_is_left_out(make_engine, monkeypatch) -> None:
+    from tarry.engine import queue_admin
+
     engine = await make_engine()
     await engine.declare_queue("a", {})
     await engine.declare_queue("b", {})
-    read = engine.queue_info
+    read = queue_admin.queue_info
 
-    async def deleting_b_meanwhile(name: str):  # as an expiry between two awaits would
+    async def deleting_b_meanwhile(ctx, name: str):  # as an expiry between two awaits would
         if name == "a":
             await engine.delete_queue("b")
-        return await read(name)
+        return await read(ctx, name)
 
-    engine.queue_info = deleting_b_meanwhile
+    monkeypatch.setattr(queue_admin, "queue_info", deleting_b_meanwhile)
     names = [q.name for q in await engine.list_queues()]
     assert "a" in names and "b" not in names

@@ -245,6 +245,6 @@ async def test_on_postgres_at_least_once_a_delayed_redrive_goes_through_the_outb
 
 
 def _query(**filters: Any) -> Any:
-    from tarry.engine.types import MessageQuery
+    from tarry.model.query import MessageQuery
 
     return MessageQuery(**filters)

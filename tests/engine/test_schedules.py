@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from tests.engine.conftest import BOTH_STORES
 
-from tarry.engine.types import MessageQuery
 from tarry.errors import NotFound, UnknownDestination
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 
 MINUTE = 60_000
 #: Small numbers so a test sees several top-ups: 3 minutes ahead, 1 minute late is missed.

@@ -7,8 +7,8 @@ from pathlib import Path
 import orjson
 
 from tarry.config import JournalConfig
-from tarry.engine.types import Event
 from tarry.journal.writer import Journal
+from tarry.model.events import Event
 from tarry.model.message import Message, plain_message
 from tarry.model.time import ManualClock
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tarry.errors import InvalidArgument, Unavailable
+from tarry.errors import InvalidArgument, Overloaded, Unavailable
 from tarry.model.validate import DestinationView, TargetView
 from tarry.pipeline.catalog import views_from_json, views_to_json
 from tarry.pipeline.records import decode_row, derived_message_id, record_json
@@ -243,3 +243,19 @@ def test_records_only_where_asked_and_for_rejected_rows(
         assert {k: v for k, v in part.items() if k != "record"} == {
             k: v for k, v in full.items() if k != "record"
         }
+
+
+def test_sink_waits_out_an_overloaded_server_as_its_retry_after_says() -> None:
+    answers: list[Any] = [Overloaded("behind", retry_after_s=3), [{"id": "1"}]]
+    slept: list[float] = []
+
+    def post(records: pa.Array) -> list[dict[str, Any]]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    settings = SinkSettings(url="http://x", max_attempts=3, backoff_base_ms=100)
+    outcomes = send_all(pa.array(["a"]), post, settings, slept.append)
+    assert outcomes == [("created", None)]
+    assert slept[0] == 3 and len(slept) == 2  # Retry-After, then the back-off

@@ -16,7 +16,8 @@ from tarry.model.message import Death, DeathReason, Message, Report, Undeliverab
 from tarry.model.queue_args import QueueArgs
 from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog, QueueEntry
-from tarry.queues.txn import QueueTxn, Sequencer
+from tarry.queues.sequence import Sequencer
+from tarry.queues.txn import QueueTxn
 from tarry.store.sqlite.rows import SELECT_SQL, from_row, to_insert
 from tarry.store.sqlite.schema import migrate
 

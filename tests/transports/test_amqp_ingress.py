@@ -116,7 +116,7 @@ async def find(engine, message_id: str, timeout_s: float = 5.0):
 
 
 def _query(message_id: str):
-    from tarry.engine.types import MessageQuery
+    from tarry.model.query import MessageQuery
 
     return MessageQuery(destination="orders", message_id=message_id)
 
@@ -255,3 +255,40 @@ async def test_an_ingress_that_cannot_reach_rabbitmq_shows_in_health_and_keeps_t
     health = engine.health()
     assert health["status"] == "degraded" and health["open"] == ["ingress"]
     assert not engine.ingress.ready.is_set()
+
+
+@pytest.mark.rabbitmq
+async def test_while_releases_are_behind_the_ingress_requeues_and_stores_once_caught_up(
+    broker: Broker, make_engine
+) -> None:
+    # Given a server far behind on releases: thousands due at once, released five a round
+    engine = await make_engine(
+        {
+            "rabbitmq": {"url": broker.url, "ingress": True},
+            "queues": {"orders": {}},
+            "dispatch": {"batch_size": 5, "overload_lag_ms": 100},
+        }
+    )
+    await asyncio.wait_for(engine.ingress.ready.wait(), 10)
+    due_at = engine.clock.now_ms() + 2_000
+    for _ in range(4):
+        results = await engine.send_batch(
+            [{"destination": "orders", "body": "b", "deliver_at": due_at} for _ in range(2_000)]
+        )
+        assert not any(isinstance(r, Exception) for r in results)
+    deadline = time.monotonic() + 20
+    while engine.dispatcher.lag.lag_ms() <= 100:
+        assert time.monotonic() < deadline, "the engine never fell behind"
+        await asyncio.sleep(0.01)
+    # When an AMQP client publishes meanwhile
+    await asyncio.to_thread(
+        publish, broker, b"late", {"tarry-destination": "orders"}, message_id="while-behind"
+    )
+    # Then it is returned to tarry.schedule (not stored, not rejected) while refused ...
+    while engine.ingress.stats.requeued < 1:
+        assert time.monotonic() < deadline, "the ingress never requeued"
+        await asyncio.sleep(0.01)
+    assert engine.ingress.stats.rejected == 0
+    # ... and stored once the server caught up
+    found = await find(engine, "while-behind", timeout_s=60)
+    assert found.body == b"late"

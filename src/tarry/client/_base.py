@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from tarry.client._types import MessageInfo, Page, QueueInfo, Received, Scheduled
-from tarry.errors import TarryError, Unavailable
+from tarry.errors import Overloaded, TarryError, Unavailable
 from tarry.model.time import parse_duration_ms, parse_instant_ms
 
 __all__ = ["Call", "body_fields", "raise_for_error"]
@@ -69,6 +69,10 @@ def raise_for_error(response: httpx.Response) -> None:
         error = TarryError.from_dict(response.json()["error"])
     except Exception:
         raise TarryError(f"HTTP {response.status_code}: {response.text[:200]}") from None
+    retry_after = response.headers.get("retry-after", "")
+    if isinstance(error, Overloaded) and retry_after.isdigit():
+        # The header is the answer's word on when to come back (the body says the same).
+        error.details["retry_after_s"] = int(retry_after)
     raise error
 
 

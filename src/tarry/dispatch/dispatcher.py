@@ -36,10 +36,11 @@ from typing import Any
 
 from tarry.config import DispatchConfig
 from tarry.dispatch.breaker import Breakers
+from tarry.dispatch.lag import ReleaseLag
 from tarry.dispatch.lanes import RouteLanes
 from tarry.dispatch.route_policy import failure_report_for, retry_at_ms
-from tarry.engine.types import Event
 from tarry.errors import DeliveryFailed, TarryError
+from tarry.model.events import Event
 from tarry.model.message import Message
 from tarry.model.route_policy import RoutePolicy
 from tarry.model.state import MessageState
@@ -72,6 +73,8 @@ class DueRelease:
     refused: list[tuple[Message, DeliveryFailed]]
     #: Due messages for other destinations, claimed for the transports.
     external: list[Message]
+    #: The newest due time among the messages it took (first attempts; for ``ReleaseLag``).
+    newest_due_ms: int | None = None
 
 
 #: Where the store shares the queue database with other nodes (PostgreSQL, exactly_once):
@@ -149,6 +152,8 @@ class Dispatcher:
         #: Where the tick after the last round that found messages ends (``run``).
         self._next_round_ms = 0
         self.stats = DispatchStats()
+        #: How far behind due time releases are (intake refusal, ``/healthz``, ``/metrics``).
+        self.lag = ReleaseLag(clock)
         #: Set by the composition root when the store can fetch and release in one transaction.
         self.release_due: ReleaseDue | None = None
 
@@ -226,10 +231,14 @@ class Dispatcher:
 
     async def _sleep_until(self, wake_ms: int) -> None:
         self._planned_ms = wake_ms
+        self.lag.sleeping(wake_ms)
         delay = self._clock.seconds_until(wake_ms)
-        if delay > 0:
-            await wait_at_most(self._wake, delay)
-        self._planned_ms = None
+        try:
+            if delay > 0:
+                await wait_at_most(self._wake, delay)
+        finally:
+            self._planned_ms = None
+            self.lag.awake()
 
     async def _released(self) -> None:
         """Wait for the local releases under way; what killed one (the process exiting)
@@ -254,6 +263,9 @@ class Dispatcher:
             outcome = await self.release_due(now, self._config.batch_size, self._config.lease_ms)
             self._breakers.fetch.success()
             found = outcome.released + len(outcome.refused) + len(outcome.external)
+            self.lag.round_found(
+                found, full=found >= self._config.batch_size, newest_due_ms=outcome.newest_due_ms
+            )
             if not found:
                 return 0
             self._breakers.store.success()
@@ -269,6 +281,11 @@ class Dispatcher:
             self._breakers.fetch.success()
             log.debug("fetched %d due at %d", len(due), now)
             found = len(due)
+            self.lag.round_found(
+                found,
+                full=found >= self._config.batch_size,
+                newest_due_ms=max(self.lag.due_times(due), default=None),
+            )
             if not found:
                 return 0
             self.stats.rounds += 1
@@ -302,9 +319,9 @@ class Dispatcher:
                     ),
                 )
                 continue
-            self._spawn(self._deliver(transport, message), 1)
+            self._spawn(self._deliver(transport, message), (message,))
         for destination, batch in batched.items():
-            self._spawn(self._deliver_batch(self._transport_for(destination), batch), len(batch))
+            self._spawn(self._deliver_batch(self._transport_for(destination), batch), batch)
         # Messages a full or paused lane sent straight back are not progress: counted as
         # found, a route's backlog would have the loop fetch them again and again at once.
         handed_on = max(0, found - (self.stats.held - held_before))
@@ -314,17 +331,22 @@ class Dispatcher:
         return handed_on
 
     def _spawn_release(self, batch: Sequence[Message]) -> None:
-        self._releasing.add(self._spawn(self._hand_local(batch), len(batch)))
+        self._releasing.add(self._spawn(self._hand_local(batch), batch))
 
-    def _spawn(self, work: Coroutine[Any, Any, None], messages: int) -> asyncio.Task[None]:
+    def _spawn(
+        self, work: Coroutine[Any, Any, None], batch: Sequence[Message]
+    ) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work)
         self._inflight.add(task)
+        messages = len(batch)
         self._inflight_messages += messages
+        token = self.lag.started(self.lag.due_times(batch))
 
         def done(finished: asyncio.Task[None]) -> None:
             self._inflight.discard(finished)
             self._releasing.discard(finished)
             self._inflight_messages -= messages
+            self.lag.finished(token)
 
         task.add_done_callback(done)
         return task
@@ -413,6 +435,8 @@ class Dispatcher:
         """Put claimed messages back in the store until ``until_ms``, no attempt counted (their
         destination is away, paused, or its lane is full)."""
         self._store.hold_claims([m.id for m in messages], until_ms=until_ms)
+        for message in messages:
+            self.lag.held(message.id, until_ms)
         now = self._clock.now_ms()
         while self._held and self._held[0] <= now:  # passed: only the future ones matter
             heapq.heappop(self._held)

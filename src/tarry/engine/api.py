@@ -11,17 +11,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from tarry.engine.routes import RouteEntry
-from tarry.engine.types import (
-    Delivery,
-    EventBatchListener,
-    EventListener,
-    MayAccess,
-    MessageQuery,
-    QueueInfo,
-    SendResult,
-)
+from tarry.engine.types import Delivery, MayAccess, QueueInfo, SendResult
 from tarry.errors import TarryError
+from tarry.model.events import EventBatchListener, EventListener
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 from tarry.model.queue_args import Policy
 
 __all__ = ["EngineAPI"]

@@ -28,7 +28,8 @@ from tarry.engine.waiters import Waiters
 from tarry.errors import DeliveryFailed, TarryError
 from tarry.model.message import Message
 from tarry.queues.catalog import Catalog
-from tarry.queues.txn import ClockSequencer, QueueTxn
+from tarry.queues.sequence import ClockSequencer
+from tarry.queues.txn import QueueTxn
 
 if TYPE_CHECKING:
     from tarry.engine.core import Engine
@@ -86,17 +87,18 @@ async def _release_due(engine: Engine, now_ms: int, limit: int, lease_ms: int) -
                 refused.append((message, exc))
         held = [m.id for m in external] + [m.id for m, _ in refused]
         store.claim(conn, held, until_ms=now_ms + lease_ms)
-        return txn, DueRelease(len(due) - len(held), refused, external)
+        newest = max((m.deliver_at_ms for m in due if not m.failures), default=None)
+        return txn, DueRelease(len(due) - len(held), refused, external, newest)
 
     txn, outcome = await engine.qdb.write(work)
     engine._after(txn)
     return outcome
 
 
-def still_held(engine: Engine, conn: Any, batch: Sequence[Message]) -> Sequence[Message]:
+def still_held(store: Any, conn: Any, batch: Sequence[Message]) -> Sequence[Message]:
     """Inside the release transaction: the messages of ``batch`` this node still holds, their
     rows locked until commit (all of them for a store that only one process uses)."""
-    lock = getattr(engine.store, "release_claimed", None)
+    lock = getattr(store, "release_claimed", None)
     if lock is None:
         return batch
     held = lock(conn, [m.id for m in batch])
@@ -171,7 +173,7 @@ class _CatalogReloader:
             known = engine.catalog.queues.get(name)
             if known is not None:  # last use is kept per node, in memory
                 entry.last_used_ms = known.last_used_ms
-        engine.catalog = fresh
+        engine.catalog.take(fresh)  # in place: the engine's parts hold it
         engine.routes.apply(fresh.routes)
 
 

@@ -5,89 +5,67 @@ transports. Every edge (HTTP, AMQP ingress, pipeline) calls it; it calls the mod
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
-import os
 import socket
 import sqlite3
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from itertools import product
-from pathlib import Path
 from typing import IO, Any, cast
 
 from tarry.config import TarryConfig
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
-from tarry.engine import cluster, consuming, release, sending
+from tarry.engine import (
+    catalog_admin,
+    cluster,
+    consuming,
+    operations,
+    queue_admin,
+    release,
+    sending,
+    shared_release,
+)
+from tarry.engine.context import EngineContext
 from tarry.engine.handover import refuse_if_handed_over
+from tarry.engine.housekeeping import housekeeping, sweep
+from tarry.engine.lifecycle import lock_data_dir, supervise
+from tarry.engine.listeners import emit_all, one_by_one
 from tarry.engine.redrive import Redriver
 from tarry.engine.routes import RouteBook, RouteEntry, RouteHooks
 from tarry.engine.schedules import Schedules
 from tarry.engine.stores import build_stores
-from tarry.engine.types import (
-    Delivery,
-    Event,
-    EventBatchListener,
-    EventListener,
-    MayAccess,
-    MessageQuery,
-    QueueInfo,
-    SendResult,
-)
+from tarry.engine.types import Delivery, MayAccess, QueueInfo, SendResult
 from tarry.errors import (
     DeliveryFailed,
     InvalidArgument,
     NotAuthorized,
     NotFound,
-    PreconditionFailed,
     TarryError,
-    Unavailable,
 )
+from tarry.model.events import Event, EventBatchListener, EventListener
 from tarry.model.ids import IdGenerator
-from tarry.model.message import DeathReason, Message
-from tarry.model.queue_args import Policy, parse_policy, parse_queue_args
+from tarry.model.message import Message
+from tarry.model.query import MessageQuery
+from tarry.model.queue_args import Policy
 from tarry.model.redrive import parse_redrive
 from tarry.model.route_policy import RoutePolicy
-from tarry.model.state import MessageState
 from tarry.model.time import Clock, SystemClock
 from tarry.model.validate import (
     SendLimits,
     check_batch_size,
-    check_name,
     validate_reschedule,
 )
 from tarry.queues.catalog import (
     Catalog,
-    QueueEntry,
-    delete_queue_rows,
-    save_policy,
-    save_queue,
-    save_subscription,
-    save_topic,
 )
-from tarry.queues.txn import QUEUED_STATES, QueueTxn, Sequencer
+from tarry.queues.sequence import Sequencer
+from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore, QueueDatabase
-from tarry.store.sql import row_lock
 from tarry.transports.base import Transport
 from tarry.transports.build import build_transport, rabbitmq_module
 
 __all__ = ["Engine"]
 
 log = logging.getLogger(__name__)
-
-
-def _one_by_one(listener: EventListener) -> EventBatchListener:
-    """A listener without a form for many events, given them one at a time (one that fails on
-    an event still gets the others)."""
-
-    def many(events: Sequence[Event]) -> None:
-        for event in events:
-            try:
-                listener(*event)
-            except Exception:
-                log.exception("event listener failed")
-
-    return many
 
 
 class Engine:
@@ -183,6 +161,21 @@ class Engine:
         self.journal: Any = None
         self.ingress: Any = None
         cluster.attach(self)
+        #: What the engine's parts get of it (built after ``cluster.attach``, which may
+        #: replace the waiters and the sequencer).
+        self.ctx = EngineContext(
+            config=config,
+            store=store,
+            qdb=self.qdb,
+            shared=self.shared,
+            clock=self.clock,
+            catalog=self.catalog,
+            transports=self.transports,
+            waiters=self.waiters,
+            txn=self._txn,
+            after=self._after,
+            emit=self._emit_all,
+        )
 
     @classmethod
     def from_config(cls, config: TarryConfig, *, clock: Clock | None = None) -> Engine:
@@ -196,14 +189,14 @@ class Engine:
     def add_listener(
         self, listener: EventListener, *, many: EventBatchListener | None = None
     ) -> None:
-        self._listeners.append(many if many is not None else _one_by_one(listener))
+        self._listeners.append(many if many is not None else one_by_one(listener))
 
     async def start(self, *, background: bool = True) -> None:
         """``background=False`` leaves the dispatcher and housekeeping loops to the caller (tests
         drive them step by step with a ManualClock)."""
         data_dir = self.config.server.data_dir
         if self.config.store.engine != "memory":
-            self._lock(data_dir)
+            self._lock_file = lock_data_dir(data_dir)
         if not self.shared:
             await self.qdb.open()
         await self.store.open()
@@ -265,49 +258,8 @@ class Engine:
             self._lock_file.close()
             self._lock_file = None
 
-    def _lock(self, data_dir: Path) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(data_dir / "tarry.lock", "a+")  # noqa: SIM115 - held for the process life
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.close()
-            raise Unavailable(
-                f"another tarry process is using {data_dir}; stop it or choose another --data"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-        self._lock_file = handle
-
     def _spawn(self, loop_fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run a background loop for the engine's life. A loop must never end by itself; if one
-        does (a bug, or a stray cancellation from a library), it is logged and started again, so
-        a node never silently stops dispatching while it still answers HTTP."""
-
-        async def supervised() -> None:
-            while True:
-                try:
-                    await loop_fn()
-                    log.error("background loop %s returned; starting it again", loop_fn.__name__)
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if task is None or task.cancelling():  # stop() cancelled it
-                        raise
-                    # Nobody cancelled this task: a library raised CancelledError at us.
-                    log.error(
-                        "background loop %s got a stray cancellation; starting it again",
-                        loop_fn.__name__,
-                        exc_info=True,
-                    )
-                except Exception:
-                    log.exception("background loop %s failed; starting it again", loop_fn.__name__)
-                await asyncio.sleep(1.0)
-
-        self._tasks.append(
-            asyncio.get_running_loop().create_task(supervised(), name=f"tarry-{loop_fn.__name__}")
-        )
+        self._tasks.append(supervise(loop_fn))
 
     async def _declare_configured(self) -> None:
         error_queue = self.config.dispatch.error_queue
@@ -328,13 +280,7 @@ class Engine:
         self._emit_all([(event, message, time_ms, None, None) for message in messages])
 
     def _emit_all(self, events: Sequence[Event]) -> None:
-        """Tell every listener about ``events`` (state changes already made), each listener
-        taking them all in one call, in order; a listener must never break a change."""
-        for many in self._listeners:
-            try:
-                many(events)
-            except Exception:
-                log.exception("event listener failed")
+        emit_all(self._listeners, events)
 
     def _txn(self, conn: sqlite3.Connection, now_ms: int) -> QueueTxn:
         return QueueTxn(
@@ -425,24 +371,7 @@ class Engine:
     ) -> list[tuple[Message, DeliveryFailed]]:
         if not self.shared:
             return await release.release(self, batch)
-
-        def work(conn: sqlite3.Connection) -> tuple[QueueTxn, list[tuple[Message, DeliveryFailed]]]:
-            txn = self._txn(conn, self.clock.now_ms())  # when it runs (see ``release._release``)
-            refused = []
-            # Claim check, enqueue and leaving the store commit together (exactly-once).
-            for message in cluster.still_held(self, conn, batch):
-                try:
-                    txn.enqueue(message, message.destination)
-                except DeliveryFailed as exc:
-                    refused.append((message, exc))
-            return txn, refused
-
-        try:
-            txn, refused = await self.qdb.write(work)
-        finally:
-            self.store.release_claims([m.id for m in batch])
-        self._after(txn)
-        return refused
+        return await shared_release.release(self.ctx, batch)
 
     def route_policy(self, name: str) -> RoutePolicy | None:
         """The delivery policy of the route ``name`` (None: not a route)."""
@@ -458,125 +387,20 @@ class Engine:
     async def _give_up(self, message: Message, error: DeliveryFailed) -> None:
         if not self.shared:
             return await release.give_up(self, message, error)
-        now = self.clock.now_ms()
-        text = f"{error.reason}: {error.message}"
-
-        def work(conn: sqlite3.Connection) -> QueueTxn:
-            txn = self._txn(conn, now)
-            row = conn.execute(
-                f"SELECT state FROM messages WHERE id = ?{row_lock(conn)}", (message.id,)
-            ).fetchone()
-            if row is None or row[0] != MessageState.SCHEDULED.value:
-                return txn  # cancelled or finished meanwhile
-            conn.execute(
-                "UPDATE messages SET failures = ? WHERE id = ?", (message.failures, message.id)
-            )
-            txn.dead_letter(
-                message, from_queue=None, reason=DeathReason.DELIVERY_FAILED, error=text
-            )
-            return txn
-
-        try:
-            txn = await self.qdb.write(work)
-        finally:
-            self.store.release_claims([message.id])
-        self._after(txn)
+        await shared_release.give_up(self.ctx, message, error)
 
     # --- queues ---------------------------------------------------------------------------------
     async def declare_queue(self, name: str, args: Mapping[str, Any]) -> tuple[QueueInfo, bool]:
-        check_name(name, field="queue name")
-        parsed = parse_queue_args(args)
-        now = self.clock.now_ms()
-        if name in self.catalog.topics or name in self.transports:
-            raise PreconditionFailed(f"{name!r} is already a topic or a route; choose another name")
-        entry = self.catalog.queues.get(name)
-        if entry is not None:
-            if entry.args != parsed:
-                differing = [
-                    f"{k} ({v!r} in force, {parsed.to_dict()[k]!r} requested)"
-                    for k, v in entry.args.to_dict().items()
-                    if parsed.to_dict()[k] != v
-                ]
-                raise PreconditionFailed(
-                    f"queue {name!r} exists with other arguments: {', '.join(differing)}; "
-                    "declare it with the same arguments or delete it first"
-                )
-            entry.last_used_ms = now  # a redeclare renews an unused queue's lease
-            existing = entry
-            await self.qdb.write(lambda conn: save_queue(conn, existing), durable=True)
-            return await self.queue_info(name), False
-        entry = QueueEntry(name, parsed, now, now)
-        await self.qdb.write(lambda conn: save_queue(conn, entry), durable=True)
-        self.catalog.queues[name] = entry
-        self.catalog.recompute()
-        return await self.queue_info(name), True
+        return await queue_admin.declare_queue(self.ctx, name, args)
 
     async def queue_info(self, name: str) -> QueueInfo:
-        entry = self.catalog.queues.get(name)
-        if entry is None:
-            raise NotFound(f"no queue named {name!r}")
-        now = self.clock.now_ms()
-
-        def work(conn: sqlite3.Connection) -> tuple[int, int]:
-            ready = in_flight = 0
-            for state in QUEUED_STATES:
-                visible, hidden = conn.execute(
-                    "SELECT coalesce(sum(CASE WHEN visible_at_ms <= ? THEN 1 ELSE 0 END), 0), "
-                    "coalesce(sum(CASE WHEN visible_at_ms > ? THEN 1 ELSE 0 END), 0) "
-                    f"FROM messages WHERE queue = ? AND state = '{state}'",
-                    (now, now, name),
-                ).fetchone()
-                ready, in_flight = ready + int(visible), in_flight + int(hidden)
-            return ready, in_flight
-
-        ready, in_flight = await self.qdb.read(work)
-        scheduled = await self.store.count_scheduled(name)
-        return QueueInfo(
-            name=name,
-            args=entry.args,
-            effective=entry.effective,
-            ready=ready,
-            in_flight=in_flight,
-            scheduled=scheduled,
-            consumers_waiting=self.waiters.count.get(name, 0),
-            created_at_ms=entry.created_at_ms,
-            last_used_ms=entry.last_used_ms,
-        )
+        return await queue_admin.queue_info(self.ctx, name)
 
     async def list_queues(self) -> list[QueueInfo]:
-        """Every queue, by name; one that expires or is deleted while the list is read (each
-        ``queue_info`` awaits the queue database) is left out, not a 404 for the whole list."""
-        infos = []
-        for name in sorted(self.catalog.queues):
-            try:
-                infos.append(await self.queue_info(name))
-            except NotFound:
-                continue
-        return infos
+        return await queue_admin.list_queues(self.ctx)
 
     async def delete_queue(self, name: str) -> None:
-        if name not in self.catalog.queues:
-            raise NotFound(f"no queue named {name!r}")
-        if name == self.config.dispatch.error_queue:
-            raise PreconditionFailed(f"{name!r} is the error queue; it cannot be deleted")
-        await self._drop_queue(name, reason="deleted")
-
-    async def _drop_queue(self, name: str, *, reason: str) -> None:
-        now = self.clock.now_ms()
-
-        def work(conn: sqlite3.Connection) -> QueueTxn:
-            txn = self._txn(conn, now)
-            delete_queue_rows(conn, name)
-            txn.expire_queue_contents(name)
-            return txn
-
-        txn = await self.qdb.write(work)
-        self.catalog.queues.pop(name, None)
-        for subscribers in self.catalog.topics.values():
-            subscribers.discard(name)
-        self._after(txn)
-        self.waiters.wake({name})
-        log.info("queue %s %s", name, reason, extra={"destination": name})
+        await queue_admin.delete_queue(self.ctx, name)
 
     async def receive(
         self,
@@ -598,96 +422,25 @@ class Engine:
 
     # --- topics and policies --------------------------------------------------------------------
     async def declare_topic(self, name: str) -> tuple[dict[str, Any], bool]:
-        check_name(name, field="topic name")
-        if name in self.catalog.queues or name in self.transports:
-            raise PreconditionFailed(f"{name!r} is already a queue or a route; choose another name")
-        if name in self.catalog.topics:
-            return await self.topic_info(name), False
-        now = self.clock.now_ms()
-        await self.qdb.write(lambda conn: save_topic(conn, name, now), durable=True)
-        self.catalog.topics[name] = set()
-        self.catalog.topic_created_ms[name] = now
-        return await self.topic_info(name), True
+        return await catalog_admin.declare_topic(self.ctx, name)
 
     async def topic_info(self, name: str) -> dict[str, Any]:
-        if name not in self.catalog.topics:
-            raise NotFound(f"no topic named {name!r}")
-        return {
-            "name": name,
-            "subscriptions": sorted(self.catalog.topics[name]),
-            "created_at": self.catalog.topic_created_ms.get(name),
-        }
+        return await catalog_admin.topic_info(self.ctx, name)
 
     async def subscribe(self, topic: str, queue: str) -> dict[str, Any]:
-        if topic not in self.catalog.topics:
-            raise NotFound(f"no topic named {topic!r}; declare it first")
-        if queue not in self.catalog.queues:
-            raise NotFound(f"no queue named {queue!r}; declare it first")
-        await self.qdb.write(lambda conn: save_subscription(conn, topic, queue, True), durable=True)
-        self.catalog.topics[topic].add(queue)
-        return await self.topic_info(topic)
+        return await catalog_admin.subscribe(self.ctx, topic, queue)
 
     async def unsubscribe(self, topic: str, queue: str) -> None:
-        check_name(queue, field="queue name")
-        if topic not in self.catalog.topics:
-            raise NotFound(f"no topic named {topic!r}")
-        await self.qdb.write(
-            lambda conn: save_subscription(conn, topic, queue, False), durable=True
-        )
-        self.catalog.topics[topic].discard(queue)
+        await catalog_admin.unsubscribe(self.ctx, topic, queue)
 
     async def put_policy(self, name: str, data: Mapping[str, Any]) -> Policy:
-        policy = parse_policy(name, data)
-        await self._change_policies(name, policy)
-        return policy
+        return await catalog_admin.put_policy(self.ctx, name, data)
 
     async def delete_policy(self, name: str) -> None:
-        if name not in self.catalog.policies:
-            raise NotFound(f"no policy named {name!r}")
-        await self._change_policies(name, None)
-
-    async def _change_policies(self, name: str, policy: Policy | None) -> None:
-        before = {q: e.effective.message_ttl_ms for q, e in self.catalog.queues.items()}
-        candidate = dict(self.catalog.policies)
-        if policy is None:
-            candidate.pop(name, None)
-        else:
-            candidate[name] = policy
-        changed: list[tuple[str, int | None]] = []
-
-        def work(conn: sqlite3.Connection) -> None:
-            save_policy(conn, policy, name)
-            # A TTL change reaches the messages already in the queue (RabbitMQ applies policy
-            # changes to the queue); each keeps the earlier of its own expiry and the new TTL.
-            for (queue, ttl), state in product(changed, QUEUED_STATES):
-                conn.execute(
-                    # Portable SQL (SQLite and PostgreSQL): CASE, not min(a, b) or least().
-                    "UPDATE messages SET queue_expires_at_ms = CASE "
-                    "WHEN CAST(?1 AS BIGINT) IS NULL THEN expires_at_ms "
-                    "WHEN expires_at_ms IS NULL THEN enqueued_at_ms + ?1 "
-                    "WHEN expires_at_ms < enqueued_at_ms + ?1 THEN expires_at_ms "
-                    "ELSE enqueued_at_ms + ?1 END "
-                    f"WHERE queue = ?2 AND state = '{state}'",
-                    (ttl, queue),
-                )
-
-        old = self.catalog.policies
-        self.catalog.policies = candidate
-        self.catalog.recompute()
-        changed.extend(
-            (q, e.effective.message_ttl_ms)
-            for q, e in self.catalog.queues.items()
-            if e.effective.message_ttl_ms != before.get(q)
-        )
-        try:
-            await self.qdb.write(work, durable=True)
-        except BaseException:
-            self.catalog.policies = old
-            self.catalog.recompute()
-            raise
+        await catalog_admin.delete_policy(self.ctx, name)
 
     async def list_policies(self) -> list[Policy]:
-        return [self.catalog.policies[n] for n in sorted(self.catalog.policies)]
+        return await catalog_admin.list_policies(self.ctx)
 
     # --- schedules (tarry.engine.schedules) -----------------------------------------------------
     async def put_schedule(
@@ -704,7 +457,7 @@ class Engine:
     async def delete_schedule(self, name: str) -> dict[str, Any]:
         return await self.schedules.delete(name)
 
-    # --- routes (engine/routes.py) ---------------------------------------------------------------
+    # --- routes (tarry.engine.routes) -----------------------------------------------------------
     async def put_route(self, name: str, data: Mapping[str, Any]) -> tuple[RouteEntry, bool]:
         return await self.routes.put(name, data)
 
@@ -719,44 +472,10 @@ class Engine:
 
     # --- housekeeping ---------------------------------------------------------------------------
     async def _housekeeping(self) -> None:
-        """Sweep expired messages out of queues, delete unused queues, forget old messages."""
-        interval = self.config.dispatch.expiry_sweep_ms / 1000
-        purge_every, since_purge = 60.0, 0.0
-        while True:
-            await asyncio.sleep(interval)
-            if self.breakers.store.is_open and await self.probe_store():
-                # Idle or not, the breaker closes once the store can write again.
-                self.breakers.store.success()
-            try:
-                await self.sweep()
-                since_purge += interval
-                if since_purge >= purge_every:
-                    since_purge = 0.0
-                    cutoff = self.clock.now_ms() - self.config.server.retention_ms
-                    await self.qdb.purge_finished(before_ms=cutoff)
-            except TarryError as exc:
-                self.breakers.store.failure(exc)
-                log.warning("housekeeping failed: %s", exc)
+        await housekeeping(self.ctx, breakers=self.breakers, probe=self.probe_store)
 
     async def sweep(self) -> None:
-        now = self.clock.now_ms()
-
-        def work(conn: sqlite3.Connection) -> QueueTxn:
-            txn = self._txn(conn, now)
-            txn.sweep_expired()
-            return txn
-
-        if await self.qdb.read(lambda conn: self._txn(conn, now).has_expired()):
-            self._after(await self.qdb.write(work))
-        for name, entry in list(self.catalog.queues.items()):
-            expires = entry.effective.expires_ms
-            if (
-                expires is not None
-                and not self.waiters.count.get(name)
-                and now - entry.last_used_ms >= expires
-                and name != self.config.dispatch.error_queue
-            ):
-                await self._drop_queue(name, reason=f"expired after {expires} ms unused")
+        await sweep(self.ctx)
 
     async def probe_store(self) -> bool:
         """The store breaker's half-open trial while it is open: one small durable write
@@ -777,50 +496,14 @@ class Engine:
 
     # --- operations -----------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
-        open_names = self.breakers.open_names()
-        if self.ingress is not None and not self.ingress.consuming:
-            open_names.append("ingress")  # enabled, but not consuming from RabbitMQ now
-        # Files a store found damaged (it serves the rest): named until an operator acts.
-        damaged = list(getattr(self.store, "damaged", []))
-        return {
-            "status": "degraded" if open_names or damaged else "ok",
-            "open": open_names,
-            "breakers": self.breakers.snapshot(),
-            # Why each open breaker is open ("disk full: the log store cannot write ...").
-            "reasons": self.breakers.reasons(),
-            "damaged": damaged,
-        }
+        return operations.health(
+            self.ctx,
+            breakers=self.breakers,
+            release_lag_ms=self.dispatcher.lag.lag_ms(),
+            ingress=self.ingress,
+        )
 
     async def stats(self) -> dict[str, Any]:
-        def work(conn: sqlite3.Connection) -> dict[str, int]:
-            return {
-                s: n for s, n in conn.execute("SELECT state, count(*) FROM messages GROUP BY state")
-            }
-
-        by_state = await self.qdb.read(work)
-        if not self.shared:
-            by_state[MessageState.SCHEDULED.value] = await self.store.count_scheduled()
-        d = self.dispatcher.stats
-        return {
-            "messages": {s.value: by_state.get(s.value, 0) for s in MessageState},
-            "queues": len(self.catalog.queues),
-            "topics": len(self.catalog.topics),
-            "policies": len(self.catalog.policies),
-            "routes": sorted(self.transports),
-            "consumers_waiting": sum(self.waiters.count.values()),
-            "dispatch": {
-                "rounds": d.rounds,
-                "released": d.released,
-                "delivered": d.delivered,
-                "failures": d.failures,
-                "gave_up": d.gave_up,
-                "held": d.held,
-            },
-            "store_commits": getattr(getattr(self.qdb, "db", None), "commits", 0),
-            "journal_dropped": getattr(self.journal, "dropped", 0),
-            # The log store's fsyncs, group commits and snapshot durations (``/metrics``).
-            "store_write_path": write_path()
-            if (write_path := getattr(self.store, "write_path", None))
-            else None,
-            "health": self.health(),
-        }
+        return await operations.stats(
+            self.ctx, dispatch=self.dispatcher.stats, journal=self.journal, health=self.health()
+        )

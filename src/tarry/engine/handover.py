@@ -17,9 +17,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from tarry.engine.types import MessageQuery
 from tarry.errors import DeliveryFailed, NotCancellable, TarryError, Unavailable
 from tarry.model.message import Message, SendPlan
+from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
 from tarry.transports.base import Transport
 

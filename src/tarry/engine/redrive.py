@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from tarry.engine.types import Event, MayAccess, MessageQuery
+from tarry.engine.types import MayAccess
 from tarry.errors import InvalidArgument, NotAuthorized, NotFound, UnknownDestination
+from tarry.model.events import Event
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 from tarry.model.redrive import RedriveCursor, RedriveRequest
 from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog

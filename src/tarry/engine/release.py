@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
-from tarry.engine.types import MessageQuery
 from tarry.errors import DeliveryFailed, NotCancellable, TarryError
 from tarry.model.message import DeathReason, Message, SendPlan
+from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import StoreOutcome

@@ -33,9 +33,9 @@ from typing import Any, Literal
 import orjson
 
 from tarry.config import RouteConfig
-from tarry.engine.types import MessageQuery
 from tarry.errors import DeliveryFailed, InUse, NotFound, PreconditionFailed, TarryError
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
 from tarry.model.validate import check_name
 from tarry.queues.catalog import Catalog, save_route

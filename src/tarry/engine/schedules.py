@@ -33,10 +33,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from tarry.config import ScheduleConfig
-from tarry.engine.types import MayAccess, MessageQuery, SendResult
+from tarry.engine.types import MayAccess, SendResult
 from tarry.errors import NotCancellable, NotFound, TarryError
 from tarry.model.ids import id_time_ms
 from tarry.model.message import Message, SendPlan
+from tarry.model.query import MessageQuery
 from tarry.model.schedule import (
     CatchUp,
     Occurrence,

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["check_many", "send_many"]
 
 
+#: Longest a send waits for the dispatcher's round while due messages wait (releases first).
+YIELD_MAX_MS = 50
 #: A send batch this big or bigger lets the event loop run between its steps (``_pause``).
 PAUSE_MIN = 100
 
@@ -93,6 +95,11 @@ async def _plan(
 async def send_many(
     engine: Engine, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
 ) -> list[SendResult | TarryError]:
+    # Releases first: refuse new work while releases are too far behind (nothing stored),
+    # and let the dispatcher's next round go ahead of this send while due messages wait.
+    lag = engine.dispatcher.lag
+    lag.refuse_if_behind(engine.config.dispatch.overload_lag_ms)
+    await lag.yield_to_releases(at_most_ms=YIELD_MAX_MS)
     now = engine.clock.now_ms()
     planned, views = await _plan(engine, items, may_send, now)
     results: list[SendResult | TarryError | None] = [

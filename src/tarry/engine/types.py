@@ -1,24 +1,16 @@
-"""Value types the engine returns to its edges (the HTTP server, the AMQP ingress, the pipeline)."""
+"""Value types the engine returns to its edges (the HTTP server, the AMQP ingress, the pipeline).
+The types the layers below share (``MessageQuery``, ``Event``) live in ``tarry.model``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tarry.model.message import Message
 from tarry.model.queue_args import EffectiveQueueArgs, QueueArgs
 
-__all__ = [
-    "Delivery",
-    "Event",
-    "EventBatchListener",
-    "EventListener",
-    "MayAccess",
-    "MessageQuery",
-    "QueueInfo",
-    "SendResult",
-]
+__all__ = ["Delivery", "MayAccess", "QueueInfo", "SendResult"]
 
 #: A permission check: does the caller's token allow this action on that name?
 MayAccess = Callable[[str], bool]
@@ -106,44 +98,3 @@ class QueueInfo:
             "created_at": self.created_at_ms,
             "last_used": self.last_used_ms,
         }
-
-
-@dataclass(frozen=True, slots=True)
-class MessageQuery:
-    """Filters of ``GET /v1/messages``; results are ordered by (deliver_at, id)."""
-
-    destination: str | None = None
-    correlation_id: str | None = None
-    message_id: str | None = None
-    state: str | None = None
-    due_after_ms: int | None = None
-    due_before_ms: int | None = None
-    limit: int = 100
-    #: Opaque: the (deliver_at, id) after which the next page starts.
-    cursor: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def matches(self, m: Message, after: tuple[int, str] | None = None) -> bool:
-        """Whether ``m`` passes the filters and comes after the decoded cursor ``after``."""
-        return (
-            (self.destination is None or m.destination == self.destination)
-            and (self.correlation_id is None or m.correlation_id == self.correlation_id)
-            and (self.message_id is None or m.message_id == self.message_id)
-            and (self.state is None or m.state.value == self.state)
-            and (self.due_after_ms is None or m.deliver_at_ms >= self.due_after_ms)
-            and (self.due_before_ms is None or m.deliver_at_ms < self.due_before_ms)
-            and (after is None or (m.deliver_at_ms, m.id) > after)
-        )
-
-
-#: Called synchronously for every state change, after it is durable:
-#: ``listener(event, message, time_ms, queue, reason)``. Events: ``scheduled``, ``released``,
-#: ``received``, ``acked``, ``nacked``, ``expired``, ``dead_lettered``, ``cancelled``,
-#: ``rescheduled``, ``failed``, ``delivered`` (accepted by an external destination),
-#: ``redriven`` (a dead letter moved back by a redrive; reason: the new message's id).
-#: Listeners must be fast and must not raise (the journal and the metrics are listeners).
-EventListener = Callable[[str, Message, int, "str | None", "str | None"], None]
-#: One event as ``EventListener`` takes it: ``(event, message, time_ms, queue, reason)``.
-Event = tuple[str, Message, int, "str | None", "str | None"]
-#: A listener's form for many events at once, in order (a batch makes one event a message).
-EventBatchListener = Callable[[Sequence[Event]], None]

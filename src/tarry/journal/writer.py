@@ -36,7 +36,7 @@ from typing import IO
 import orjson
 
 from tarry.config import JournalConfig
-from tarry.engine.types import Event
+from tarry.model.events import Event
 from tarry.model.message import Message
 from tarry.model.time import Clock
 

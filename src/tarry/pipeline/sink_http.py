@@ -11,7 +11,8 @@ can share one fsync among them.
 Idempotent through ``message_id`` (every row has one; rows without get a content hash), so a
 retried batch, a re-run task or a rerun of the whole import stores nothing twice. Items the
 server refuses with ``unavailable`` or ``destination_full`` are retried with exponential
-back-off and jitter; a batch that cannot reach the server at all is retried as a whole.
+back-off and jitter, a batch refused as ``overloaded`` after the ``Retry-After`` it
+names; a batch that cannot reach the server at all is retried as a whole.
 Whatever still fails after the last attempt comes back as a row with its error code, for the
 rejects dataset.
 """
@@ -34,7 +35,7 @@ import pyarrow.compute as pc
 
 from tarry.client._base import auth_headers, raise_for_error, unreachable
 from tarry.dispatch.backoff import compute_backoff_ms
-from tarry.errors import InvalidArgument, TarryError, Unavailable
+from tarry.errors import InvalidArgument, Overloaded, TarryError, Unavailable
 from tarry.pipeline.dedupe import Repeats
 from tarry.pipeline.screen import VERDICTS, Screen, kind_rows, spark_ddl
 from tarry.pipeline.sources import ROW
@@ -147,6 +148,9 @@ def send_all(
         except TarryError as exc:
             for i in pending:
                 outcomes[i] = (exc.code, str(exc))
+            if isinstance(exc, Overloaded):
+                sleep(exc.retry_after_s)  # the server said when (Retry-After)
+                continue
             if isinstance(exc, Unavailable):
                 continue
             return outcomes  # refused as a whole (bad token, batch too large): no retry helps

@@ -56,6 +56,14 @@ class Catalog:
             return "topic"
         return None
 
+    def take(self, fresh: Catalog) -> None:
+        """Become ``fresh`` (a reload), in place: every holder of this catalog sees it."""
+        self.queues = fresh.queues
+        self.topics = fresh.topics
+        self.topic_created_ms = fresh.topic_created_ms
+        self.policies = fresh.policies
+        self.routes = fresh.routes
+
     def recompute(self) -> None:
         policies = list(self.policies.values())
         for entry in self.queues.values():

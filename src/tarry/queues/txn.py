@@ -17,16 +17,17 @@ from typing import Any
 
 import orjson
 
-from tarry.engine.types import Event
 from tarry.errors import DeliveryFailed
 from tarry.model.deaths import record_death, would_cycle
+from tarry.model.events import Event
 from tarry.model.expiry import is_expired, queue_expiries_ms, queue_expiry_ms
 from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message, Report, Undeliverable
 from tarry.model.queue_args import Overflow
+from tarry.model.reports import report_message
 from tarry.model.state import MessageState
-from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
+from tarry.queues.sequence import Sequencer
 from tarry.store.sql import SqlConnection, id_column, id_key, row_lock
 from tarry.store.sqlite.rows import (
     COLUMNS,
@@ -40,7 +41,7 @@ from tarry.store.sqlite.rows import (
     to_insert,
 )
 
-__all__ = ["HANDOFF_MS", "QUEUED_STATES", "ClockSequencer", "QueueTxn", "Sequencer"]
+__all__ = ["HANDOFF_MS", "QUEUED_STATES", "QueueTxn"]
 
 #: A message that expires on arrival (TTL 0) while a consumer is waiting gets this long to be
 #: taken by that consumer (RabbitMQ: "expire unless a consumer can take it at once").
@@ -60,31 +61,6 @@ def _takeable_in(state: str, *, unexpired: bool) -> str:
     expiry has come (the sweep dead-letters them)."""
     expiry = " AND (queue_expires_at_ms IS NULL OR queue_expires_at_ms > ?)" if unexpired else ""
     return f"queue = ? AND state = '{state}' AND visible_at_ms <= ?{expiry}"
-
-
-class Sequencer:
-    """Order of arrival in queues (FIFO); a requeued message keeps its place."""
-
-    def __init__(self, start: int = 0) -> None:
-        self.value = start
-
-    def next(self) -> int:
-        self.value += 1
-        return self.value
-
-
-class ClockSequencer(Sequencer):
-    """For queues that several nodes fill (a shared PostgreSQL store): arrival order is the
-    arrival time in ms, then this node's count within the ms (up to 1000 per ms, then it runs
-    ahead of the clock). Nodes' clocks must agree, as they must for due times anyway."""
-
-    def __init__(self, clock: Clock, start: int = 0) -> None:
-        super().__init__(start)
-        self._clock = clock
-
-    def next(self) -> int:
-        self.value = max(self.value + 1, self._clock.now_ms() * 1000)
-        return self.value
 
 
 class QueueTxn:
@@ -433,41 +409,13 @@ class QueueTxn:
             self._report(message, "exception", error or reason.value)
 
     def _report(self, original: Message, kind: str, detail: str) -> None:
-        """IBM MQ-style report to ``reply_to``: correlation id = the original's correlation id,
-        else its message_id, else its tarry id (MQRO_COPY_MSG_ID_TO_CORREL_ID)."""
-        reply_to = original.reply_to
-        if reply_to is None or reply_to not in self.catalog.queues:
+        """A report to ``reply_to``, when that is a queue (``model.reports``)."""
+        if original.reply_to is None or original.reply_to not in self.catalog.queues:
             return
-        now = self.now_ms
-        body = orjson.dumps(
-            {
-                "report": kind,
-                "id": original.id,
-                "destination": original.destination,
-                "message_id": original.message_id,
-                "correlation_id": original.correlation_id,
-                "deliver_at": original.deliver_at_ms,
-                "expires_at": original.expires_at_ms,
-                "detail": detail,
-                "time": now,
-            }
+        report = report_message(
+            original, kind, detail, id=self.ids.new(self.now_ms), now_ms=self.now_ms
         )
-        report = Message(
-            id=self.ids.new(now),
-            destination=reply_to,
-            body=body,
-            headers={
-                "tarry-report": kind,
-                "tarry-original-id": original.id,
-                "content-type": "application/json",
-            },
-            sent_at_ms=now,
-            deliver_at_ms=now,
-            expires_at_ms=None,
-            correlation_id=original.correlation_id or original.message_id or original.id,
-            updated_at_ms=now,
-        )
-        self.insert_and_enqueue(report, reply_to)
+        self.insert_and_enqueue(report, original.reply_to)
 
     # --- consumers --------------------------------------------------------------------------------
     def has_ready(self, queue: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import logging
 import math
 import resource
@@ -42,7 +43,7 @@ from tarry.server.routes import (
     topics,
 )
 
-__all__ = ["create_app", "serve", "tune_runtime"]
+__all__ = ["create_app", "event_loop_and_parser", "serve", "tune_runtime"]
 
 log = logging.getLogger("tarry")
 
@@ -163,6 +164,16 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def event_loop_and_parser(loop: str, parser: str) -> tuple[str, str]:
+    """What ``tarry serve`` runs on: uvloop and httptools when installed (``tarry[fast]``,
+    uvicorn's ``standard`` extra) and ``auto``; asyncio and h11 otherwise."""
+    if loop == "auto":
+        loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    if parser == "auto":
+        parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return loop, parser
+
+
 def tune_runtime() -> None:
     """The interpreter settings ``tarry serve`` runs with (the benches too, to measure what
     the server does), once its start-up objects exist."""
@@ -194,6 +205,8 @@ def serve(config: TarryConfig) -> None:
         header_timeout_s=settings.header_timeout_ms / 1000,
         refusals=app.state.refusals,
     )
+    loop, parser = event_loop_and_parser(settings.event_loop, settings.http_parser)
+    log.info("event loop %s, HTTP parser %s", loop, parser)
     sock = _bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -205,7 +218,8 @@ def serve(config: TarryConfig) -> None:
             log_config=log_config,
             access_log=False,
             lifespan="on",
-            http=guard.protocol(),
+            http=guard.protocol(parser, max_header_bytes=settings.max_header_bytes),
+            loop=loop,
             # uvicorn counts every open connection against this; the guard keeps them at
             # max_connections, so uvicorn's own 503 is only a backstop.
             limit_concurrency=guard.max_connections + 1,

@@ -31,11 +31,16 @@ class ConnectionGuard:
         # had then (a new cycle means a request arrived since) and their deadline.
         self._waiting: dict[H11Protocol, tuple[object, asyncio.TimerHandle]] = {}
 
-    def protocol(self) -> type[H11Protocol]:
-        """uvicorn's h11 protocol class, reporting to this guard."""
+    def protocol(self, parser: str = "h11", *, max_header_bytes: int | None = None) -> type[Any]:
+        """uvicorn's protocol class for ``parser`` (``h11``, or ``httptools`` when installed),
+        reporting to this guard. h11 enforces ``max_header_bytes`` itself (uvicorn's
+        ``h11_max_incomplete_event_size``); for httptools the class counts the head."""
         guard = self
+        base: type[Any] = H11Protocol
+        if parser == "httptools":
+            base = _head_limited(max_header_bytes)
 
-        class GuardedH11Protocol(H11Protocol):
+        class Guarded(base):  # type: ignore[misc]
             def connection_made(self, transport: Any) -> None:
                 super().connection_made(transport)
                 guard._opened(self)
@@ -50,7 +55,8 @@ class ConnectionGuard:
                 if not self.transport.is_closing() and _idle(self):
                     guard._wait_for_request(self)
 
-        return GuardedH11Protocol
+        Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
+        return Guarded
 
     def _opened(self, connection: H11Protocol) -> None:
         if len(self._open) >= self.max_connections and not self._close_oldest_waiting():
@@ -59,7 +65,7 @@ class ConnectionGuard:
                 f"closed a new connection: all {self.max_connections} connections "
                 "(server.max_connections) have a request running",
             )
-            connection.transport.close()
+            _close(connection)
             return
         self._open.add(connection)
         self._wait_for_request(connection)
@@ -112,9 +118,60 @@ class ConnectionGuard:
 
     def _drop(self, connection: H11Protocol) -> None:
         self._open.discard(connection)
-        connection.transport.close()
+        _close(connection)
+
+
+def _close(connection: H11Protocol) -> None:
+    """Close a connection and take it out of uvicorn's count at once: ``connection_lost``,
+    which would, comes a loop turn or more later (later still under uvloop), and meanwhile the
+    closed connections would count against ``limit_concurrency`` (a 503 for a live client)."""
+    connection.transport.close()
+    connection.connections.discard(connection)
 
 
 def _idle(connection: H11Protocol) -> bool:
     """No request running: none yet, or the last one answered."""
     return connection.cycle is None or connection.cycle.response_complete
+
+
+def _head_limited(max_header_bytes: int | None) -> type[Any]:
+    """uvicorn's httptools protocol refusing (400, as h11 does) a request line plus headers
+    that has not ended within ``max_header_bytes``: httptools itself buffers a head without
+    bound, so the bytes received while a head is incomplete are counted here."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    if max_header_bytes is None:
+        return HttpToolsProtocol
+    limit = max_header_bytes
+
+    class HeadLimited(HttpToolsProtocol):
+        _head_bytes = 0
+        _in_head = False
+        _ended_here = False
+
+        def on_message_begin(self) -> None:
+            self._in_head, self._head_bytes = True, 0
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._ended_here = True
+            super().on_message_complete()
+
+        def data_received(self, data: bytes) -> None:
+            self._ended_here = False
+            super().data_received(data)
+            # A chunk that leaves a head unfinished counts whole, unless a message ended in it
+            # (then it held that message's body too, and the new head counts from the next).
+            if not self._in_head or self._ended_here or self.transport.is_closing():
+                return
+            self._head_bytes += len(data)
+            if self._head_bytes > limit:
+                message = "Invalid HTTP request received."  # as uvicorn words a bad head
+                self.logger.warning(message)
+                self.send_400_response(message)
+
+    return HeadLimited

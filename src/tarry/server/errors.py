@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tarry.errors import TarryError
+from tarry.errors import Overloaded, TarryError
 from tarry.server.responses import JSON
 
 __all__ = ["error_response", "install_error_handlers"]
@@ -44,6 +44,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TarryError)
     async def tarry_error(request: Request, exc: TarryError) -> JSON:
         response = JSON({"error": exc.to_dict()}, status_code=exc.http_status)
+        if isinstance(exc, Overloaded):
+            response.headers["retry-after"] = str(exc.retry_after_s)
         if getattr(request.state, "body_unread", False):
             # Refused before its end: close rather than read (and throw away) the rest.
             response.headers["connection"] = "close"

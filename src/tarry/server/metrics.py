@@ -13,7 +13,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from tarry.engine.api import EngineAPI
-from tarry.engine.types import Event
+from tarry.model.events import Event
 from tarry.model.message import Message
 
 __all__ = ["Metrics"]
@@ -39,6 +39,11 @@ class Metrics:
             "tarry_breaker_open",
             "1 while a circuit breaker is open",
             ["breaker"],
+            registry=self.registry,
+        )
+        self.release_lag = Gauge(
+            "tarry_release_lag_seconds",
+            "How far behind due time releases are (sends are refused above overload_lag_ms)",
             registry=self.registry,
         )
         self.damaged = Gauge(
@@ -77,6 +82,7 @@ class Metrics:
         for name, state in health["breakers"].items():
             self.breaker_open.labels(name).set(1 if state == "triggered" else 0)
         self.damaged.set(len(health["damaged"]))
+        self.release_lag.set(health["release_lag_ms"] / 1000)
         self.write_path.figures = stats.get("store_write_path")
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 

@@ -348,12 +348,20 @@ class PolicyList(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok", "degraded"]
-    open: list[str] = Field(description="the open circuit breakers")
+    open: list[str] = Field(
+        description="the open circuit breakers, ingress when not consuming, overload while "
+        "sends are refused"
+    )
     breakers: dict[str, str]
     reasons: dict[str, str] = Field(
         default_factory=dict, description="why each open breaker opened (e.g. disk full)"
     )
     damaged: list[str] = Field(description="files a store found damaged")
+    release_lag_ms: int = Field(
+        0,
+        description="how far behind due time releases are; above [dispatch] overload_lag_ms "
+        "sends are refused with 429 overloaded and open lists overload",
+    )
 
 
 class RouteInfo(BaseModel):

@@ -49,8 +49,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from tarry.engine.types import MessageQuery
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
 
 T = TypeVar("T")

@@ -9,9 +9,9 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import replace
 
-from tarry.engine.types import MessageQuery
 from tarry.errors import NotCancellable, NotFound, TarryError, Unavailable
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.sqlite.store import decode_cursor, page

@@ -22,8 +22,10 @@ Guarantees: the message goes through the same rules as ``POST /v1/messages`` (th
 path and ``tarry.model.validate``) and is acked only after tarry stored it durably. One that
 breaks a rule is published, with publisher confirms, to ``dead_letter_exchange`` carrying
 ``tarry-error-code`` and ``tarry-error-message`` headers, and only then acked. When the store
-cannot accept (``unavailable``) or the reject cannot be published, the message is returned to
-the queue (``nack`` with requeue) and tried again: never dropped, never acked before durable.
+cannot accept (``unavailable``), the server is behind on releases (``overloaded``: the ingress
+then waits the refusal's ``retry_after_s``), or the reject cannot be published, the message is
+returned to the queue (``nack`` with requeue) and tried again: never dropped, never acked before
+durable.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import orjson
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from tarry.config import RabbitMQConfig
-from tarry.errors import InvalidArgument, TarryError, Unavailable
+from tarry.errors import InvalidArgument, Overloaded, TarryError, Unavailable
 from tarry.model.time import parse_duration_ms, whole_number
 
 __all__ = ["AmqpIngress", "IngressStats", "send_fields"]
@@ -273,7 +275,7 @@ class AmqpIngress:
             return
         try:
             results = await self._send_batch(fields)
-        except Unavailable as exc:  # the store cannot write: the whole batch waits
+        except (Unavailable, Overloaded) as exc:  # cannot take work now: the whole batch waits
             results = [exc] * len(fields)
         except TarryError:
             # Refused as a batch (e.g. larger than the server's max_batch): judge each alone,
@@ -284,19 +286,21 @@ class AmqpIngress:
                     results.extend(await self._send_batch([one]))
                 except TarryError as exc:
                     results.append(exc)
-        pause = False
+        pause_s = 0
         for message, result in zip(sent, results, strict=True):
-            if isinstance(result, Unavailable):
+            if isinstance(result, (Unavailable, Overloaded)):
                 await message.nack(requeue=True)
                 self.stats.requeued += 1
-                pause = True
+                # Overloaded: wait as long as the server asks (releases are behind).
+                pause_s = max(pause_s, getattr(result, "retry_after_s", 1))
             elif isinstance(result, TarryError):
                 await self._reject(message, result)
             else:
                 await message.ack()
                 self.stats.accepted += 1
-        if pause:
-            await asyncio.sleep(1)  # the store is not taking writes: do not spin on redeliveries
+        if pause_s:
+            # The server is not taking work now: do not spin on redeliveries.
+            await asyncio.sleep(pause_s)
 
     async def _reject(self, message: AbstractIncomingMessage, error: TarryError) -> None:
         """Publish a copy, with the error, to the dead-letter exchange; ack only once it is

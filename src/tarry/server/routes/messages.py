@@ -6,8 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-from tarry.engine.types import MessageQuery, SendResult
+from tarry.engine.types import SendResult
 from tarry.errors import NotAuthorized, NotFound, TarryError
+from tarry.model.query import MessageQuery
 from tarry.model.time import parse_instant_ms
 from tarry.server import schemas
 from tarry.server.deps import batch_messages, caller, engine_of, json_object
@@ -36,7 +37,7 @@ async def send(request: Request) -> JSON:
     "/batch",
     summary="Schedule many messages; each accepted or rejected on its own",
     openapi_extra=schemas.body("SendBatch"),
-    responses=schemas.answers({200: schemas.BatchResults}, 400, 401, 403, 413, 503),
+    responses=schemas.answers({200: schemas.BatchResults}, 400, 401, 403, 413, 429, 503),
 )
 async def send_batch(request: Request) -> JSON:
     messages = await batch_messages(request, max_batch=request.app.state.config.server.max_batch)

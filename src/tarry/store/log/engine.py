@@ -27,9 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tarry.engine.types import MessageQuery
 from tarry.errors import NotCancellable, NotFound, TarryError, Unavailable
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.log import clean, cleanup

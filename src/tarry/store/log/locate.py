@@ -13,9 +13,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tarry.engine.types import MessageQuery
 from tarry.model.ids import id_due_ms
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
 from tarry.store.log.held import state_of_code
 from tarry.store.log.partition import Partition, position

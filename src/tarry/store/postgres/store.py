@@ -26,9 +26,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from tarry.engine.types import MessageQuery
 from tarry.errors import NotCancellable, TarryError
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 from tarry.model.state import TERMINAL, MessageState
 from tarry.store.base import StoreOutcome
 from tarry.store.postgres.database import PgDatabase

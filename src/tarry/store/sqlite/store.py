@@ -15,9 +15,9 @@ from typing import TypeVar
 
 import orjson
 
-from tarry.engine.types import MessageQuery
 from tarry.errors import InvalidArgument, NotCancellable, NotFound
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 from tarry.model.state import TERMINAL, MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.sql import SqlConnection, row_lock

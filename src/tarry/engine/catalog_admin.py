@@ -1,0 +1,125 @@
+"""Topics, subscriptions and policies (``Engine.declare_topic`` and its relatives), given the
+engine's context. A policy change reaches the messages already in the queues it changes."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from itertools import product
+from typing import Any
+
+from tarry.engine.context import EngineContext
+from tarry.errors import NotFound, PreconditionFailed
+from tarry.model.queue_args import Policy, parse_policy
+from tarry.model.validate import check_name
+from tarry.queues.catalog import save_policy, save_subscription, save_topic
+from tarry.queues.txn import QUEUED_STATES
+
+__all__ = [
+    "change_policies",
+    "declare_topic",
+    "delete_policy",
+    "list_policies",
+    "put_policy",
+    "subscribe",
+    "topic_info",
+    "unsubscribe",
+]
+
+
+async def declare_topic(ctx: EngineContext, name: str) -> tuple[dict[str, Any], bool]:
+    check_name(name, field="topic name")
+    if name in ctx.catalog.queues or name in ctx.transports:
+        raise PreconditionFailed(f"{name!r} is already a queue or a route; choose another name")
+    if name in ctx.catalog.topics:
+        return await topic_info(ctx, name), False
+    now = ctx.clock.now_ms()
+    await ctx.qdb.write(lambda conn: save_topic(conn, name, now), durable=True)
+    ctx.catalog.topics[name] = set()
+    ctx.catalog.topic_created_ms[name] = now
+    return await topic_info(ctx, name), True
+
+
+async def topic_info(ctx: EngineContext, name: str) -> dict[str, Any]:
+    if name not in ctx.catalog.topics:
+        raise NotFound(f"no topic named {name!r}")
+    return {
+        "name": name,
+        "subscriptions": sorted(ctx.catalog.topics[name]),
+        "created_at": ctx.catalog.topic_created_ms.get(name),
+    }
+
+
+async def subscribe(ctx: EngineContext, topic: str, queue: str) -> dict[str, Any]:
+    if topic not in ctx.catalog.topics:
+        raise NotFound(f"no topic named {topic!r}; declare it first")
+    if queue not in ctx.catalog.queues:
+        raise NotFound(f"no queue named {queue!r}; declare it first")
+    await ctx.qdb.write(lambda conn: save_subscription(conn, topic, queue, True), durable=True)
+    ctx.catalog.topics[topic].add(queue)
+    return await topic_info(ctx, topic)
+
+
+async def unsubscribe(ctx: EngineContext, topic: str, queue: str) -> None:
+    check_name(queue, field="queue name")
+    if topic not in ctx.catalog.topics:
+        raise NotFound(f"no topic named {topic!r}")
+    await ctx.qdb.write(lambda conn: save_subscription(conn, topic, queue, False), durable=True)
+    ctx.catalog.topics[topic].discard(queue)
+
+
+async def put_policy(ctx: EngineContext, name: str, data: Mapping[str, Any]) -> Policy:
+    policy = parse_policy(name, data)
+    await change_policies(ctx, name, policy)
+    return policy
+
+
+async def delete_policy(ctx: EngineContext, name: str) -> None:
+    if name not in ctx.catalog.policies:
+        raise NotFound(f"no policy named {name!r}")
+    await change_policies(ctx, name, None)
+
+
+async def change_policies(ctx: EngineContext, name: str, policy: Policy | None) -> None:
+    before = {q: e.effective.message_ttl_ms for q, e in ctx.catalog.queues.items()}
+    candidate = dict(ctx.catalog.policies)
+    if policy is None:
+        candidate.pop(name, None)
+    else:
+        candidate[name] = policy
+    changed: list[tuple[str, int | None]] = []
+
+    def work(conn: sqlite3.Connection) -> None:
+        save_policy(conn, policy, name)
+        # A TTL change reaches the messages already in the queue (RabbitMQ applies policy
+        # changes to the queue); each keeps the earlier of its own expiry and the new TTL.
+        for (queue, ttl), state in product(changed, QUEUED_STATES):
+            conn.execute(
+                # Portable SQL (SQLite and PostgreSQL): CASE, not min(a, b) or least().
+                "UPDATE messages SET queue_expires_at_ms = CASE "
+                "WHEN CAST(?1 AS BIGINT) IS NULL THEN expires_at_ms "
+                "WHEN expires_at_ms IS NULL THEN enqueued_at_ms + ?1 "
+                "WHEN expires_at_ms < enqueued_at_ms + ?1 THEN expires_at_ms "
+                "ELSE enqueued_at_ms + ?1 END "
+                f"WHERE queue = ?2 AND state = '{state}'",
+                (ttl, queue),
+            )
+
+    old = ctx.catalog.policies
+    ctx.catalog.policies = candidate
+    ctx.catalog.recompute()
+    changed.extend(
+        (q, e.effective.message_ttl_ms)
+        for q, e in ctx.catalog.queues.items()
+        if e.effective.message_ttl_ms != before.get(q)
+    )
+    try:
+        await ctx.qdb.write(work, durable=True)
+    except BaseException:
+        ctx.catalog.policies = old
+        ctx.catalog.recompute()
+        raise
+
+
+async def list_policies(ctx: EngineContext) -> list[Policy]:
+    return [ctx.catalog.policies[n] for n in sorted(ctx.catalog.policies)]

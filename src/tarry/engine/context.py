@@ -1,0 +1,41 @@
+"""``EngineContext``: what the engine's parts (queue and catalog administration, housekeeping,
+operations) need of the engine, and no more: the stores, the catalog, the clock, a queue
+transaction, what runs after its commit, and how events are told. Built once the engine is
+whole (the cluster link included), so a part never reaches into the ``Engine`` itself."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tarry.config import TarryConfig
+from tarry.engine.waiters import Waiters
+from tarry.model.events import Event
+from tarry.model.time import Clock
+from tarry.queues.catalog import Catalog
+from tarry.queues.txn import QueueTxn
+from tarry.store.base import DelayedStore, QueueDatabase
+from tarry.transports.base import Transport
+
+__all__ = ["EngineContext"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineContext:
+    config: TarryConfig
+    store: DelayedStore
+    #: The queue database (the store itself where it shares one).
+    qdb: QueueDatabase
+    #: True: the store shares the queue database (SQLite, PostgreSQL).
+    shared: bool
+    clock: Clock
+    catalog: Catalog
+    transports: Mapping[str, Transport]
+    waiters: Waiters
+    #: A queue transaction on ``conn`` at ``now_ms``.
+    txn: Callable[[sqlite3.Connection, int], QueueTxn]
+    #: After a transaction committed: tell its events, wake the consumers of what it filled.
+    after: Callable[[QueueTxn], None]
+    #: Tell the listeners about changes already made.
+    emit: Callable[[Sequence[Event]], None]

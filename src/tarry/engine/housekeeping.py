@@ -1,0 +1,64 @@
+"""The engine's housekeeping loop: expired messages swept out of queues, unused queues
+deleted, finished messages forgotten after ``retention_ms``, and the store breaker closed once
+the store can write again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Awaitable, Callable
+
+from tarry.dispatch.breaker import Breakers
+from tarry.engine.context import EngineContext
+from tarry.engine.queue_admin import drop_queue
+from tarry.errors import TarryError
+from tarry.queues.txn import QueueTxn
+
+__all__ = ["housekeeping", "sweep"]
+
+log = logging.getLogger(__name__)
+
+
+async def housekeeping(
+    ctx: EngineContext, *, breakers: Breakers, probe: Callable[[], Awaitable[bool]]
+) -> None:
+    """Sweep expired messages out of queues, delete unused queues, forget old messages."""
+    interval = ctx.config.dispatch.expiry_sweep_ms / 1000
+    purge_every, since_purge = 60.0, 0.0
+    while True:
+        await asyncio.sleep(interval)
+        if breakers.store.is_open and await probe():
+            # Idle or not, the breaker closes once the store can write again.
+            breakers.store.success()
+        try:
+            await sweep(ctx)
+            since_purge += interval
+            if since_purge >= purge_every:
+                since_purge = 0.0
+                cutoff = ctx.clock.now_ms() - ctx.config.server.retention_ms
+                await ctx.qdb.purge_finished(before_ms=cutoff)
+        except TarryError as exc:
+            breakers.store.failure(exc)
+            log.warning("housekeeping failed: %s", exc)
+
+
+async def sweep(ctx: EngineContext) -> None:
+    now = ctx.clock.now_ms()
+
+    def work(conn: sqlite3.Connection) -> QueueTxn:
+        txn = ctx.txn(conn, now)
+        txn.sweep_expired()
+        return txn
+
+    if await ctx.qdb.read(lambda conn: ctx.txn(conn, now).has_expired()):
+        ctx.after(await ctx.qdb.write(work))
+    for name, entry in list(ctx.catalog.queues.items()):
+        expires = entry.effective.expires_ms
+        if (
+            expires is not None
+            and not ctx.waiters.count.get(name)
+            and now - entry.last_used_ms >= expires
+            and name != ctx.config.dispatch.error_queue
+        ):
+            await drop_queue(ctx, name, reason=f"expired after {expires} ms unused")

@@ -1,0 +1,64 @@
+"""What the engine's life needs of the process: one owner per data directory (a lock file),
+and background loops that never silently stop."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import IO, Any
+
+from tarry.errors import Unavailable
+
+__all__ = ["lock_data_dir", "supervise"]
+
+log = logging.getLogger("tarry.engine.core")
+
+
+def lock_data_dir(data_dir: Path) -> IO[str]:
+    """Take ``data_dir``'s lock file for this process (it holds our pid), or raise
+    ``Unavailable`` naming the directory when another process has it."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(data_dir / "tarry.lock", "a+")  # noqa: SIM115 - held for the process life
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise Unavailable(
+            f"another tarry process is using {data_dir}; stop it or choose another --data"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def supervise(loop_fn: Callable[[], Coroutine[Any, Any, None]]) -> asyncio.Task[None]:
+    """Run a background loop for the engine's life. A loop must never end by itself; if one
+    does (a bug, or a stray cancellation from a library), it is logged and started again, so
+    a node never silently stops dispatching while it still answers HTTP."""
+
+    async def supervised() -> None:
+        while True:
+            try:
+                await loop_fn()
+                log.error("background loop %s returned; starting it again", loop_fn.__name__)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():  # stop() cancelled it
+                    raise
+                # Nobody cancelled this task: a library raised CancelledError at us.
+                log.error(
+                    "background loop %s got a stray cancellation; starting it again",
+                    loop_fn.__name__,
+                    exc_info=True,
+                )
+            except Exception:
+                log.exception("background loop %s failed; starting it again", loop_fn.__name__)
+            await asyncio.sleep(1.0)
+
+    return asyncio.get_running_loop().create_task(supervised(), name=f"tarry-{loop_fn.__name__}")

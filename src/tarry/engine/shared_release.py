@@ -1,0 +1,69 @@
+"""Releasing and giving up where the store shares the queue database (SQLite, PostgreSQL): one
+transaction checks the claim, moves the message into its queue (or dead-letters it) and takes
+it out of the store, so a release is exactly-once. ``tarry.engine.release`` is the other path,
+for a store kept apart from the queue database."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+from tarry.engine.cluster import still_held
+from tarry.engine.context import EngineContext
+from tarry.errors import DeliveryFailed
+from tarry.model.message import DeathReason, Message
+from tarry.model.state import MessageState
+from tarry.queues.txn import QueueTxn
+from tarry.store.sql import row_lock
+
+__all__ = ["give_up", "release"]
+
+
+async def release(
+    ctx: EngineContext, batch: Sequence[Message]
+) -> list[tuple[Message, DeliveryFailed]]:
+    """Release claimed messages into their local queues; returns those their queue refused."""
+
+    def work(conn: sqlite3.Connection) -> tuple[QueueTxn, list[tuple[Message, DeliveryFailed]]]:
+        txn = ctx.txn(conn, ctx.clock.now_ms())  # when it runs (see ``release._release``)
+        refused = []
+        # Claim check, enqueue and leaving the store commit together (exactly-once).
+        for message in still_held(ctx.store, conn, batch):
+            try:
+                txn.enqueue(message, message.destination)
+            except DeliveryFailed as exc:
+                refused.append((message, exc))
+        return txn, refused
+
+    try:
+        txn, refused = await ctx.qdb.write(work)
+    finally:
+        ctx.store.release_claims([m.id for m in batch])
+    ctx.after(txn)
+    return refused
+
+
+async def give_up(ctx: EngineContext, message: Message, error: DeliveryFailed) -> None:
+    """Dead-letter (or discard) a claimed message that cannot be delivered, unless it was
+    cancelled or finished meanwhile."""
+    now = ctx.clock.now_ms()
+    text = f"{error.reason}: {error.message}"
+
+    def work(conn: sqlite3.Connection) -> QueueTxn:
+        txn = ctx.txn(conn, now)
+        row = conn.execute(
+            f"SELECT state FROM messages WHERE id = ?{row_lock(conn)}", (message.id,)
+        ).fetchone()
+        if row is None or row[0] != MessageState.SCHEDULED.value:
+            return txn  # cancelled or finished meanwhile
+        conn.execute(
+            "UPDATE messages SET failures = ? WHERE id = ?", (message.failures, message.id)
+        )
+        txn.dead_letter(message, from_queue=None, reason=DeathReason.DELIVERY_FAILED, error=text)
+        return txn
+
+    try:
+        txn = await ctx.qdb.write(work)
+    finally:
+        ctx.store.release_claims([message.id])
+    ctx.after(txn)

@@ -1,0 +1,32 @@
+"""Order of arrival in local queues: one number per message entering a queue (FIFO)."""
+
+from __future__ import annotations
+
+from tarry.model.time import Clock
+
+__all__ = ["ClockSequencer", "Sequencer"]
+
+
+class Sequencer:
+    """Order of arrival in queues (FIFO); a requeued message keeps its place."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+
+    def next(self) -> int:
+        self.value += 1
+        return self.value
+
+
+class ClockSequencer(Sequencer):
+    """For queues that several nodes fill (a shared PostgreSQL store): arrival order is the
+    arrival time in ms, then this node's count within the ms (up to 1000 per ms, then it runs
+    ahead of the clock). Nodes' clocks must agree, as they must for due times anyway."""
+
+    def __init__(self, clock: Clock, start: int = 0) -> None:
+        super().__init__(start)
+        self._clock = clock
+
+    def next(self) -> int:
+        self.value = max(self.value + 1, self._clock.now_ms() * 1000)
+        return self.value
