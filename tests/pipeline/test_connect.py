@@ -1,50 +1,53 @@
 """``tarry pipeline import`` and ``report`` over Spark Connect (``--remote sc://``): the Connect
 server the pyspark package ships, on a standalone cluster whose executors run a bare Python
-without tarry; the results equal ``local[2]``'s row for row."""
+without tarry; the results equal ``local[2]``'s row for row, reruns store nothing twice, and a
+path the executors cannot see is named before any work."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.pipeline import clusters
-from tests.pipeline.test_cluster import (
-    offline_import_matches_local,
-    online_import_matches_local,
-    report_matches_local,
-)
+from tests.pipeline import cluster_runs, clusters
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(400)]
 
 
-@pytest.fixture(scope="module")
-def bare() -> str:
-    return clusters.bare_python()
+@pytest.fixture
+def driver(spark_cluster: clusters.Cluster, reference: clusters.Reference) -> clusters.Driver:
+    return spark_cluster.driver("connect")
 
 
-@pytest.fixture(scope="module")
-def remote(bare: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    state = tmp_path_factory.mktemp("spark-connect")
-    for urls in clusters.cluster(state, connect=True, python=bare):
-        yield urls["connect"]
-
-
-def test_offline_import_over_spark_connect_equals_local(
-    spark: Any, make_server: Any, tmp_path: Path, remote: str, bare: str
+def test_offline_import_over_spark_connect_equals_local_and_reruns_once(
+    driver: clusters.Driver, reference: clusters.Reference, tmp_path: Path, make_server: Any
 ) -> None:
-    offline_import_matches_local(make_server, tmp_path, ["--remote", remote], bare, rerun=False)
+    cluster_runs.offline_import_equals_local_and_reruns_once(
+        driver, reference, tmp_path, make_server
+    )
 
 
 def test_online_import_over_spark_connect_equals_local_and_reruns_once(
-    spark: Any, make_server: Any, tmp_path: Path, remote: str, bare: str
+    driver: clusters.Driver, reference: clusters.Reference, tmp_path: Path, make_server: Any
 ) -> None:
-    online_import_matches_local(make_server, tmp_path, ["--remote", remote], bare, rerun=True)
+    cluster_runs.online_import_equals_local_and_reruns_once(
+        driver, reference, make_server, tmp_path
+    )
 
 
 def test_report_over_spark_connect_equals_local(
-    spark: Any, tmp_path: Path, remote: str, bare: str
+    driver: clusters.Driver, reference: clusters.Reference, tmp_path: Path
 ) -> None:
-    report_matches_local(tmp_path, ["--remote", remote], bare)
+    cluster_runs.report_equals_local(driver, reference, tmp_path)
+
+
+def test_paths_the_executors_cannot_see_over_spark_connect_fail_at_once_naming_them(
+    driver: clusters.Driver,
+    spark_cluster: clusters.Cluster,
+    reference: clusters.Reference,
+    tmp_path: Path,
+) -> None:
+    cluster_runs.paths_the_executors_cannot_see_are_named(
+        driver, reference, spark_cluster.hidden[0], tmp_path
+    )
