@@ -1,7 +1,8 @@
 """``tarry pipeline import`` and ``report`` on a standalone Spark cluster (``--master spark://``)
 whose executors run a bare Python without tarry: the code they need is shipped with the job,
 the results equal ``local[2]``'s row for row, reruns store nothing twice, and what the executors
-lack (a module, a path) is named before any work."""
+lack (a module, a path) is named before any work (``cluster_runs.ClusterSuite``, and a Python
+without pyarrow here)."""
 
 from __future__ import annotations
 
@@ -9,52 +10,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.pipeline import cluster_runs, clusters
+from tests.pipeline import clusters
+from tests.pipeline.cluster_runs import ClusterSuite
 
 #: The first test also waits for the session's cluster and local[2]'s reference runs.
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(400)]
 
 
-@pytest.fixture
-def driver(spark_cluster: clusters.Cluster, reference: clusters.Reference) -> clusters.Driver:
-    return spark_cluster.driver("master")
-
-
-def test_offline_import_on_a_cluster_without_tarry_equals_local_and_reruns_once(
-    driver: clusters.Driver, reference: clusters.Reference, tmp_path: Path, make_server: Any
-) -> None:
-    cluster_runs.offline_import_equals_local_and_reruns_once(
-        driver, reference, tmp_path, make_server
-    )
-
-
-def test_online_import_on_a_cluster_without_tarry_equals_local_and_reruns_once(
-    driver: clusters.Driver, reference: clusters.Reference, tmp_path: Path, make_server: Any
-) -> None:
-    cluster_runs.online_import_equals_local_and_reruns_once(
-        driver, reference, make_server, tmp_path
-    )
-
-
-def test_report_on_a_cluster_equals_local(
-    driver: clusters.Driver, reference: clusters.Reference, tmp_path: Path
-) -> None:
-    cluster_runs.report_equals_local(driver, reference, tmp_path)
-
-
-def test_paths_the_executors_cannot_see_fail_at_once_naming_them(
-    driver: clusters.Driver,
-    spark_cluster: clusters.Cluster,
-    reference: clusters.Reference,
-    tmp_path: Path,
-) -> None:
-    cluster_runs.paths_the_executors_cannot_see_are_named(
-        driver, reference, spark_cluster.hidden[0], tmp_path
-    )
+class TestOnAStandaloneClusterWithoutTarry(ClusterSuite):
+    mode = "master"
 
 
 def test_executors_without_pyarrow_fail_at_once_naming_it(
