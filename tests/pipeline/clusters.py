@@ -263,17 +263,20 @@ def segments(data: Path) -> list[tuple[Any, ...]]:
 def write_input(path: Path, now_ms: int, *, rows: int = 4_000) -> None:
     """``rows`` rows in 4 row groups over 3 queues and a topic of 2 subscriptions: about 1 % repeat
     an earlier message_id (some in another row group), 1 % name no known destination, 1 % give
-    both deliver_at and delay_ms, some without a message_id (the id is derived)."""
+    both deliver_at and delay_ms, some without a message_id (the id is derived). Every message
+    falls due an hour or more after ``now_ms``: none is released while the tests count what a
+    server holds (a release in flight is counted in two states for a moment)."""
     ids = [f"m{i}" for i in range(rows)]
     for i in range(0, rows, 97):
         ids[i] = f"m{(i * 7919) % max(1, i)}" if i else ids[i]
     destinations = [("c.q1", "c.q2", "c.q3", "c.t")[i % 4] for i in range(rows)]
     for i in range(5, rows, 101):
         destinations[i] = "c.nowhere"
+    hour = 3_600_000
     deliver_at = [
-        now_ms + (i * 7_919_993) % (48 * 3_600_000) if i % 2 else None for i in range(rows)
+        now_ms + hour + (i * 7_919_993) % (48 * hour) if i % 2 else None for i in range(rows)
     ]
-    delay = [None if i % 2 else (i * 104_729) % (6 * 3_600_000) for i in range(rows)]
+    delay = [None if i % 2 else hour + (i * 104_729) % (6 * hour) for i in range(rows)]
     for i in range(7, rows, 103):
         deliver_at[i], delay[i] = now_ms + 60_000, 1_000
     message_ids: list[str | None] = list(ids)
