@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -45,7 +46,7 @@ LIGHT_EXECUTORS = "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+
 SHUFFLE = ["--shuffle-partitions", "2"]
 
 
-def _unavailable(message: str) -> None:
+def unavailable(message: str) -> None:
     if REQUIRE_SERVICES:
         pytest.fail(f"TARRY_REQUIRE_SERVICES=1 and {message}", pytrace=False)
     pytest.skip(f"SKIPPED LOUDLY: {message}")
@@ -58,8 +59,23 @@ def bare_python() -> str:
         [sys.executable, str(SCRIPT), "bare-python"], capture_output=True, text=True
     )
     if done.returncode != 0:
-        _unavailable(f"the bare executor Python could not be built:\n{done.stderr[-2000:]}")
+        unavailable(f"the bare executor Python could not be built:\n{done.stderr[-2000:]}")
     return done.stdout.strip().splitlines()[-1]
+
+
+def can_hide(directory: Path) -> bool:
+    """Whether ``scripts/spark-cluster --hide`` works here: a mount namespace of its own (root,
+    or unprivileged user namespaces) in which a tmpfs can cover ``directory``."""
+    as_root = [] if os.geteuid() == 0 else ["--map-root-user"]
+    mount = f"mount -t tmpfs -o size=1m tarry-hidden {shlex.quote(str(directory))}"
+    try:
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", *as_root, "sh", "-c", mount],
+            capture_output=True,
+        )
+    except FileNotFoundError:
+        return False
+    return done.returncode == 0
 
 
 @dataclass
@@ -101,7 +117,7 @@ class Driver:
         line = self.replies.readline()
         if not line:
             self.process.wait(10)
-            _unavailable(
+            unavailable(
                 f"the test's Spark driver exited ({self.process.returncode}):\n"
                 f"{self.log.read_text()[-3000:]}"
             )
@@ -179,13 +195,13 @@ class Cluster:
         """The long-lived driver on the ``master`` or over ``connect``."""
         self._up.join()
         if self._failure:
-            _unavailable(self._failure)
+            unavailable(self._failure)
         return self._drivers[name]
 
     def url(self, name: str) -> str:
         self._up.join()
         if self._urls is None:
-            _unavailable(self._failure)
+            unavailable(self._failure)
         assert self._urls is not None
         return self._urls[name]
 
