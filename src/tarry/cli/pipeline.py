@@ -96,11 +96,10 @@ def _executors(
 def _location(value: str | None) -> Path | str | None:
     """A location option: a shared store's URL (``s3a://...``) as given; a local path made
     absolute (executors resolve a relative one in their own working directory)."""
-    from tarry.pipeline.executors import is_local_path
+    from tarry.pipeline.executors import local_path
 
-    if value is None or not is_local_path(value):
-        return value
-    return Path(value.removeprefix("file://").removeprefix("file:")).absolute()
+    path = None if value is None else local_path(value)
+    return value if path is None else Path(path).absolute()
 
 
 @click.group()

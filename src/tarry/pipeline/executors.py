@@ -22,6 +22,7 @@ import hashlib
 import importlib.metadata
 import io
 import os
+import socket
 import sys
 import uuid
 import zipfile
@@ -46,6 +47,7 @@ __all__ = [
     "build_bundle",
     "check_executors",
     "is_local_path",
+    "local_path",
     "on_executors",
     "prepare_executors",
     "ship",
@@ -98,6 +100,14 @@ def is_local_path(location: str | Path) -> bool:
     URL of a shared store (``s3a://``, ``gs://``, ``abfss://``, ``hdfs://``, ...)."""
     text = str(location)
     return "://" not in text or text.startswith("file:")
+
+
+def local_path(location: str | Path) -> str | None:
+    """The file system path of a local location (``file:`` taken off), None for a shared store's
+    URL, which is handed to Spark untouched and never looked at here."""
+    if not is_local_path(location):
+        return None
+    return str(location).removeprefix("file://").removeprefix("file:")
 
 
 def _distribution_files(module: str) -> list[tuple[Path, str]]:
@@ -223,7 +233,6 @@ class _Probe:
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import importlib
         import platform
-        import socket
 
         import pyarrow as pa
 
@@ -286,14 +295,14 @@ def check_executors(
     cannot see. URLs of shared stores are not looked at."""
     token = uuid.uuid4().hex[:12]
     markers = []
-    for directory in (Path(str(w).removeprefix("file:")) for w in writable if is_local_path(w)):
+    for directory in (Path(p) for p in map(local_path, writable) if p is not None):
         directory.mkdir(parents=True, exist_ok=True)
         marker = directory / f".tarry-reach-{token}"
         marker.touch()
         markers.append(marker)
     probe = _Probe(
         modules=EXECUTOR_MODULES,
-        readable=tuple(str(r).removeprefix("file:") for r in readable if is_local_path(r)),
+        readable=tuple(p for p in map(local_path, readable) if p is not None),
         markers=tuple(str(m) for m in markers),
     )
     try:
@@ -327,10 +336,10 @@ def check_executors(
     if unseen:
         hosts = sorted({r["host"] for r in rows if r["unseen"]})
         raise InvalidArgument(
-            f"the Spark executors on {', '.join(hosts)} cannot see {', '.join(unseen)}: a local "
-            "path must be on a file system every executor mounts at the same place; use a "
-            "shared mount, or an object-store URL (s3a://, gs://, abfss://) for input, "
-            "--rejects, --plan and --out"
+            f"the Spark executors on {', '.join(hosts)} cannot see {', '.join(unseen)}, which "
+            f"this side (on {socket.gethostname()}) has: a local path must be on a file system "
+            "every executor mounts at the same place; use a shared mount, or an object-store "
+            "URL (s3a://, gs://, abfss://) for the input, --rejects, --plan and --out"
         )
 
 
