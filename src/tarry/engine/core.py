@@ -20,6 +20,7 @@ from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
 from tarry.engine import cluster, consuming, release, sending
 from tarry.engine.handover import refuse_if_handed_over
+from tarry.engine.overview import ForecastCache, dead_letter_groups
 from tarry.engine.stores import build_stores
 from tarry.engine.types import (
     Delivery,
@@ -142,6 +143,7 @@ class Engine:
             notify=self._emit_all,
         )
         self._tasks: list[asyncio.Task[None]] = []
+        self._forecasts = ForecastCache()
         self._lock_file: IO[str] | None = None
         self.journal: Any = None
         self.ingress: Any = None
@@ -568,6 +570,9 @@ class Engine:
             "created_at": self.catalog.topic_created_ms.get(name),
         }
 
+    async def list_topics(self) -> list[dict[str, Any]]:
+        return [await self.topic_info(name) for name in sorted(self.catalog.topics)]
+
     async def subscribe(self, topic: str, queue: str) -> dict[str, Any]:
         if topic not in self.catalog.topics:
             raise NotFound(f"no topic named {topic!r}; declare it first")
@@ -712,6 +717,22 @@ class Engine:
             "reasons": self.breakers.reasons(),
             "damaged": damaged,
         }
+
+    async def forecast(self) -> dict[str, Any]:
+        return await self._forecasts.get(self.store, self.clock.now_ms())
+
+    async def dead_letters(self) -> list[dict[str, Any]]:
+        """Each dead-letter queue (the error queue, and every queue some queue's arguments in
+        force dead-letter into) with its messages grouped by ``deaths[0]``."""
+        targets = {self.config.dispatch.error_queue}
+        for entry in self.catalog.queues.values():
+            if entry.effective.dead_letter_to is not None:
+                targets.add(entry.effective.dead_letter_to)
+        return [
+            {"queue": name, "groups": await dead_letter_groups(self.qdb, name)}
+            for name in sorted(targets)
+            if name in self.catalog.queues
+        ]
 
     async def stats(self) -> dict[str, Any]:
         def work(conn: sqlite3.Connection) -> dict[str, int]:

@@ -21,6 +21,7 @@ from fastapi import FastAPI
 import tarry
 from tarry.config import TarryConfig
 from tarry.engine.api import EngineAPI
+from tarry.server import console_files
 from tarry.server.auth import check_bind_safety
 from tarry.server.connections import ConnectionGuard
 from tarry.server.deps import BodyLimits
@@ -28,9 +29,10 @@ from tarry.server.diagnostics import install_stack_dump
 from tarry.server.errors import install_error_handlers
 from tarry.server.metrics import Metrics
 from tarry.server.openapi import install_openapi
+from tarry.server.recent import RecentActivity
 from tarry.server.refusals import RefusalLog
 from tarry.server.responses import JSON
-from tarry.server.routes import health, messages, policies, queues, routes, topics
+from tarry.server.routes import health, messages, overview, policies, queues, routes, topics
 
 __all__ = ["create_app", "serve", "tune_runtime"]
 
@@ -44,6 +46,8 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
         engine = Engine.from_config(config)
     metrics = Metrics()
     engine.add_listener(metrics.record, many=metrics.record_many)
+    recent = RecentActivity()
+    engine.add_listener(recent.record, many=recent.record_many)
     refusals = RefusalLog(log)
 
     @asynccontextmanager
@@ -67,11 +71,12 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
     app.state.engine = engine
     app.state.config = config
     app.state.metrics = metrics
+    app.state.recent = recent
     app.state.refusals = refusals
     app.state.body_limits = BodyLimits.from_config(config.server)
     install_error_handlers(app)
     install_openapi(app)
-    for module in (messages, queues, topics, policies, routes, health):
+    for module in (messages, queues, topics, policies, routes, health, overview, console_files):
         app.include_router(module.router)
     return app
 

@@ -224,6 +224,13 @@ class MessageInfo(BaseModel):
     redelivered: bool
 
 
+class BodyPreview(BaseModel):
+    id: str
+    size: int | None = Field(description="the whole body's bytes; null once it is finished")
+    body_base64: str = Field(description="the first max_bytes bytes")
+    truncated: bool
+
+
 class MessagePage(BaseModel):
     items: list[MessageInfo]
     next_cursor: str | None
@@ -373,6 +380,63 @@ class Stats(BaseModel):
         None, description="the log store's write path (null for the other stores)"
     )
     health: Health
+
+
+class ForecastSeries(BaseModel):
+    start: int = Field(description="the first window's start (the current minute)")
+    width_ms: int
+    counts: list[int] = Field(description="scheduled messages due in each window, in order")
+
+
+class Forecast(BaseModel):
+    """From the store's due index (the log store shares a time partition's count among the
+    windows it overlaps, unless its index is loaded), at most a few seconds old."""
+
+    computed_at: int
+    next_hour: ForecastSeries = Field(description="per minute")
+    next_day: ForecastSeries = Field(description="per hour")
+    next_30_days: ForecastSeries = Field(description="per day")
+
+
+class RecentWindow(BaseModel):
+    start: int
+    in_: int = Field(alias="in", description="messages scheduled")
+    out: int = Field(description="messages released into a queue or delivered to a route")
+    lateness_p50_ms: int | None
+    lateness_p99_ms: int | None
+    lateness_max_ms: int | None
+
+
+class Recent(BaseModel):
+    """The last minutes, window by window (percentiles from a sample of each window)."""
+
+    now: int
+    window_ms: int
+    windows: list[RecentWindow]
+    lateness_p50_ms: int | None
+    lateness_p99_ms: int | None
+    lateness_max_ms: int | None
+
+
+class DeadLetterGroup(BaseModel):
+    reason: str = Field(description="deaths[0].reason (empty: the message never died)")
+    original_destination: str = Field(description="deaths[0].destination")
+    count: int
+    oldest: int = Field(description="the earliest deaths[0].time of the group")
+    newest: int
+
+
+class DeadLetterQueue(BaseModel):
+    queue: str
+    groups: list[DeadLetterGroup]
+
+
+class DeadLetters(BaseModel):
+    items: list[DeadLetterQueue]
+
+
+class TopicList(BaseModel):
+    items: list[TopicInfo]
 
 
 #: The request bodies by component name: pydantic models, and the send built from the table.

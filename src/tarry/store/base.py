@@ -127,6 +127,15 @@ class DelayedStore(Protocol):
         """Scheduled messages, all or for one destination."""
         ...
 
+    async def due_counts(self, start_ms: int, width_ms: int, buckets: int) -> builtins.list[int]:
+        """Scheduled messages due in each of ``buckets`` windows ``[start_ms + i * width_ms,
+        start_ms + (i + 1) * width_ms)`` (the console's forecast), read from the store's due
+        index, never by reading messages. Exact, except in the log store, which counts by time
+        partition: a window narrower than its partitions gets their share in proportion to the
+        overlap, unless the partition's due index is loaded (then it is exact); the windows'
+        sum is exact wherever they cover whole partitions."""
+        ...
+
     async def check(self) -> builtins.list[str]:
         """Integrity problems found (empty when sound); every store test ends with it."""
         ...

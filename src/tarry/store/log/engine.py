@@ -40,6 +40,7 @@ from tarry.store.log import clean, cleanup
 from tarry.store.log.adopt import adopt_imports
 from tarry.store.log.batch import group_records
 from tarry.store.log.figures import SnapshotTimes
+from tarry.store.log.forecast import due_counts
 from tarry.store.log.fs import Files
 from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash
 from tarry.store.log.index import DueIndex
@@ -771,6 +772,17 @@ class LogStore:
         if destination is None:
             return sum(p.live for p in self.partitions.values())
         return max(0, self.state.scheduled.get(destination, 0))
+
+    async def due_counts(self, start_ms: int, width_ms: int, buckets: int) -> builtins.list[int]:
+        self._check()
+        return due_counts(
+            self.partitions,
+            self._numbers,
+            granularity_ms=self.granularity_ms,
+            start_ms=start_ms,
+            width_ms=width_ms,
+            buckets=buckets,
+        )
 
     # --- snapshots --------------------------------------------------------------------------
     async def snapshot(self) -> Path | None:

@@ -193,6 +193,9 @@ class SQLiteStore:
             params = (destination,)
         return int(await self.db.read(lambda conn: conn.execute(sql, params).fetchone()[0]))
 
+    async def due_counts(self, start_ms: int, width_ms: int, buckets: int) -> builtins.list[int]:
+        return await self.db.read(lambda conn: due_counts(conn, start_ms, width_ms, buckets))
+
     async def purge_finished(self, *, before_ms: int, limit: int = 5000) -> int:
         """Forget finished messages older than the retention window."""
 
@@ -272,6 +275,26 @@ def list_rows(conn: SqlConnection, query: MessageQuery, count: int) -> list[Mess
         params += [after_due, after_due, after_id]
     sql = f"{SELECT_SQL} WHERE {' AND '.join(where)} ORDER BY deliver_at_ms, id LIMIT ?"
     return [from_row(r) for r in conn.execute(sql, (*params, count))]
+
+
+def due_counts(conn: SqlConnection, start_ms: int, width_ms: int, buckets: int) -> list[int]:
+    """Scheduled messages per window (``DelayedStore.due_counts``): one range scan of the
+    ``messages_due`` index, counted by window in the database."""
+    counts = [0] * buckets
+    if buckets <= 0 or width_ms <= 0:
+        return counts
+    # The literal state (not a parameter) lets the planner use the partial index; the casts
+    # make PostgreSQL divide whole numbers.
+    rows = conn.execute(
+        "SELECT (deliver_at_ms - CAST(? AS BIGINT)) / CAST(? AS BIGINT) AS slot, count(*) "
+        "FROM messages WHERE state = 'scheduled' AND deliver_at_ms >= ? AND deliver_at_ms < ? "
+        "GROUP BY slot",
+        (start_ms, width_ms, start_ms, start_ms + width_ms * buckets),
+    ).fetchall()
+    for slot, count in rows:
+        if 0 <= int(slot) < buckets:
+            counts[int(slot)] = int(count)
+    return counts
 
 
 def get_for_update(conn: SqlConnection, message_id: str) -> Message:
