@@ -120,7 +120,10 @@ class DelayedStore(Protocol):
     async def get(self, message_id: str) -> Message | None: ...
 
     async def list(self, query: MessageQuery) -> tuple[list[Message], str | None]:
-        """Messages matching ``query`` ordered by (deliver_at, id), and the next page's cursor."""
+        """Messages matching ``query`` ordered by (deliver_at, id), and the next page's cursor.
+        A page may end early, with fewer items than asked for and a cursor naming the due time
+        it read up to (``tarry.store.sqlite.store.early_cursor``): the log store does, rather
+        than read every partition for a filter that matches rarely."""
         ...
 
     async def count_scheduled(self, destination: str | None = None) -> int:

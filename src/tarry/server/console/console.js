@@ -306,8 +306,11 @@ async function loadMessages() {
   el("td", { text: m.correlation_id || "" }), el("td", { text: m.message_id || "" }),
   el("td", { class: "num", text: m.size === null ? "—" : num(m.size) }))),
   "no messages match", 7);
+  const limit = Number(filters().limit || 50);
+  // A page may end early (the server reads a bounded stretch per page): Next reads on.
+  const early = page.next_cursor && page.items.length < limit;
   $("page-info").textContent = `page ${paging.before.length + 1} · ${page.items.length} shown` +
-    (page.next_cursor ? " · more follow" : " · last page");
+    (early ? " · searched part of the range: Next searches on" : page.next_cursor ? " · more follow" : " · last page");
   $("page-next").disabled = !page.next_cursor;
   $("page-prev").disabled = paging.before.length === 0;
 }

@@ -31,12 +31,18 @@ from tarry.store.log.record import (
     scan,
     scan_ids,
 )
-from tarry.store.sqlite.store import decode_cursor, page
+from tarry.store.sqlite.store import decode_cursor, early_cursor, page
 
 if TYPE_CHECKING:
     from tarry.store.log.engine import LogStore
 
-__all__ = ["Located", "list_page", "locate_many", "scan_partition"]
+__all__ = ["SCAN_RECORDS_PER_PAGE", "Located", "list_page", "locate_many", "scan_partition"]
+
+#: A page reads whole partitions until it is full or has read this many messages; then it ends
+#: early, with what it found and a cursor past the last partition read (``early_cursor``): a
+#: filter that matches rarely (a correlation id, a quiet destination) costs bounded time per
+#: page instead of a read of every partition.
+SCAN_RECORDS_PER_PAGE = 20_000
 
 
 @dataclass
@@ -171,13 +177,17 @@ def scan_partition(store: LogStore, partition: Partition) -> list[Message]:
 async def list_page(store: LogStore, query: MessageQuery) -> tuple[list[Message], str | None]:
     """One page of ``GET /v1/messages`` from the log store: partitions are read in due order
     from the first the query (or its cursor) can touch, and reading stops once the page is
-    full, so a page never reads every partition."""
+    full or ``SCAN_RECORDS_PER_PAGE`` messages were read, so a page never reads every
+    partition (an early end has fewer items and an ``early_cursor``)."""
     after = decode_cursor(query.cursor) if query.cursor else None
     low = max(query.due_after_ms or 0, after[0] if after else 0)
-    first = bisect.bisect_left(store._numbers, low // store.granularity_ms)
+    numbers = list(
+        store._numbers[bisect.bisect_left(store._numbers, low // store.granularity_ms) :]
+    )
     selected: list[Message] = []
+    read = 0
     loop = asyncio.get_running_loop()
-    for number in list(store._numbers[first:]):
+    for at, number in enumerate(numbers):
         partition = store.partitions.get(number)
         if partition is None:
             continue
@@ -186,6 +196,9 @@ async def list_page(store: LogStore, query: MessageQuery) -> tuple[list[Message]
         messages = await loop.run_in_executor(None, scan_partition, store, partition)
         messages.sort(key=lambda m: (m.deliver_at_ms, m.id))
         selected += [m for m in messages if query.matches(m, after)]
+        read += len(messages)
         if len(selected) > query.limit:
             break
+        if read >= SCAN_RECORDS_PER_PAGE and at + 1 < len(numbers):
+            return selected, early_cursor(partition.end_ms)
     return page(selected, query.limit)

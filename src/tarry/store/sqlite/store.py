@@ -345,6 +345,21 @@ def encode_cursor(deliver_at_ms: int, message_id: str) -> str:
     return base64.urlsafe_b64encode(orjson.dumps([deliver_at_ms, message_id])).decode()
 
 
+def early_cursor(due_ms: int) -> str:
+    """The cursor of a page that ended early (``DelayedStore.list``): every message due before
+    ``due_ms`` was read (no id is empty, so ``(due_ms, "")`` comes before every message due
+    then)."""
+    return encode_cursor(due_ms, "")
+
+
+def ended_early(cursor: str | None) -> int | None:
+    """The due time an early-ended page read up to (None for a full page's cursor)."""
+    if cursor is None:
+        return None
+    due, message_id = decode_cursor(cursor)
+    return due if message_id == "" else None
+
+
 def decode_cursor(cursor: str) -> tuple[int, str]:
     try:
         due, message_id = orjson.loads(base64.urlsafe_b64decode(cursor.encode()))
