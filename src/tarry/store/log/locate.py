@@ -42,7 +42,7 @@ __all__ = ["SCAN_RECORDS_PER_PAGE", "Located", "list_page", "locate_many", "scan
 #: early, with what it found and a cursor past the last partition read (``early_cursor``): a
 #: filter that matches rarely (a correlation id, a quiet destination) costs bounded time per
 #: page instead of a read of every partition.
-SCAN_RECORDS_PER_PAGE = 20_000
+SCAN_RECORDS_PER_PAGE = 5_000
 
 
 @dataclass
