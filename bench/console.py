@@ -11,7 +11,8 @@ keep-alive client on loopback (so a figure is the server's time plus one local r
 - ``scheduled_jump``: a page from a due time half-way through the span (``due_after``);
 - ``scheduled_destination``: the first page of one destination;
 - ``scheduled_correlation``: the page of one correlation id (a message from the middle);
-- ``overview_forecast``: ``GET /v1/stats/forecast`` uncached (its first call) and cached.
+- ``overview_forecast``: ``GET /v1/stats/forecast`` uncached (its first call) and cached;
+  ``overview_calls_ms``: the overview's other calls, once each.
 
 Goal (issue 24): a scheduled-view page ≤ 50 ms with 10,000,000 pending. Prints one JSON
 document; progress on stderr. ``--pending 1000000`` for a small run."""
@@ -156,6 +157,11 @@ def measure(url: str, *, pages: int, span_ms: int, count: int) -> dict[str, Any]
             **summary(times),
             "pages_until_found": len(times),
             "total_ms": round(sum(times), 1),
+        }
+        # The overview's other calls, once each (they count per queue, not per page).
+        out["overview_calls_ms"] = {
+            path: round(timed(http, path, {})[0], 2)
+            for path in ("/v1/queues", "/v1/stats", "/v1/dead-letters", "/v1/stats/recent")
         }
         cold, forecast = timed(http, "/v1/stats/forecast", {})
         warm = [timed(http, "/v1/stats/forecast", {})[0] for _ in range(5)]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import orjson
@@ -17,44 +18,61 @@ from tarry.store.base import DelayedStore, QueueDatabase
 __all__ = ["FORECAST_SERIES", "ForecastCache", "dead_letter_groups"]
 
 MINUTE_MS = 60_000
-#: (name, window width, windows): the next hour per minute, the next day per hour, the next 30
-#: days per day, each starting at the current minute.
-FORECAST_SERIES: tuple[tuple[str, int, int], ...] = (
-    ("next_hour", MINUTE_MS, 60),
-    ("next_day", 60 * MINUTE_MS, 24),
-    ("next_30_days", 24 * 60 * MINUTE_MS, 30),
+#: (name, window width, windows, how long a count is served before it is counted again): the
+#: next hour per minute, the next day per hour, the next 30 days per day, each from the
+#: current minute. A SQL store counts a series with a range scan of its due index (10 million
+#: pending over 30 days: seconds), so the long series are counted seldom.
+FORECAST_SERIES: tuple[tuple[str, int, int, int], ...] = (
+    ("next_hour", MINUTE_MS, 60, 5_000),
+    ("next_day", 60 * MINUTE_MS, 24, 60_000),
+    ("next_30_days", 24 * 60 * MINUTE_MS, 30, 300_000),
 )
+#: How long a request waits for a series being counted before it answers without it.
+WAIT_S = 0.25
+
+
+@dataclass
+class _Series:
+    value: dict[str, Any] | None = None
+    task: asyncio.Task[dict[str, Any]] | None = None
 
 
 @dataclass
 class ForecastCache:
-    """The forecast, computed at most once per ``max_age_ms``: a SQL store counts it with a
-    range scan of its due index, which a few consoles polling every few seconds must not
-    repeat for each of them."""
+    """The forecast, series by series: each is counted in the background when it is older
+    than its age limit, and a request never waits for a count more than ``WAIT_S``: it gets
+    the last count (its ``computed_at`` says when) or, before the first one is done, null."""
 
-    max_age_ms: int = 5_000
-    _taken_ms: int | None = None
-    _value: dict[str, Any] | None = None
-    _lock: asyncio.Lock | None = None
+    _series: dict[str, _Series] = field(default_factory=dict)
 
     async def get(self, store: DelayedStore, now_ms: int) -> dict[str, Any]:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            fresh = self._taken_ms is not None and now_ms - self._taken_ms < self.max_age_ms
-            if self._value is None or not fresh:
-                self._value = await forecast(store, now_ms)
-                self._taken_ms = now_ms
-            return self._value
+        out: dict[str, Any] = {"computed_at": now_ms}
+        waiting: list[asyncio.Task[dict[str, Any]]] = []
+        for name, width, windows, max_age_ms in FORECAST_SERIES:
+            series = self._series.setdefault(name, _Series())
+            stale = series.value is None or now_ms - series.value["computed_at"] >= max_age_ms
+            if stale and series.task is None:
+                series.task = asyncio.create_task(_count(store, now_ms, width, windows))
+                series.task.add_done_callback(partial(_done, series))
+            if series.value is None and series.task is not None:
+                waiting.append(series.task)
+        if waiting:
+            await asyncio.wait(waiting, timeout=WAIT_S)
+        for name, *_ in FORECAST_SERIES:
+            out[name] = self._series[name].value
+        return out
 
 
-async def forecast(store: DelayedStore, now_ms: int) -> dict[str, Any]:
+def _done(series: _Series, task: asyncio.Task[dict[str, Any]]) -> None:
+    series.task = None
+    if not task.cancelled() and task.exception() is None:
+        series.value = task.result()
+
+
+async def _count(store: DelayedStore, now_ms: int, width_ms: int, windows: int) -> dict[str, Any]:
     start = now_ms - now_ms % MINUTE_MS
-    series = {}
-    for name, width, windows in FORECAST_SERIES:
-        counts = await store.due_counts(start, width, windows)
-        series[name] = {"start": start, "width_ms": width, "counts": counts}
-    return {"computed_at": now_ms, **series}
+    counts = await store.due_counts(start, width_ms, windows)
+    return {"start": start, "width_ms": width_ms, "counts": counts, "computed_at": now_ms}
 
 
 def _groups(conn: sqlite3.Connection, queue: str) -> list[dict[str, Any]]:

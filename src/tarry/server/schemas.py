@@ -383,19 +383,22 @@ class Stats(BaseModel):
 
 
 class ForecastSeries(BaseModel):
-    start: int = Field(description="the first window's start (the current minute)")
+    start: int = Field(description="the first window's start (the minute it was counted in)")
     width_ms: int
     counts: list[int] = Field(description="scheduled messages due in each window, in order")
+    computed_at: int = Field(description="when it was counted")
 
 
 class Forecast(BaseModel):
     """From the store's due index (the log store shares a time partition's count among the
-    windows it overlaps, unless its index is loaded), at most a few seconds old."""
+    windows it overlaps, unless its index is loaded). Each series is counted again in the
+    background once it is 5 s (next hour), 1 min (next day) or 5 min (next 30 days) old; null
+    while its first count is not done."""
 
     computed_at: int
-    next_hour: ForecastSeries = Field(description="per minute")
-    next_day: ForecastSeries = Field(description="per hour")
-    next_30_days: ForecastSeries = Field(description="per day")
+    next_hour: ForecastSeries | None = Field(description="per minute")
+    next_day: ForecastSeries | None = Field(description="per hour")
+    next_30_days: ForecastSeries | None = Field(description="per day")
 
 
 class RecentWindow(BaseModel):

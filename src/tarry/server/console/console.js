@@ -256,9 +256,14 @@ async function loadOverview() {
   const at = (series, i, fmt) => fmt(new Date(series.start + i * series.width_ms));
   const hhmm = (d) => d.toISOString().slice(11, 16);
   const day = (d) => d.toISOString().slice(5, 10);
-  barChart($("forecast-hour"), forecast.next_hour.counts, 10, (i) => at(forecast.next_hour, i, hhmm));
-  barChart($("forecast-day"), forecast.next_day.counts, 4, (i) => at(forecast.next_day, i, hhmm));
-  barChart($("forecast-month"), forecast.next_30_days.counts, 5, (i) => at(forecast.next_30_days, i, day));
+  // A series still being counted (a SQL store with millions pending) comes on a later refresh.
+  const plot = (id, series, every, fmt) => {
+    if (series) barChart($(id), series.counts, every, (i) => at(series, i, fmt));
+    else $(id).replaceChildren(el("p", { class: "muted", text: "counting…" }));
+  };
+  plot("forecast-hour", forecast.next_hour, 10, hhmm);
+  plot("forecast-day", forecast.next_day, 4, hhmm);
+  plot("forecast-month", forecast.next_30_days, 5, day);
 
   // Destinations: queues (their counts) and routes, with the dead letters each produced.
   const deadBy = {};
