@@ -451,12 +451,21 @@ async function loadTopology() {
 // --- dead letters ----------------------------------------------------------------------------
 const deadPaging = { cursor: null, next: null };
 
+// POST /v1/queues/{name}/redrive, page after page (next_cursor) until every match is moved.
 async function redrive(queue, body) {
   const delay = delayMs($("redrive-delay").value);
-  const result = await api("POST", "/v1/queues/" + encodeURIComponent(queue) + "/redrive",
-    { body: { ...body, ...(delay === undefined ? {} : { delay_ms: delay }) } });
-  $("redrive-result").textContent = `moved ${num(result.moved)}, skipped ${num(result.skipped)}` +
-    (result.next_cursor ? " (more remain: redrive again)" : "");
+  const total = { moved: 0, skipped: 0 };
+  let cursor = null;
+  do {
+    const result = await api("POST", "/v1/queues/" + encodeURIComponent(queue) + "/redrive", {
+      body: { ...body, ...(delay === undefined ? {} : { delay_ms: delay }), ...(cursor ? { cursor } : {}) },
+    });
+    total.moved += result.moved;
+    total.skipped += result.skipped;
+    cursor = result.next_cursor || null;
+    $("redrive-result").textContent = `moved ${num(total.moved)}, skipped ${num(total.skipped)}` +
+      (cursor ? " … going on" : "");
+  } while (cursor);
   await loadDead();
 }
 
