@@ -46,7 +46,10 @@ class ForecastCache:
     _series: dict[str, _Series] = field(default_factory=dict)
 
     async def get(self, store: DelayedStore, now_ms: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"computed_at": now_ms}
+        out: dict[str, Any] = {
+            "computed_at": now_ms,
+            "scheduled": await self.scheduled(store, now_ms),
+        }
         waiting: list[asyncio.Task[dict[str, Any]]] = []
         for name, width, windows, max_age_ms in FORECAST_SERIES:
             series = self._series.setdefault(name, _Series())
@@ -61,6 +64,23 @@ class ForecastCache:
         for name, *_ in FORECAST_SERIES:
             out[name] = self._series[name].value
         return out
+
+    async def scheduled(self, store: DelayedStore, now_ms: int) -> int | None:
+        """Every scheduled message, counted in the background at most once a minute (a SQL
+        store counts its due index); None before the first count is done."""
+        series = self._series.setdefault("scheduled", _Series())
+        if series.task is None and (
+            series.value is None or now_ms - series.value["computed_at"] >= 60_000
+        ):
+            series.task = asyncio.create_task(_total(store, now_ms))
+            series.task.add_done_callback(partial(_done, series))
+        if series.value is None and series.task is not None:
+            await asyncio.wait([series.task], timeout=WAIT_S)
+        return None if series.value is None else int(series.value["count"])
+
+
+async def _total(store: DelayedStore, now_ms: int) -> dict[str, Any]:
+    return {"count": await store.count_scheduled(), "computed_at": now_ms}
 
 
 def _done(series: _Series, task: asyncio.Task[dict[str, Any]]) -> None:
@@ -79,10 +99,15 @@ def _groups(conn: sqlite3.Connection, queue: str) -> list[dict[str, Any]]:
     counts: Counter[tuple[str, str]] = Counter()
     oldest: dict[tuple[str, str], int] = {}
     newest: dict[tuple[str, str], int] = {}
-    rows = conn.execute(
-        "SELECT deaths FROM messages WHERE queue = ? AND state IN ('ready', 'delivered')",
-        (queue,),
-    )
+    # One query per state, each written so that SQLite reads its partial index of the queue's
+    # ready (or in-flight) rows: ``state IN (...)`` made it read the whole table.
+    rows = [
+        row
+        for state in ("ready", "delivered")
+        for row in conn.execute(
+            f"SELECT deaths FROM messages WHERE queue = ? AND state = '{state}'", (queue,)
+        )
+    ]
     for (deaths,) in rows:
         first = orjson.loads(deaths)[0] if deaths else {}
         key = (str(first.get("reason", "")), str(first.get("destination", "")))

@@ -396,6 +396,9 @@ class Forecast(BaseModel):
     while its first count is not done."""
 
     computed_at: int
+    scheduled: int | None = Field(
+        description="every scheduled message (counted at most once a minute; null at first)"
+    )
     next_hour: ForecastSeries | None = Field(description="per minute")
     next_day: ForecastSeries | None = Field(description="per hour")
     next_30_days: ForecastSeries | None = Field(description="per day")
