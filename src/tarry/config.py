@@ -85,6 +85,9 @@ class ServerConfig(_Section):
     """Serve plain HTTP on a non-loopback address (tokens are then sent in the clear; only
     behind a TLS-terminating proxy or on a trusted network)."""
     log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"
+    """``text``: plain lines. ``json``: one JSON object a line (time, level, logger, message,
+    and a message's ``id`` and ``destination`` where there is one), for log collectors."""
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ServerConfig:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from tarry.model.ids import IdGenerator
-from tarry.model.message import Message, Report, Undeliverable
+from tarry.model.message import Death, DeathReason, Message, Report, Undeliverable
 from tarry.store.log.record import (
     HEADER,
     MESSAGE,
@@ -151,3 +151,32 @@ def test_decode_messages_reads_each_record_as_parse_record_and_decode_message_do
     assert got == [alone(offset) for offset in offsets]
     assert got[:4] == [plain, flagged, "not a message record", other]
     assert got[4:] == ["checksum mismatch"] * 2 + ["bad header", SHORT_RECORD, SHORT_HEADER]
+
+
+def test_a_redriven_message_keeps_its_deaths_through_the_record() -> None:
+    # A dead letter sent back by a redrive is kept by the log store with its death history.
+    ids = IdGenerator()
+    message = Message(
+        id=ids.new_due(1_000, 2_000),
+        destination="orders",
+        body=b"again",
+        headers={"tarry-redriven-from": "01OLD"},
+        sent_at_ms=1_000,
+        deliver_at_ms=2_000,
+        expires_at_ms=None,
+        deaths=[
+            Death(DeathReason.REJECTED, "orders", 900, 2, "orders"),
+            Death(DeathReason.EXPIRED, "orders.eu", 500, 1, "orders.eu"),
+        ],
+    )
+    [record] = encode_messages([message], [0])
+    parsed = parse_record(record, 0)
+    assert isinstance(parsed, Record)
+    decoded, _ = decode_message(parsed.payload)
+    assert decoded.deaths == message.deaths
+    assert decoded.headers == message.headers
+    # and a message without deaths has none after the round trip (the key is left out)
+    plain = parse_record(encode_message(replace(message, deaths=[])), 0)
+    assert isinstance(plain, Record)
+    assert decode_message(plain.payload)[0].deaths == []
+    assert b'"d"' not in plain.payload

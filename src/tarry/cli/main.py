@@ -8,6 +8,7 @@ from tarry.cli.messages import cancel, consume, ls, reschedule, send, show
 from tarry.cli.pipeline import pipeline
 from tarry.cli.queues import policy, queue, topic
 from tarry.cli.rabbitmq import rabbitmq
+from tarry.cli.redrive import redrive
 from tarry.cli.serve import serve
 from tarry.cli.stats import stats
 from tarry.cli.store import store
@@ -49,6 +50,7 @@ for command in (
     cancel,
     reschedule,
     consume,
+    redrive,
     queue,
     topic,
     policy,

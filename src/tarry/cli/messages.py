@@ -10,7 +10,7 @@ import orjson
 from rich.progress import Progress
 
 from tarry.cli.context import client, connection_options, parsed, reports_errors
-from tarry.cli.output import json_option, mapping, print_json, table, when
+from tarry.cli.output import json_option, mapping, print_json, readable, table, when
 from tarry.errors import InvalidArgument, TarryError
 from tarry.model.time import parse_duration_ms, parse_instant_ms
 
@@ -172,6 +172,7 @@ def ls(
         "messages",
         ["id", "destination", "state", "deliver_at", "expires_at"],
         [(m.id, m.destination, m.state, when(m.deliver_at), when(m.expires_at)) for m in items],
+        keep=["id"],
     )
 
 
@@ -187,7 +188,7 @@ def show(ctx: click.Context, message_id: str, as_json: bool) -> None:
     if as_json:
         print_json(info.raw)
     else:
-        mapping(f"message {message_id}", info.raw)
+        mapping(f"message {message_id}", readable(info.raw))
 
 
 @click.command()

@@ -6,7 +6,7 @@ import click
 import orjson
 
 from tarry.cli.context import client, connection_options, parsed, reports_errors
-from tarry.cli.output import json_option, mapping, print_json, table
+from tarry.cli.output import json_option, mapping, print_json, readable, table
 from tarry.model.time import parse_duration_ms
 
 
@@ -116,6 +116,7 @@ def list_(ctx: click.Context, as_json: bool) -> None:
         "queues",
         ["name", "ready", "in_flight", "scheduled"],
         [(q.name, q.ready, q.in_flight, q.scheduled) for q in queues],
+        keep=["name"],
     )
 
 
@@ -149,12 +150,17 @@ def topic_subscribe(ctx: click.Context, name: str, queue_name: str) -> None:
 
 @topic.command(name="show")
 @click.argument("name")
+@json_option
 @connection_options
 @click.pass_context
 @reports_errors
-def topic_show(ctx: click.Context, name: str) -> None:
+def topic_show(ctx: click.Context, name: str, as_json: bool) -> None:
     """A topic's subscriptions."""
-    print_json(client(ctx).get_topic(name))
+    info = client(ctx).get_topic(name)
+    if as_json:
+        print_json(info)
+    else:
+        mapping(f"topic {name}", readable(info))
 
 
 @click.group()
@@ -186,12 +192,31 @@ def policy_set(
 
 
 @policy.command(name="list")
+@json_option
 @connection_options
 @click.pass_context
 @reports_errors
-def policy_list(ctx: click.Context) -> None:
+def policy_list(ctx: click.Context, as_json: bool) -> None:
     """All policies."""
-    print_json(client(ctx).list_policies())
+    policies = client(ctx).list_policies()
+    if as_json:
+        print_json(policies)
+        return
+    table(
+        "policies",
+        ["name", "pattern", "priority", "operator", "definition"],
+        [
+            (
+                p.get("name"),
+                p.get("pattern"),
+                p.get("priority"),
+                p.get("operator"),
+                ", ".join(f"{k}={v}" for k, v in (p.get("definition") or {}).items()),
+            )
+            for p in policies
+        ],
+        keep=["name"],
+    )
 
 
 @policy.command(name="delete")

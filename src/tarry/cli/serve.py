@@ -28,6 +28,11 @@ from tarry.errors import TarryError
 )
 @click.option("--dsn", help="For --store postgres: postgresql://user@host:5432/dbname.")
 @click.option("--auto-declare/--no-auto-declare", default=None, help="Create queues on first send.")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="Log lines as plain text (default) or one JSON object each ([server] log_format).",
+)
 def serve(
     data_dir: Path | None,
     host: str | None,
@@ -36,6 +41,7 @@ def serve(
     store: str | None,
     dsn: str | None,
     auto_declare: bool | None,
+    log_format: str | None,
 ) -> None:
     """Run the tarry server until interrupted."""
     from tarry.config import load_config
@@ -50,6 +56,8 @@ def serve(
         server["port"] = port
     if auto_declare is not None:
         server["auto_declare"] = auto_declare
+    if log_format is not None:
+        server["log_format"] = log_format
     overrides: dict[str, Any] = {"server": server}
     if store is not None:
         overrides["store"] = {"engine": store}

@@ -178,6 +178,37 @@ def nack(queue: str, receipts: Sequence[str], *, requeue: bool = True) -> Spec[d
     return Call("POST", f"/v1/queues/{queue}/nack", json=body), _same
 
 
+def redrive(
+    queue: str,
+    *,
+    ids: Sequence[str] | None = None,
+    original_destination: str | None = None,
+    reason: str | None = None,
+    dead_after: Instant | None = None,
+    dead_before: Instant | None = None,
+    to: str | None = None,
+    delay: Duration | None = None,
+    max: int | None = None,
+    cursor: str | None = None,
+) -> Spec[dict[str, Any]]:
+    """Move dead letters of ``queue`` back to where each came from (or ``to``), optionally
+    ``delay``ed: all, those matching the filters, or ``ids``. Answers ``{"moved", "skipped",
+    "skipped_reasons", "next_cursor"}``; pass ``next_cursor`` back as ``cursor`` to go on."""
+    optional = {
+        "ids": [*ids] if ids is not None else None,
+        "original_destination": original_destination,
+        "reason": reason,
+        "dead_after": instant_ms(dead_after, "dead_after"),
+        "dead_before": instant_ms(dead_before, "dead_before"),
+        "to": to,
+        "delay_ms": duration_ms(delay, "delay"),
+        "max": max,
+        "cursor": cursor,
+    }
+    body = {k: v for k, v in optional.items() if v is not None}
+    return Call("POST", f"/v1/queues/{queue}/redrive", json=body), _same
+
+
 def declare_topic(name: str) -> Spec[dict[str, Any]]:
     return Call("PUT", f"/v1/topics/{name}"), _same
 

@@ -77,6 +77,7 @@ class Client:
     receive = _method(_calls.receive)
     ack = _method(_calls.ack)
     nack = _method(_calls.nack)
+    redrive = _method(_calls.redrive)
     declare_topic = _method(_calls.declare_topic)
     get_topic = _method(_calls.get_topic)
     subscribe = _method(_calls.subscribe)

@@ -299,7 +299,10 @@ class Dispatcher:
         try:
             outcomes = await transport.deliver_batch(batch)
         except Exception as exc:  # a transport bug must not kill the loop
-            log.exception("transport raised an unexpected error")
+            log.exception(
+                "transport raised an unexpected error",
+                extra={"destination": batch[0].destination, "count": len(batch)},
+            )
             failure = DeliveryFailed(str(exc), reason="transport_error")
             outcomes = [failure] * len(batch)
         delivered = [m for m, error in zip(batch, outcomes, strict=True) if error is None]
@@ -334,7 +337,10 @@ class Dispatcher:
             await self._not_delivered(message, exc)
             return
         except Exception as exc:  # a transport bug must not kill the loop
-            log.exception("transport raised an unexpected error")
+            log.exception(
+                "transport raised an unexpected error",
+                extra={"id": message.id, "destination": message.destination},
+            )
             await self._failed(message, DeliveryFailed(str(exc), reason="transport_error"))
             return
         await self._delivered([message])
@@ -368,7 +374,12 @@ class Dispatcher:
         until = self._clock.now_ms() + max(wait_ms, 1)
         self._store.hold_claims([message.id], until_ms=until)
         heapq.heappush(self._held, until)
-        log.debug("holding %s until %d", message.id, until)
+        log.debug(
+            "holding %s until %d",
+            message.id,
+            until,
+            extra={"id": message.id, "destination": message.destination},
+        )
         self.stats.held += 1
         self.notify_due(until)  # the loop may be asleep past ``until``: make it plan again
 
@@ -384,6 +395,18 @@ class Dispatcher:
                 message.last_error = f"{error.reason}: {error.message}"
                 await self._give_up(message, error)
                 self.stats.gave_up += 1
+                log.warning(
+                    "gave up delivering %s to %s after %d attempts: %s",
+                    message.id,
+                    message.destination,
+                    attempts,
+                    message.last_error,
+                    extra={
+                        "id": message.id,
+                        "destination": message.destination,
+                        "reason": error.reason,
+                    },
+                )
                 return
             retry_at = now + compute_backoff_ms(
                 attempts,
@@ -398,4 +421,9 @@ class Dispatcher:
         except TarryError as exc:
             # Even the failure handling failed: NServiceBus's failure-rate breaker.
             self._breakers.failure_handling.failure(exc)
-            log.error("could not record the failure of %s: %s", message.id, exc)
+            log.error(
+                "could not record the failure of %s: %s",
+                message.id,
+                exc,
+                extra={"id": message.id, "destination": message.destination},
+            )

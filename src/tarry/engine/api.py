@@ -91,6 +91,15 @@ class EngineAPI(Protocol):
     async def nack(self, queue: str, receipts: Sequence[str], *, requeue: bool) -> dict[str, Any]:
         """Requeue (keeping the original expiry) or dead-letter with reason ``rejected``."""
 
+    async def redrive(
+        self, queue: str, data: Mapping[str, Any], *, may_send: MayAccess | None = None
+    ) -> dict[str, Any]:
+        """Move dead letters of ``queue`` back to their original destinations (or ``to``), each
+        exactly once: ``{"moved", "skipped", "skipped_reasons", "next_cursor"}``. Raises
+        ``not_found`` (no such queue), ``unknown_destination`` (``to``), ``not_authorized``,
+        ``invalid_argument``; a message whose destination the token may not send to is
+        skipped (``not_authorized`` in ``skipped_reasons``)."""
+
     # --- topics and policies ----------------------------------------------------------------
     async def declare_topic(self, name: str) -> tuple[dict[str, Any], bool]: ...
 

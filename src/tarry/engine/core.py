@@ -21,6 +21,7 @@ from tarry.dispatch.dispatcher import Dispatcher
 from tarry.engine import cluster, consuming, release, sending
 from tarry.engine.handover import refuse_if_handed_over
 from tarry.engine.overview import ForecastCache, dead_letter_groups
+from tarry.engine.redrive import Redriver
 from tarry.engine.stores import build_stores
 from tarry.engine.types import (
     Delivery,
@@ -44,6 +45,7 @@ from tarry.errors import (
 from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message
 from tarry.model.queue_args import Policy, parse_policy, parse_queue_args
+from tarry.model.redrive import parse_redrive
 from tarry.model.state import MessageState
 from tarry.model.time import Clock, SystemClock
 from tarry.model.validate import (
@@ -142,6 +144,23 @@ class Engine:
             give_up=self._give_up,
             notify=self._emit_all,
         )
+
+        def due(deliver_at_ms: int, now_ms: int) -> None:
+            self.dispatcher.notify_due(deliver_at_ms)
+            cluster.announce_due(self, deliver_at_ms, now_ms)
+
+        self.redriver = Redriver(
+            qdb=self.qdb,
+            store=store,
+            catalog=lambda: self.catalog,
+            clock=self.clock,
+            shared=self.shared,
+            open_txn=self._txn,
+            committed=self._after,
+            emit=self._emit_all,
+            is_route=lambda name: name in self.transports,
+            due=due,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._forecasts = ForecastCache()
         self._lock_file: IO[str] | None = None
@@ -187,6 +206,7 @@ class Engine:
             return int(conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()[0])
 
         self._seq.value = await self.qdb.read(load)
+        await self.redriver.open()
         if self.config.journal.enabled:
             from tarry.journal.writer import Journal
 
@@ -382,6 +402,12 @@ class Engine:
             return await release.list_merged(self, query)
         return await self.store.list(query)
 
+    async def redrive(
+        self, queue: str, data: Mapping[str, Any], *, may_send: MayAccess | None = None
+    ) -> dict[str, Any]:
+        """Move dead letters of ``queue`` back where they came from (``tarry.engine.redrive``)."""
+        return await self.redriver.redrive(queue, parse_redrive(data), may_send=may_send)
+
     # --- dispatch hooks -------------------------------------------------------------------------
     async def _release_local(
         self, batch: Sequence[Message]
@@ -528,7 +554,7 @@ class Engine:
             subscribers.discard(name)
         self._after(txn)
         self.waiters.wake({name})
-        log.info("queue %s %s", name, reason)
+        log.info("queue %s %s", name, reason, extra={"destination": name})
 
     async def receive(
         self,

@@ -139,7 +139,8 @@ class MessageQuery:
 #: Called synchronously for every state change, after it is durable:
 #: ``listener(event, message, time_ms, queue, reason)``. Events: ``scheduled``, ``released``,
 #: ``received``, ``acked``, ``nacked``, ``expired``, ``dead_lettered``, ``cancelled``,
-#: ``rescheduled``, ``failed``, ``delivered`` (accepted by an external destination).
+#: ``rescheduled``, ``failed``, ``delivered`` (accepted by an external destination),
+#: ``redriven`` (a dead letter moved back by a redrive; reason: the new message's id).
 #: Listeners must be fast and must not raise (the journal and the metrics are listeners).
 EventListener = Callable[[str, Message, int, "str | None", "str | None"], None]
 #: One event as ``EventListener`` takes it: ``(event, message, time_ms, queue, reason)``.

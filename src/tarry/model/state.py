@@ -31,7 +31,8 @@ S = MessageState
 
 ALLOWED: dict[MessageState, frozenset[MessageState]] = {
     S.SCHEDULED: frozenset({S.READY, S.DELIVERED, S.CANCELLED, S.EXPIRED, S.DEAD_LETTERED}),
-    S.READY: frozenset({S.DELIVERED, S.EXPIRED, S.DEAD_LETTERED}),
+    # ready → acked: a dead letter redriven out of its queue (``tarry.queues.redrive``).
+    S.READY: frozenset({S.DELIVERED, S.ACKED, S.EXPIRED, S.DEAD_LETTERED}),
     S.DELIVERED: frozenset({S.READY, S.ACKED, S.DEAD_LETTERED}),
     S.ACKED: frozenset(),
     S.CANCELLED: frozenset(),

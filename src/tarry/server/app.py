@@ -27,12 +27,22 @@ from tarry.server.connections import ConnectionGuard
 from tarry.server.deps import BodyLimits
 from tarry.server.diagnostics import install_stack_dump
 from tarry.server.errors import install_error_handlers
+from tarry.server.logs import configure_logging
 from tarry.server.metrics import Metrics
 from tarry.server.openapi import install_openapi
 from tarry.server.recent import RecentActivity
 from tarry.server.refusals import RefusalLog
 from tarry.server.responses import JSON
-from tarry.server.routes import health, messages, overview, policies, queues, routes, topics
+from tarry.server.routes import (
+    health,
+    messages,
+    overview,
+    policies,
+    queues,
+    redrive,
+    routes,
+    topics,
+)
 
 __all__ = ["create_app", "serve", "tune_runtime"]
 
@@ -76,7 +86,8 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
     app.state.body_limits = BodyLimits.from_config(config.server)
     install_error_handlers(app)
     install_openapi(app)
-    for module in (messages, queues, topics, policies, routes, health, overview, console_files):
+    routers = (messages, queues, redrive, topics, policies, routes, health, overview)
+    for module in (*routers, console_files):
         app.include_router(module.router)
     return app
 
@@ -176,11 +187,7 @@ def tune_runtime() -> None:
 def serve(config: TarryConfig) -> None:
     """Run the server until SIGINT/SIGTERM. Raises ``TarryError`` for an unsafe or bad config."""
     check_bind_safety(config)
-    logging.basicConfig(
-        level=config.server.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    log_config = configure_logging(config.server)
     log.info("configuration: %s", orjson.dumps(config.redacted()).decode())
     app = create_app(config)
     tune_runtime()
@@ -198,6 +205,7 @@ def serve(config: TarryConfig) -> None:
         uvicorn.Config(
             app,
             log_level=settings.log_level,
+            log_config=log_config,
             access_log=False,
             lifespan="on",
             http=guard.protocol(),

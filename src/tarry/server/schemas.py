@@ -151,6 +151,31 @@ class Nack(Ack):
     requeue: bool = True
 
 
+class Redrive(BaseModel):
+    """Which dead letters go back: all of the queue's (paged by ``max`` and ``cursor``), those
+    the filters let through (the latest death's destination, reason and time), or ``ids``."""
+
+    model_config = ConfigDict(extra="forbid")
+    ids: list[str] | None = Field(None, min_length=1, max_length=1000)
+    original_destination: str | None = _name()
+    reason: Literal["expired", "rejected", "maxlen", "delivery_failed"] | None = None
+    dead_after: int | str | None = Field(None, description="epoch ms or RFC 3339, inclusive")
+    dead_before: int | str | None = Field(None, description="epoch ms or RFC 3339, exclusive")
+    to: str | None = _name()  # a queue or route instead of each one's origin
+    delay_ms: int | None = Field(None, ge=0, le=MAX_DELAY_MS)
+    max: int | None = Field(None, ge=1, le=10_000, description="most moved (default 1000)")
+    cursor: str | None = Field(None, description="the next_cursor of the previous answer")
+
+
+class Redriven(BaseModel):
+    moved: int
+    skipped: int
+    skipped_reasons: dict[str, int] = Field(
+        description="why dead letters were left where they are, with how many"
+    )
+    next_cursor: str | None = Field(description="pass it back to go on; null when done")
+
+
 class PolicyDefinition(BaseModel):
     model_config = ConfigDict(extra="forbid")
     message_ttl_ms: int | None = Field(None, ge=0, le=MAX_TTL_MS)
@@ -453,6 +478,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     Ack,
     Nack,
     PolicyBody,
+    Redrive,
 )
 
 

@@ -10,7 +10,8 @@
                      [dedupe_hash:i64]            when flags & 1
                      [extra_len:u32 extra:JSON]   when flags & 2: {"t": topic, "m": message_id,
                                                   "c": correlation_id, "r": reply_to,
-                                                  "p": report, "h": headers} (non-empty only)
+                                                  "p": report, "h": headers, "d": deaths
+                                                  (a redriven dead letter's)} (non-empty only)
                      body: the rest
                      flags & 4: on_undeliverable = discard; flags & 8: not persistent
     kind 2 RELEASED  target:i64 (position of the MESSAGE record in this partition) state:i64
@@ -40,7 +41,14 @@ from typing import Any
 import google_crc32c
 import orjson
 
-from tarry.model.message import Message, Undeliverable, parse_reports, plain_message, reports_text
+from tarry.model.message import (
+    Death,
+    Message,
+    Undeliverable,
+    parse_reports,
+    plain_message,
+    reports_text,
+)
 
 __all__ = [
     "CANCELLED",
@@ -156,6 +164,7 @@ def encode_messages(messages: Sequence[Message], hashes: Sequence[int]) -> list[
             or message.correlation_id
             or message.reply_to
             or message.report
+            or message.deaths
             or not message.persistent
             or message.on_undeliverable is discard
         ):
@@ -201,6 +210,7 @@ def _flagged_payload(message: Message, dedupe_hash: int) -> bytes:
         ("r", message.reply_to),
         ("p", reports_text(message.report)),
         ("h", message.headers),
+        ("d", [d.to_dict() for d in message.deaths]),
     ):
         if value:
             extra[key] = value
@@ -315,6 +325,7 @@ def decode_message(payload: bytes) -> tuple[Message, int]:
         on_undeliverable=Undeliverable.DISCARD if flags & _DISCARD else Undeliverable.DEAD_LETTER,
         persistent=not flags & _TRANSIENT,
         topic=extra.get("t"),
+        deaths=[Death.from_dict(d) for d in extra.get("d", ())],
         updated_at_ms=sent,
     )
     return message, dedupe_hash

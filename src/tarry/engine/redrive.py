@@ -1,0 +1,268 @@
+"""Redrive across the stores: dead letters of a queue go back where they came from, each once.
+
+A request runs as chunks, one queue-database transaction each (``tarry.queues.redrive``). Where
+the moved message lands decides how a chunk commits:
+
+- into a local queue with no delay: the same transaction puts it in its queue (every store: the
+  local queues always live in the queue database);
+- scheduled (a delay, or a route) on a store that shares the queue database (SQLite,
+  PostgreSQL ``exactly_once``): the same transaction writes its scheduled row;
+- scheduled on a store of its own (the log store, the memory store, PostgreSQL
+  ``at_least_once``): the transaction writes it to an outbox table beside the dead letters it
+  ends; then the delayed store keeps it (``store.store``); then the outbox rows go. A crash in
+  between leaves outbox rows: ``resume`` (at start, and before every redrive) stores those the
+  store does not hold yet and the queue database has not released, so none is lost and none
+  is kept twice.
+
+One redrive runs at a time in a process (the outbox is finished before the next one starts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from tarry.engine.types import Event, MayAccess, MessageQuery
+from tarry.errors import InvalidArgument, NotAuthorized, NotFound, UnknownDestination
+from tarry.model.message import Message
+from tarry.model.redrive import RedriveCursor, RedriveRequest
+from tarry.model.time import Clock
+from tarry.queues.catalog import Catalog
+from tarry.queues.redrive import RedriveChunk, last_position
+from tarry.queues.txn import QueueTxn
+from tarry.store.base import DelayedStore, QueueDatabase
+from tarry.store.log.record import Record, decode_message, encode_message, parse_record
+
+__all__ = ["Redriver"]
+
+log = logging.getLogger(__name__)
+
+#: Dead letters one transaction looks at.
+CHUNK = 500
+#: Dead letters one request looks at, at most (a filter that lets few through answers with a
+#: cursor instead of reading the whole queue in one request).
+SCAN_LIMIT = 20_000
+
+_OUTBOX = "CREATE TABLE IF NOT EXISTS redrive_outbox (id TEXT PRIMARY KEY, record BLOB NOT NULL)"
+
+
+@dataclass
+class Redriver:
+    """What a redrive needs of the engine: its two databases, how to open a queue transaction
+    and what to do once one committed, and how to tell the dispatcher (and the other nodes)
+    about new due times."""
+
+    qdb: QueueDatabase
+    store: DelayedStore
+    #: The engine's catalog as it is now (a cluster node swaps in a fresh one on changes).
+    catalog: Callable[[], Catalog]
+    clock: Clock
+    #: True when the store is the queue database (scheduled messages are its rows).
+    shared: bool
+    open_txn: Callable[[sqlite3.Connection, int], QueueTxn]
+    committed: Callable[[QueueTxn], None]
+    emit: Callable[[Sequence[Event]], None]
+    is_route: Callable[[str], bool]
+    #: ``due(deliver_at_ms, now_ms)``: messages fall due then.
+    due: Callable[[int, int], None]
+
+    def __post_init__(self) -> None:
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        """Finish what a crash interrupted (before the dispatcher starts)."""
+        if not self.shared:
+            await self.qdb.write(lambda conn: conn.execute(_OUTBOX), durable=True)
+            async with self._lock:
+                await self._resume()
+
+    async def redrive(
+        self, queue: str, request: RedriveRequest, *, may_send: MayAccess | None
+    ) -> dict[str, Any]:
+        catalog = self.catalog()
+        if queue not in catalog.queues:
+            raise NotFound(f"no queue named {queue!r}")
+        for name, field in ((request.to, "to"), (request.original_destination, None)):
+            if name is None:
+                continue
+            if may_send is not None and not may_send(name):
+                raise NotAuthorized(
+                    f"this token may not send to {name!r}; ask for a token with send "
+                    "permission on it"
+                )
+            if field and catalog.kind(name) != "queue" and not self.is_route(name):
+                raise UnknownDestination(
+                    f"to {name!r} is no queue or route here; declare it or name another"
+                )
+        async with self._lock:
+            if not self.shared:
+                await self._resume()
+            return await self._run(queue, request, may_send)
+
+    async def _run(
+        self, queue: str, request: RedriveRequest, may_send: MayAccess | None
+    ) -> dict[str, Any]:
+        moved, skipped = 0, Counter[str]()
+        if request.ids is not None:
+            ids = list(request.ids)
+            for start in range(0, len(ids), CHUNK):
+                part = ids[start : start + CHUNK]
+                chunk = await self._chunk(queue, request, may_send, partial(_by_ids, ids=part))
+                moved, skipped = moved + chunk.moved, skipped + chunk.skipped
+            return _answer(moved, skipped, None)
+        if request.cursor is not None:
+            after, upper = request.cursor.after_seq, request.cursor.upper_seq
+        else:
+            after, upper = 0, await self.qdb.read(lambda conn: last_position(conn, queue))
+        looked = 0
+        while True:
+            limit = min(CHUNK, SCAN_LIMIT - looked)
+            most = request.max - moved
+            chunk = await self._chunk(
+                queue,
+                request,
+                may_send,
+                partial(_scan, after_seq=after, upper_seq=upper, limit=limit, most=most),
+            )
+            moved, skipped = moved + chunk.moved, skipped + chunk.skipped
+            looked += limit
+            after = chunk.last_seq
+            if chunk.exhausted:
+                return _answer(moved, skipped, None)
+            if moved >= request.max or looked >= SCAN_LIMIT:
+                return _answer(moved, skipped, RedriveCursor(after, upper).encode())
+
+    async def _chunk(
+        self,
+        queue: str,
+        request: RedriveRequest,
+        may_send: MayAccess | None,
+        step: Callable[[RedriveChunk], None],
+    ) -> RedriveChunk:
+        def work(conn: sqlite3.Connection) -> RedriveChunk:
+            chunk = RedriveChunk(
+                self.open_txn(conn, self.clock.now_ms()),
+                request,
+                queue,
+                is_route=self.is_route,
+                may_send=may_send,
+                keep_scheduled=self.shared,
+            )
+            step(chunk)
+            if chunk.outbox:
+                conn.executemany(
+                    "INSERT INTO redrive_outbox (id, record) VALUES (?, ?)",
+                    [(m.id, encode_message(m)) for m in chunk.outbox],
+                )
+            return chunk
+
+        # Not fsynced: a power loss undoes the whole chunk (the dead letters are back where
+        # they were, nothing moved), which is still once. Only an outbox must be on disk
+        # before the delayed store keeps its messages (else a power loss would leave them
+        # kept and their dead letters back: twice).
+        chunk = await self.qdb.write(work)
+        if chunk.outbox:
+            await self.qdb.write(_nothing, durable=True)
+        self.committed(chunk.txn)
+        now = chunk.txn.now_ms
+        if chunk.scheduled:
+            self._scheduled(chunk.scheduled, now)
+        if chunk.outbox:
+            await self._keep(chunk.outbox, now)
+        if chunk.moved:
+            log.info(
+                "redrove %d dead letters of %s",
+                chunk.moved,
+                queue,
+                extra={"destination": queue, "count": chunk.moved},
+            )
+        return chunk
+
+    async def _keep(self, messages: list[Message], now: int) -> None:
+        """The delayed store keeps the outbox's messages, then the outbox lets them go."""
+        await self.store.store(messages)
+        self._scheduled(messages, now)
+        ids = [(m.id,) for m in messages]
+        await self.qdb.write(
+            lambda conn: conn.executemany("DELETE FROM redrive_outbox WHERE id = ?", ids)
+        )
+
+    def _scheduled(self, messages: list[Message], now: int) -> None:
+        self.emit([("scheduled", m, now, None, None) for m in messages])
+        self.due(min(m.deliver_at_ms for m in messages), now)
+
+    async def _resume(self) -> None:
+        """Outbox rows a crash left: keep in the store those it does not hold yet."""
+        rows = await self.qdb.read(
+            lambda conn: conn.execute("SELECT record FROM redrive_outbox").fetchall()
+        )
+        if not rows:
+            return
+        waiting = [_decode(bytes(row[0])) for row in rows]
+        now = self.clock.now_ms()
+        ids = [m.id for m in waiting]
+        held = await self.qdb.read(lambda conn: self.open_txn(conn, now).released_before(ids))
+        held |= await self._stored(waiting)
+        missing = [m for m in waiting if m.id not in held]
+        log.warning(
+            "redrive outbox: %d messages a crash left, %d of them not yet kept: keeping them",
+            len(waiting),
+            len(missing),
+        )
+        if missing:
+            await self._keep(missing, now)
+        else:
+            await self.qdb.write(lambda conn: conn.execute("DELETE FROM redrive_outbox"))
+
+    async def _stored(self, messages: list[Message]) -> set[str]:
+        """Which of ``messages`` the delayed store holds: those of a chunk share a due time,
+        so a listing of each due time finds them (one pass, not a look-up per id)."""
+        wanted = {m.id for m in messages}
+        found: set[str] = set()
+        for due in sorted({m.deliver_at_ms for m in messages}):
+            cursor = None
+            while True:
+                query = MessageQuery(
+                    due_after_ms=due, due_before_ms=due + 1, limit=1000, cursor=cursor
+                )
+                items, cursor = await self.store.list(query)
+                found.update(m.id for m in items if m.id in wanted)
+                if cursor is None:
+                    break
+        return found
+
+
+def _nothing(conn: sqlite3.Connection) -> None:
+    """A write that only waits for the fsync of what was committed before it."""
+
+
+def _by_ids(chunk: RedriveChunk, *, ids: list[str]) -> None:
+    chunk.by_ids(ids)
+
+
+def _scan(chunk: RedriveChunk, *, after_seq: int, upper_seq: int, limit: int, most: int) -> None:
+    chunk.scan(after_seq=after_seq, upper_seq=upper_seq, limit=limit, most=most)
+
+
+def _decode(blob: bytes) -> Message:
+    record = parse_record(blob, 0)
+    if not isinstance(record, Record):
+        raise InvalidArgument(f"a redrive outbox row is damaged ({record})")
+    return decode_message(record.payload)[0]
+
+
+def _answer(moved: int, skipped: Counter[str], cursor: str | None) -> dict[str, Any]:
+    """The answer: ``next_cursor`` is null once the range is done (else pass it back to go on)."""
+    data: dict[str, Any] = {
+        "moved": moved,
+        "skipped": sum(skipped.values()),
+        "skipped_reasons": dict(sorted(skipped.items())),
+    }
+    data["next_cursor"] = cursor
+    return data
