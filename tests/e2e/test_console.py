@@ -1,6 +1,6 @@
 """The browser console in a real headless Chromium against a real ``tarry serve`` with a token:
 a user opens ``/console``, gives the token, filters the scheduled messages, cancels one,
-reschedules one, peeks at a dead letter; every result is checked through the API, the page's
+reschedules one, peeks at a dead letter and redrives it; every result is checked through the API, the page's
 JavaScript logs no error, and each view is saved as a screenshot in ``$TARRY_SCREENSHOTS``
 (default ``test-artifacts/console/``)."""
 
@@ -90,7 +90,7 @@ def api(server: ServerProcess) -> Iterator[httpx.Client]:
         yield client
 
 
-def _wait(driver: Any, condition: Callable[[], Any], what: str, timeout_s: float = 10) -> Any:
+def _wait(driver: Any, condition: Callable[[], Any], what: str, timeout_s: float = 20) -> Any:
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -163,7 +163,7 @@ def _dead_letter(api: httpx.Client) -> str:
     return str(dead["id"])
 
 
-def test_operator_filters_cancels_reschedules_and_peeks_at_dead_letters_in_the_console(
+def test_operator_filters_cancels_reschedules_and_redrives_a_dead_letter_in_the_console(
     server: ServerProcess, api: httpx.Client, browser: Any
 ) -> None:
     # Given a server with a token, three orders and a bill scheduled, and one dead letter
@@ -301,6 +301,23 @@ def test_operator_filters_cancels_reschedules_and_peeks_at_dead_letters_in_the_c
     assert browser.find_element("id", "detail-body").text == "broken"
     _shot(browser, "dead-letter-detail")
     browser.find_element("id", "detail-close").click()
+
+    # When they select that dead letter and redrive it
+    _rows(browser, "dead-messages")[0].find_element("css selector", "input.pick").click()
+    browser.find_element("id", "redrive-selected").click()
+    _wait(
+        browser,
+        lambda: browser.find_element("id", "redrive-result").text.startswith("moved 1,"),
+        "the redrive's answer",
+    )
+    _wait(browser, lambda: not _rows(browser, "dead-messages"), "the dead-letter queue emptied")
+    _shot(browser, "dead-letters-redriven")
+    # Then it arrives at its original destination, a new message linked to the dead letter,
+    # with its deaths kept (checked through the API)
+    got = api.post("/v1/queues/orders/receive", json={"max": 10, "wait_ms": 5000}).json()
+    [back] = got["messages"]
+    assert (back["body"], back["headers"]["tarry-redriven-from"]) == ("broken", dead)
+    assert back["id"] != dead and back["deaths"][0]["reason"] == "rejected"
 
     # Then the page logged no error once it had the token (no JavaScript error, no failed call)
     assert _errors(browser) == []
