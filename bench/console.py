@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from foundation import start_server  # noqa: E402 - the sibling benchmark's helpers
+from foundation import open_for_filling, start_server  # noqa: E402 - the sibling benchmark's helpers
 
 from tarry.model.ids import IdGenerator  # noqa: E402
 from tarry.model.message import Message  # noqa: E402
@@ -75,16 +75,7 @@ def batches(count: int, span_ms: int, start_ms: int, now_ms: int) -> Any:
 
 
 async def fill(data_dir: Path, store: str, count: int, span_ms: int) -> dict[str, Any]:
-    if store == "log":
-        from tarry.store.log import LogStore
-
-        target: Any = LogStore(data_dir / "log", fsync="never")
-    else:
-        from tarry.store.sqlite import SQLiteStore
-
-        target = SQLiteStore(data_dir / "tarry.db", synchronous="off")
-    data_dir.mkdir(parents=True, exist_ok=True)
-    await target.open()
+    target = await open_for_filling(data_dir, store)
     now = SystemClock().now_ms()
     started = time.perf_counter()
     pending: list[asyncio.Future[Any]] = []
