@@ -192,6 +192,12 @@ function lineChart(container, series, labelEvery, labelOf) {
     });
     return svg("path", { class: s.kind, d: d.trim() || "M0 0" });
   });
+  // A window with its neighbours empty has no line to draw: a dot shows it.
+  series.forEach((s) => s.values.forEach((v, i) => {
+    if (v !== null && s.values[i - 1] == null && s.values[i + 1] == null) {
+      paths.push(svg("circle", { class: s.kind, cx: x(i).toFixed(1), cy: y(v).toFixed(1), r: 2 }));
+    }
+  }));
   const labels = [];
   for (let i = 0; i < n; i += labelEvery) labels.push([x(i), labelOf(i)]);
   container.replaceChildren(
