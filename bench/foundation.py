@@ -65,6 +65,22 @@ def start_server(
     raise RuntimeError("tarry serve did not start")
 
 
+async def open_for_filling(data_dir: Path, store: str) -> Any:
+    """The ``log`` or ``sqlite`` store ``tarry serve --store STORE --data DATA_DIR`` opens,
+    opened in this process with durability off, to fill fast (``os.sync()`` after closing)."""
+    if store == "log":
+        from tarry.store.log import LogStore
+
+        target: Any = LogStore(data_dir / "log", fsync="never")
+    else:
+        from tarry.store.sqlite import SQLiteStore
+
+        target = SQLiteStore(data_dir / "tarry.db", synchronous="off")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    await target.open()
+    return target
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

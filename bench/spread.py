@@ -53,7 +53,13 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from foundation import cpu_s, loop_sleep_cpu_us, rss_mb, start_server  # noqa: E402
+from foundation import (  # noqa: E402
+    cpu_s,
+    loop_sleep_cpu_us,
+    open_for_filling,
+    rss_mb,
+    start_server,
+)
 from logstore import ratio, year_batches  # noqa: E402
 
 QUEUE = "bench.spread"
@@ -568,16 +574,7 @@ async def fill(data_dir: Path, store: str, count: int) -> dict[str, Any]:
     """``count`` messages due over a year from an hour ahead (none falls due while measured),
     in due order, stored in-process as ``tarry serve --store STORE --data DATA_DIR`` keeps
     them; durability off while filling, then ``sync``."""
-    if store == "log":
-        from tarry.store.log import LogStore
-
-        target: Any = LogStore(data_dir / "log", fsync="never")
-    else:
-        from tarry.store.sqlite import SQLiteStore
-
-        target = SQLiteStore(data_dir / "tarry.db", synchronous="off")
-    data_dir.mkdir(parents=True, exist_ok=True)
-    await target.open()
+    target = await open_for_filling(data_dir, store)
     started = time.perf_counter()
     in_flight: list[asyncio.Future[Any]] = []
     raw = 0

@@ -1,6 +1,6 @@
 """Shared fixtures: real `tarry serve` processes, and the service checks behind the markers.
 
-Tests marked ``rabbitmq``, ``postgres`` or ``spark`` need that service. When it is missing they
+Tests marked ``rabbitmq``, ``postgres``, ``spark`` or ``browser`` need that service. When it is missing they
 skip with a loud reason, unless ``TARRY_REQUIRE_SERVICES=1`` (CI), where they fail instead.
 """
 
@@ -64,6 +64,25 @@ _SERVICES["postgres"] = (
     "$(ls /etc/postgresql) main start)",
 )
 _SERVICES["spark"] = (_spark_available, "pyspark and Java 17 (pip install -e '.[spark]')")
+
+#: The headless browser the console tests drive (Debian's packages; scripts/test installs them).
+CHROMIUM = os.environ.get("TARRY_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("TARRY_CHROMEDRIVER", "/usr/bin/chromedriver")
+
+
+def _browser_available() -> bool:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return False
+    return os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)
+
+
+_SERVICES["browser"] = (
+    _browser_available,
+    f"headless Chromium ({CHROMIUM}, {CHROMEDRIVER}: apt-get install chromium chromium-driver) "
+    "and selenium (pip install -e '.[dev]')",
+)
 
 
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()

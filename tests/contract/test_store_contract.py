@@ -197,3 +197,24 @@ async def test_list_pages_through_messages_in_due_order(store) -> None:
     only_a, _ = await store.list(MessageQuery(destination="a", due_before_ms=NOW + 6))
     assert [m.deliver_at_ms - NOW for m in only_a] == [1, 3, 5]
     assert await store.count_scheduled() == 10
+
+
+async def test_due_counts_count_scheduled_messages_by_window_and_leave_out_cancelled_ones(
+    store,
+) -> None:
+    # Given messages due in the 1st, 2nd and 4th minute from NOW (one of them cancelled), and
+    # one due before the windows and one after them
+    minute = 60_000
+    start = NOW - NOW % minute + minute  # whole minutes: the log store's partitions here
+    dues = [start + 5, start + 10, start + minute + 1, start + 3 * minute + 59_999]
+    kept = [message(d - NOW) for d in dues]
+    outside = [message(start - 1 - NOW), message(start + 4 * minute - NOW)]
+    cancelled = message(start + 20 - NOW)
+    await store.store([*kept, *outside, cancelled])
+    await store.cancel(cancelled.id, now_ms=NOW)
+    # When the store counts four one-minute windows from start
+    counts = await store.due_counts(start, minute, 4)
+    # Then each window has its messages, and wider windows add up the same
+    assert counts == [2, 1, 0, 1]
+    assert await store.due_counts(start, 2 * minute, 2) == [3, 1]
+    assert await store.due_counts(start, minute, 0) == []

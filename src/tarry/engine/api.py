@@ -100,6 +100,9 @@ class EngineAPI(Protocol):
 
     async def topic_info(self, name: str) -> dict[str, Any]: ...
 
+    async def list_topics(self) -> list[dict[str, Any]]:
+        """Every topic's ``topic_info``, by name."""
+
     async def subscribe(self, topic: str, queue: str) -> dict[str, Any]:
         """Raises ``not_found`` when the topic or the queue does not exist."""
 
@@ -149,6 +152,15 @@ class EngineAPI(Protocol):
 
     async def stats(self) -> dict[str, Any]:
         """Counts by state, per queue, dispatcher figures."""
+
+    async def forecast(self) -> dict[str, Any]:
+        """Scheduled messages by due window: ``next_hour`` (per minute), ``next_day`` (per
+        hour), ``next_30_days`` (per day), each ``{"start", "width_ms", "counts"}``; from the
+        store's due index (``DelayedStore.due_counts``), at most a few seconds old."""
+
+    async def dead_letters(self) -> list[dict[str, Any]]:
+        """``[{"queue", "groups": [{"reason", "original_destination", "count", "oldest",
+        "newest"}]}]``: every dead-letter queue's messages by their first death."""
 
     def add_listener(
         self, listener: EventListener, *, many: EventBatchListener | None = None

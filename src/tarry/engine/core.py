@@ -29,6 +29,7 @@ from tarry.engine.handover import refuse_if_handed_over
 from tarry.engine.housekeeping import housekeeping, sweep
 from tarry.engine.lifecycle import lock_data_dir, supervise
 from tarry.engine.listeners import emit_all, one_by_one
+from tarry.engine.overview import ForecastCache, dead_letter_groups
 from tarry.engine.redrive import Redriver
 from tarry.engine.routes import RouteBook, RouteEntry, RouteHooks
 from tarry.engine.schedules import Schedules
@@ -157,6 +158,7 @@ class Engine:
             due=due,
         )
         self._tasks: list[asyncio.Task[None]] = []
+        self._forecasts = ForecastCache()
         self._lock_file: IO[str] | None = None
         self.journal: Any = None
         self.ingress: Any = None
@@ -427,6 +429,9 @@ class Engine:
     async def topic_info(self, name: str) -> dict[str, Any]:
         return await catalog_admin.topic_info(self.ctx, name)
 
+    async def list_topics(self) -> list[dict[str, Any]]:
+        return [await self.topic_info(name) for name in sorted(self.catalog.topics)]
+
     async def subscribe(self, topic: str, queue: str) -> dict[str, Any]:
         return await catalog_admin.subscribe(self.ctx, topic, queue)
 
@@ -502,6 +507,22 @@ class Engine:
             release_lag_ms=self.dispatcher.lag.lag_ms(),
             ingress=self.ingress,
         )
+
+    async def forecast(self) -> dict[str, Any]:
+        return await self._forecasts.get(self.store, self.clock.now_ms())
+
+    async def dead_letters(self) -> list[dict[str, Any]]:
+        """Each dead-letter queue (the error queue, and every queue some queue's arguments in
+        force dead-letter into) with its messages grouped by ``deaths[0]``."""
+        targets = {self.config.dispatch.error_queue}
+        for entry in self.catalog.queues.values():
+            if entry.effective.dead_letter_to is not None:
+                targets.add(entry.effective.dead_letter_to)
+        return [
+            {"queue": name, "groups": await dead_letter_groups(self.qdb, name)}
+            for name in sorted(targets)
+            if name in self.catalog.queues
+        ]
 
     async def stats(self) -> dict[str, Any]:
         return await operations.stats(

@@ -33,7 +33,7 @@ from tarry.queues.txn import QueueTxn
 from tarry.store.base import StoreOutcome
 from tarry.store.sql import id_column, id_key
 from tarry.store.sqlite.rows import SELECT_SQL, dedupe_key, from_row, kept_by_dedupe_key
-from tarry.store.sqlite.store import list_rows, page
+from tarry.store.sqlite.store import ended_early, list_rows, page
 
 if TYPE_CHECKING:
     from tarry.engine.core import Engine
@@ -228,8 +228,9 @@ async def list_merged(engine: Engine, query: MessageQuery) -> tuple[list[Message
     limit = query.limit
     released = await engine.qdb.read(lambda conn: list_rows(conn, query, limit + 1))
     pending: list[Message] = []
+    cursor: str | None = None
     if query.state in (None, MessageState.SCHEDULED.value, MessageState.CANCELLED.value):
-        pending, _ = await engine.store.list(replace(query, limit=limit + 1))
+        pending, cursor = await engine.store.list(replace(query, limit=limit + 1))
     seen = {m.id for m in released}
     merged = list(
         heapq.merge(
@@ -238,4 +239,10 @@ async def list_merged(engine: Engine, query: MessageQuery) -> tuple[list[Message
             key=lambda m: (m.deliver_at_ms, m.id),
         )
     )
-    return page(merged, limit)
+    read_to = ended_early(cursor)
+    if read_to is None:
+        return page(merged, limit)
+    # The store read pending messages due before ``read_to`` only: released ones due later
+    # wait for the page that reads on from there.
+    items, next_cursor = page([m for m in merged if m.deliver_at_ms < read_to], limit)
+    return items, next_cursor or cursor

@@ -22,6 +22,7 @@ from fastapi import FastAPI
 import tarry
 from tarry.config import TarryConfig
 from tarry.engine.api import EngineAPI
+from tarry.server import console_files
 from tarry.server.auth import check_bind_safety
 from tarry.server.connections import ConnectionGuard
 from tarry.server.deps import BodyLimits
@@ -30,11 +31,13 @@ from tarry.server.errors import install_error_handlers
 from tarry.server.logs import configure_logging
 from tarry.server.metrics import Metrics
 from tarry.server.openapi import install_openapi
+from tarry.server.recent import RecentActivity
 from tarry.server.refusals import RefusalLog
 from tarry.server.responses import JSON
 from tarry.server.routes import (
     health,
     messages,
+    overview,
     policies,
     queues,
     redrive,
@@ -55,6 +58,8 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
         engine = Engine.from_config(config)
     metrics = Metrics()
     engine.add_listener(metrics.record, many=metrics.record_many)
+    recent = RecentActivity()
+    engine.add_listener(recent.record, many=recent.record_many)
     refusals = RefusalLog(log)
 
     @asynccontextmanager
@@ -78,11 +83,13 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
     app.state.engine = engine
     app.state.config = config
     app.state.metrics = metrics
+    app.state.recent = recent
     app.state.refusals = refusals
     app.state.body_limits = BodyLimits.from_config(config.server)
     install_error_handlers(app)
     install_openapi(app)
-    for module in (messages, queues, redrive, topics, policies, routes, schedules, health):
+    routers = (messages, queues, redrive, topics, policies, routes, schedules, health, overview)
+    for module in (*routers, console_files):
         app.include_router(module.router)
     return app
 

@@ -250,6 +250,13 @@ class MessageInfo(BaseModel):
     redelivered: bool
 
 
+class BodyPreview(BaseModel):
+    id: str
+    size: int | None = Field(description="the whole body's bytes; null once it is finished")
+    body_base64: str = Field(description="the first max_bytes bytes")
+    truncated: bool
+
+
 class MessagePage(BaseModel):
     items: list[MessageInfo]
     next_cursor: str | None
@@ -486,6 +493,69 @@ class ScheduleList(BaseModel):
 
 class ScheduleDeleted(Deleted):
     cancelled: int = Field(description="stored occurrences cancelled")
+
+
+class ForecastSeries(BaseModel):
+    start: int = Field(description="the first window's start (the minute it was counted in)")
+    width_ms: int
+    counts: list[int] = Field(description="scheduled messages due in each window, in order")
+    computed_at: int = Field(description="when it was counted")
+
+
+class Forecast(BaseModel):
+    """From the store's due index (the log store shares a time partition's count among the
+    windows it overlaps, unless its index is loaded). Each series is counted again in the
+    background once it is 5 s (next hour), 1 min (next day) or 5 min (next 30 days) old; null
+    while its first count is not done."""
+
+    computed_at: int
+    scheduled: int | None = Field(
+        description="every scheduled message (counted at most once a minute; null at first)"
+    )
+    next_hour: ForecastSeries | None = Field(description="per minute")
+    next_day: ForecastSeries | None = Field(description="per hour")
+    next_30_days: ForecastSeries | None = Field(description="per day")
+
+
+class RecentWindow(BaseModel):
+    start: int
+    in_: int = Field(alias="in", description="messages scheduled")
+    out: int = Field(description="messages released into a queue or delivered to a route")
+    lateness_p50_ms: int | None
+    lateness_p99_ms: int | None
+    lateness_max_ms: int | None
+
+
+class Recent(BaseModel):
+    """The last minutes, window by window (percentiles from a sample of each window)."""
+
+    now: int
+    window_ms: int
+    windows: list[RecentWindow]
+    lateness_p50_ms: int | None
+    lateness_p99_ms: int | None
+    lateness_max_ms: int | None
+
+
+class DeadLetterGroup(BaseModel):
+    reason: str = Field(description="deaths[0].reason (empty: the message never died)")
+    original_destination: str = Field(description="deaths[0].destination")
+    count: int
+    oldest: int = Field(description="the earliest deaths[0].time of the group")
+    newest: int
+
+
+class DeadLetterQueue(BaseModel):
+    queue: str
+    groups: list[DeadLetterGroup]
+
+
+class DeadLetters(BaseModel):
+    items: list[DeadLetterQueue]
+
+
+class TopicList(BaseModel):
+    items: list[TopicInfo]
 
 
 #: The request bodies by component name: pydantic models, and the send built from the table.

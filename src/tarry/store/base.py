@@ -120,11 +120,23 @@ class DelayedStore(Protocol):
     async def get(self, message_id: str) -> Message | None: ...
 
     async def list(self, query: MessageQuery) -> tuple[list[Message], str | None]:
-        """Messages matching ``query`` ordered by (deliver_at, id), and the next page's cursor."""
+        """Messages matching ``query`` ordered by (deliver_at, id), and the next page's cursor.
+        A page may end early, with fewer items than asked for and a cursor naming the due time
+        it read up to (``tarry.store.sqlite.store.early_cursor``): the log store does, rather
+        than read every partition for a filter that matches rarely."""
         ...
 
     async def count_scheduled(self, destination: str | None = None) -> int:
         """Scheduled messages, all or for one destination."""
+        ...
+
+    async def due_counts(self, start_ms: int, width_ms: int, buckets: int) -> builtins.list[int]:
+        """Scheduled messages due in each of ``buckets`` windows ``[start_ms + i * width_ms,
+        start_ms + (i + 1) * width_ms)`` (the console's forecast), read from the store's due
+        index, never by reading messages. Exact, except in the log store, which counts by time
+        partition: a window narrower than its partitions gets their share in proportion to the
+        overlap, unless the partition's due index is loaded (then it is exact); the windows'
+        sum is exact wherever they cover whole partitions."""
         ...
 
     async def check(self) -> builtins.list[str]:

@@ -178,6 +178,14 @@ class MemoryStore:
             for m in self._messages.values()
         )
 
+    async def due_counts(self, start_ms: int, width_ms: int, buckets: int) -> builtins.list[int]:
+        counts = [0] * max(buckets, 0)
+        for m in self._messages.values():
+            window = (m.deliver_at_ms - start_ms) // width_ms if width_ms > 0 else -1
+            if m.state is MessageState.SCHEDULED and 0 <= window < buckets:
+                counts[window] += 1
+        return counts
+
     async def check(self) -> builtins.list[str]:
         return []
 

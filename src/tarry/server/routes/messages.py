@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
 from tarry.engine.types import SendResult
-from tarry.errors import NotAuthorized, NotFound, TarryError
+from tarry.errors import InvalidArgument, NotAuthorized, NotFound, TarryError
 from tarry.model.query import MessageQuery
 from tarry.model.time import parse_instant_ms
 from tarry.server import schemas
@@ -123,6 +124,36 @@ async def get_message(request: Request, message_id: str) -> JSON:
         # As if it did not exist: a 403 would tell that this id is in use.
         raise NotFound(f"no message with id {message_id}")
     return JSON(message.to_public())
+
+
+@router.get(
+    "/{message_id}/body",
+    summary="The first bytes of a message's body (base64), to preview it",
+    responses=schemas.answers({200: schemas.BodyPreview}, 400, 401, 403, 404, 503),
+)
+async def get_body(
+    request: Request,
+    message_id: str,
+    max_bytes: int = Query(
+        65_536, description="bytes to return at most", json_schema_extra={"minimum": 1}
+    ),
+) -> JSON:
+    if max_bytes < 1:
+        raise InvalidArgument(f"max_bytes ({max_bytes}) must be at least 1")
+    principal = caller(request)
+    message = await engine_of(request).get_message(message_id)
+    if not principal.may_read_message(message):
+        raise NotFound(f"no message with id {message_id}")
+    public = message.to_public()
+    head = message.body[:max_bytes] if public["size"] is not None else b""
+    return JSON(
+        {
+            "id": message.id,
+            "size": public["size"],
+            "body_base64": base64.b64encode(head).decode("ascii"),
+            "truncated": len(head) < (public["size"] or 0),
+        }
+    )
 
 
 @router.delete(

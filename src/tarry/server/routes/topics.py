@@ -26,6 +26,17 @@ async def declare(request: Request, name: str) -> JSON:
 
 
 @router.get(
+    "",
+    summary="All topics this token may inspect, with their subscribed queues",
+    responses=schemas.answers({200: schemas.TopicList}, 401, 503),
+)
+async def list_topics(request: Request) -> JSON:
+    principal = caller(request)
+    topics = await engine_of(request).list_topics()
+    return JSON({"items": [t for t in topics if principal.may_describe(t["name"])]})
+
+
+@router.get(
     "/{name}",
     summary="A topic and its subscribed queues",
     responses=schemas.answers({200: schemas.TopicInfo}, 400, 401, 403, 404, 503),

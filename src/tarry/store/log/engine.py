@@ -36,6 +36,7 @@ from tarry.store.log import clean, cleanup
 from tarry.store.log.batch import group_records
 from tarry.store.log.checkpoint import Checkpoints
 from tarry.store.log.dedupe import admit
+from tarry.store.log.forecast import due_counts
 from tarry.store.log.fs import Files
 from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash
 from tarry.store.log.layout import Layout
@@ -530,6 +531,10 @@ class LogStore:
         if destination is None:
             return sum(p.live for p in self.partitions.values())
         return max(0, self.state.scheduled.get(destination, 0))
+
+    async def due_counts(self, start_ms: int, width_ms: int, buckets: int) -> builtins.list[int]:
+        self._check()
+        return due_counts(self.table, start_ms=start_ms, width_ms=width_ms, buckets=buckets)
 
     # --- checkpoints ------------------------------------------------------------------------
     async def snapshot(self) -> Path | None:

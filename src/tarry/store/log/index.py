@@ -103,6 +103,25 @@ class DueIndex:
             self._due, self._pos, self._head = self._due[head:].copy(), self._pos[head:].copy(), 0
         return out
 
+    def count_between(self, lo_ms: int, hi_ms: int) -> int:
+        """Live entries due in ``[lo_ms, hi_ms)``: two binary searches, plus a look at the
+        arrivals not merged yet and at the removed entries."""
+        main_due = self._due[self._head :]
+        a = int(np.searchsorted(main_due, lo_ms, side="left"))
+        b = int(np.searchsorted(main_due, hi_ms, side="left"))
+        count = b - a
+        dead = np.fromiter(self.dead, np.int64, len(self.dead)) if self.dead else None
+        if dead is not None and count:
+            count -= int(np.isin(self._pos[self._head + a : self._head + b], dead).sum())
+        if self._in_due:
+            due = np.frombuffer(self._in_due, np.int64)
+            inside = (due >= lo_ms) & (due < hi_ms)
+            count += int(inside.sum())
+            if dead is not None:
+                pos = np.frombuffer(self._in_pos, np.int64)
+                count -= int(np.isin(pos[inside], dead).sum())
+        return count
+
     def discard(self, due: int, pos: int) -> bool:
         """Remove the entry (due, pos) if it is still indexed; True when it was."""
         if pos in self.dead:

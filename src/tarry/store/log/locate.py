@@ -32,12 +32,18 @@ from tarry.store.log.record import (
     scan,
     scan_ids,
 )
-from tarry.store.sqlite.store import decode_cursor, page
+from tarry.store.sqlite.store import decode_cursor, early_cursor, page
 
 if TYPE_CHECKING:
     from tarry.store.log.table import PartitionTable
 
-__all__ = ["Located", "list_page", "locate_many", "scan_partition"]
+__all__ = ["SCAN_RECORDS_PER_PAGE", "Located", "list_page", "locate_many", "scan_partition"]
+
+#: A page reads whole partitions until it is full or has read this many messages; then it ends
+#: early, with what it found and a cursor past the last partition read (``early_cursor``): a
+#: filter that matches rarely (a correlation id, a quiet destination) costs bounded time per
+#: page instead of a read of every partition.
+SCAN_RECORDS_PER_PAGE = 5_000
 
 
 @dataclass
@@ -179,10 +185,14 @@ async def list_page(table: PartitionTable, query: MessageQuery) -> tuple[list[Me
     """One page of ``GET /v1/messages`` from the log store: partitions are read in order of
     their start from the first the query (or its cursor) can touch, and reading stops once the
     page is full and the next partition starts after the page's last due time (a coarse
-    partition may hold messages due after a finer one's), so a page never reads every one."""
+    partition may hold messages due after a finer one's), so a page never reads every one.
+    A page also stops once ``SCAN_RECORDS_PER_PAGE`` messages were read: it then has the
+    matches due before the next partition's start (every one of those was read) and an
+    ``early_cursor`` from there."""
     after = decode_cursor(query.cursor) if query.cursor else None
     low = max(query.due_after_ms or 0, after[0] if after else 0)
     selected: list[Message] = []
+    read = 0
     loop = asyncio.get_running_loop()
     for number in table.reaching(low):
         partition = table.partitions.get(number)
@@ -194,9 +204,20 @@ async def list_page(table: PartitionTable, query: MessageQuery) -> tuple[list[Me
             selected.sort(key=lambda m: (m.deliver_at_ms, m.id))
             if partition.start_ms > selected[query.limit].deliver_at_ms:
                 break
+        if read >= SCAN_RECORDS_PER_PAGE and partition.start_ms > low:
+            # Unread partitions hold only messages due from their start on.
+            read_to = partition.start_ms
+            kept = sorted(
+                (m for m in selected if m.deliver_at_ms < read_to),
+                key=lambda m: (m.deliver_at_ms, m.id),
+            )
+            if len(kept) > query.limit:
+                return page(kept, query.limit)
+            return kept, early_cursor(read_to)
         with contextlib.suppress(OSError):
             table.flush(partition)
         messages = await loop.run_in_executor(None, scan_partition, partition)
         selected += [m for m in messages if query.matches(m, after)]
+        read += len(messages)
     selected.sort(key=lambda m: (m.deliver_at_ms, m.id))
     return page(selected, query.limit)

@@ -37,6 +37,7 @@ from tarry.store.postgres.listen import CHANNEL_CATALOG, CHANNEL_DUE, CHANNEL_FI
 from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL, from_row
 from tarry.store.sqlite.store import (
     cancel_message,
+    due_counts,
     insert_messages,
     list_rows,
     page,
@@ -315,6 +316,9 @@ class PostgresStore:
             )
             row = await cursor.fetchone()
         return int(row[0]) if row else 0
+
+    async def due_counts(self, start_ms: int, width_ms: int, buckets: int) -> builtins.list[int]:
+        return await self.db.run(lambda conn: due_counts(conn, start_ms, width_ms, buckets))
 
     async def purge_finished(self, *, before_ms: int, limit: int = 5000) -> int:
         """Forget finished messages older than the retention window."""

@@ -193,6 +193,9 @@ class SQLiteStore:
             params = (destination,)
         return int(await self.db.read(lambda conn: conn.execute(sql, params).fetchone()[0]))
 
+    async def due_counts(self, start_ms: int, width_ms: int, buckets: int) -> builtins.list[int]:
+        return await self.db.read(lambda conn: due_counts(conn, start_ms, width_ms, buckets))
+
     async def purge_finished(self, *, before_ms: int, limit: int = 5000) -> int:
         """Forget finished messages older than the retention window."""
 
@@ -274,6 +277,26 @@ def list_rows(conn: SqlConnection, query: MessageQuery, count: int) -> list[Mess
     return [from_row(r) for r in conn.execute(sql, (*params, count))]
 
 
+def due_counts(conn: SqlConnection, start_ms: int, width_ms: int, buckets: int) -> list[int]:
+    """Scheduled messages per window (``DelayedStore.due_counts``): one range scan of the
+    ``messages_due`` index, counted by window in the database."""
+    counts = [0] * buckets
+    if buckets <= 0 or width_ms <= 0:
+        return counts
+    # The literal state (not a parameter) lets the planner use the partial index; the casts
+    # make PostgreSQL divide whole numbers.
+    rows = conn.execute(
+        "SELECT (deliver_at_ms - CAST(? AS BIGINT)) / CAST(? AS BIGINT) AS slot, count(*) "
+        "FROM messages WHERE state = 'scheduled' AND deliver_at_ms >= ? AND deliver_at_ms < ? "
+        "GROUP BY slot",
+        (start_ms, width_ms, start_ms, start_ms + width_ms * buckets),
+    ).fetchall()
+    for slot, count in rows:
+        if 0 <= int(slot) < buckets:
+            counts[int(slot)] = int(count)
+    return counts
+
+
 def get_for_update(conn: SqlConnection, message_id: str) -> Message:
     """The message, its row locked until the transaction ends. Raises ``not_found``."""
     row = conn.execute(f"{SELECT_SQL} WHERE id = ?{row_lock(conn)}", (message_id,)).fetchone()
@@ -320,6 +343,21 @@ def page(rows: list[Message], limit: int) -> tuple[list[Message], str | None]:
 
 def encode_cursor(deliver_at_ms: int, message_id: str) -> str:
     return base64.urlsafe_b64encode(orjson.dumps([deliver_at_ms, message_id])).decode()
+
+
+def early_cursor(due_ms: int) -> str:
+    """The cursor of a page that ended early (``DelayedStore.list``): every message due before
+    ``due_ms`` was read (no id is empty, so ``(due_ms, "")`` comes before every message due
+    then)."""
+    return encode_cursor(due_ms, "")
+
+
+def ended_early(cursor: str | None) -> int | None:
+    """The due time an early-ended page read up to (None for a full page's cursor)."""
+    if cursor is None:
+        return None
+    due, message_id = decode_cursor(cursor)
+    return due if message_id == "" else None
 
 
 def decode_cursor(cursor: str) -> tuple[int, str]:
