@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tarry.engine.types import MessageQuery
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
+from tarry.model.query import MessageQuery
 from tarry.store.log import LogStore, locate
 from tarry.store.sqlite.store import ended_early
 
