@@ -231,7 +231,7 @@ def test_route_names_are_names_in_the_token_scopes(make_server, receiver) -> Non
         # Then a name outside its scopes is refused, for each verb
         with pytest.raises(NotAuthorized):
             alice.put_route("b.hook", transport="http", url=receiver.url)
-        with pytest.raises(NotAuthorized, match="report failures to"):
+        with pytest.raises(NotAuthorized, match="report route failures to"):
             alice.put_route(
                 "a.hook2", transport="http", url=receiver.url, on_failure_report_to="b.failures"
             )
