@@ -46,14 +46,19 @@ def occurrence_ms(message_id: str) -> int:
     return int(message_id.split(":")[2])
 
 
-def receive_all(url: str, seconds: float, *, token: str | None = None) -> list[tuple[dict, float]]:
+def receive_all(
+    url: str, seconds: float, *, token: str | None = None, visibility_ms: int | None = None
+) -> list[tuple[dict, float]]:
     """Receive (and ack) from q for ``seconds``: each message with the time it was received."""
     got: list[tuple[dict, float]] = []
     headers = {"authorization": f"Bearer {token}"} if token else {}
     deadline = time.time() + seconds
     with httpx.Client(timeout=10, headers=headers) as client:
         while time.time() < deadline:
-            answer = client.post(f"{url}/v1/queues/q/receive", json={"max": 100, "wait_ms": 300})
+            asked: dict[str, int] = {"max": 100, "wait_ms": 300}
+            if visibility_ms is not None:
+                asked["visibility_ms"] = visibility_ms
+            answer = client.post(f"{url}/v1/queues/q/receive", json=asked)
             messages = answer.json()["messages"]
             now = time.time() * 1000
             got += [(m, now) for m in messages]
