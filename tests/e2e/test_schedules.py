@@ -20,6 +20,7 @@ import pytest
 from tarry import AsyncClient, Client
 from tarry.errors import InvalidArgument, NotAuthorized, NotFound, UnknownDestination
 from tests.conftest import ServerProcess
+from tests.tokens import tenant_token
 
 #: Occurrences stored 2 s ahead, topped up every 200 ms: a restart crosses stored occurrences
 #: and occurrences not stored yet.
@@ -158,13 +159,8 @@ def test_a_schedule_is_managed_by_api_cli_and_client_and_delivers_on_time(
     assert httpx.get(f"{server.url}/v1/schedules").json() == {"items": []}
 
 
-TOKENS = """
-[[auth.tokens]]
-token = "billing-secret"
-name = "billing"
-send = ["billing.*"]
-receive = ["billing.*"]
-admin = ["billing.*"]
+TOKENS = f"""
+{tenant_token("billing")}
 
 [[auth.tokens]]
 token = "sender-secret"

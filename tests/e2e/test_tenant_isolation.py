@@ -16,22 +16,13 @@ import pytest
 
 from tarry.config import AuthConfig, TarryConfig, TokenConfig, load_config
 from tarry.errors import InvalidArgument
+from tests.tokens import tenant_token
 
 HASHED_SECRET = "hashed-secret"
 TOKENS = f"""
-[[auth.tokens]]
-token = "billing-secret"
-name = "billing"
-send = ["billing.*"]
-receive = ["billing.*"]
-admin = ["billing.*"]
+{tenant_token("billing")}
 
-[[auth.tokens]]
-token = "orders-secret"
-name = "orders"
-send = ["orders.*"]
-receive = ["orders.*"]
-admin = ["orders.*"]
+{tenant_token("orders")}
 
 [[auth.tokens]]
 token = "root-secret"

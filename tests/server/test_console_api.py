@@ -12,19 +12,16 @@ from typing import Any
 import httpx
 import pytest
 
-TOKENS = """
+from tests.tokens import tenant_token
+
+TOKENS = f"""
 [[auth.tokens]]
 token = "root-secret"
 send = ["*"]
 receive = ["*"]
 admin = ["*"]
 
-[[auth.tokens]]
-token = "billing-secret"
-name = "billing"
-send = ["billing.*"]
-receive = ["billing.*"]
-admin = ["billing.*"]
+{tenant_token("billing")}
 
 [queues."billing.q"]
 dead_letter_to = "billing.dead"
