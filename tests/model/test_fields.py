@@ -14,7 +14,7 @@ from tarry.model import batch, columns, queue_args, validate
 from tarry.model.fields import CHECKED_COLUMNS, COLUMN_FIELDS, FIELDS, NAME_PATTERN
 from tarry.pipeline import sources
 from tarry.pipeline.validation import CHECKED_DDL, CHECKED_SCHEMA, MESSAGE_FIELDS
-from tarry.server.schemas import send_schema
+from tarry.server.send_schema import send_schema
 
 NAMES = [f.name for f in FIELDS]
 

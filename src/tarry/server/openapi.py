@@ -20,6 +20,7 @@ from pydantic.json_schema import models_json_schema
 
 from tarry.model.fields import NAME_MAX_CHARS, NAME_PATTERN
 from tarry.server import schemas
+from tarry.server.send_schema import send_schema
 
 __all__ = ["install_openapi"]
 
@@ -33,7 +34,7 @@ def _components() -> dict[str, Any]:
         [(model, "validation") for model in schemas.REQUEST_MODELS], ref_template=_REF
     )
     found: dict[str, Any] = top.get("$defs", {})
-    found["SendMessage"] = schemas.send_schema()
+    found["SendMessage"] = send_schema()
     found["SendBatch"] = schemas.batch_schema()
     return found
 
