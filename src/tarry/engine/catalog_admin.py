@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping
-from itertools import product
 from typing import Any
 
 from tarry.engine.context import EngineContext
@@ -13,7 +12,7 @@ from tarry.errors import NotFound, PreconditionFailed
 from tarry.model.queue_args import Policy, parse_policy
 from tarry.model.validate import check_name
 from tarry.queues.catalog import save_policy, save_subscription, save_topic
-from tarry.queues.txn import QUEUED_STATES
+from tarry.queues.ttl_change import restamp_expiry
 
 __all__ = [
     "change_policies",
@@ -91,19 +90,8 @@ async def change_policies(ctx: EngineContext, name: str, policy: Policy | None) 
 
     def work(conn: sqlite3.Connection) -> None:
         save_policy(conn, policy, name)
-        # A TTL change reaches the messages already in the queue (RabbitMQ applies policy
-        # changes to the queue); each keeps the earlier of its own expiry and the new TTL.
-        for (queue, ttl), state in product(changed, QUEUED_STATES):
-            conn.execute(
-                # Portable SQL (SQLite and PostgreSQL): CASE, not min(a, b) or least().
-                "UPDATE messages SET queue_expires_at_ms = CASE "
-                "WHEN CAST(?1 AS BIGINT) IS NULL THEN expires_at_ms "
-                "WHEN expires_at_ms IS NULL THEN enqueued_at_ms + ?1 "
-                "WHEN expires_at_ms < enqueued_at_ms + ?1 THEN expires_at_ms "
-                "ELSE enqueued_at_ms + ?1 END "
-                f"WHERE queue = ?2 AND state = '{state}'",
-                (ttl, queue),
-            )
+        for queue, ttl in changed:
+            restamp_expiry(conn, queue, ttl)
 
     old = ctx.catalog.policies
     ctx.catalog.policies = candidate

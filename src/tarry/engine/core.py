@@ -58,7 +58,7 @@ from tarry.model.validate import (
 from tarry.queues.catalog import (
     Catalog,
 )
-from tarry.queues.sequence import Sequencer
+from tarry.queues.sequence import Sequencer, last_seq
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore, QueueDatabase
 from tarry.transports.base import Transport
@@ -205,7 +205,7 @@ class Engine:
 
         def load(conn: sqlite3.Connection) -> int:
             self.catalog.load(conn, now_ms=self.clock.now_ms())
-            return int(conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()[0])
+            return last_seq(conn)
 
         self._seq.value = await self.qdb.read(load)
         self.routes.apply(self.catalog.routes)

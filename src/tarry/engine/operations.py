@@ -3,13 +3,13 @@ both)."""
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import DispatchStats
 from tarry.engine.context import EngineContext
 from tarry.model.state import MessageState
+from tarry.queues import counts
 
 __all__ = ["health", "stats"]
 
@@ -44,12 +44,7 @@ async def stats(
 ) -> dict[str, Any]:
     """``/v1/stats``: counts by state, the catalog's sizes, the dispatcher's figures."""
 
-    def work(conn: sqlite3.Connection) -> dict[str, int]:
-        return {
-            s: n for s, n in conn.execute("SELECT state, count(*) FROM messages GROUP BY state")
-        }
-
-    by_state = await ctx.qdb.read(work)
+    by_state = await ctx.qdb.read(counts.by_state)
     if not ctx.shared:
         by_state[MessageState.SCHEDULED.value] = await ctx.store.count_scheduled()
     d = dispatch

@@ -5,14 +5,11 @@ queue grouped by reason and original destination (from the queue database)."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import orjson
-
+from tarry.queues.counts import death_groups
 from tarry.store.base import DelayedStore, QueueDatabase
 
 __all__ = ["FORECAST_SERIES", "ForecastCache", "dead_letter_groups"]
@@ -95,40 +92,8 @@ async def _count(store: DelayedStore, now_ms: int, width_ms: int, windows: int) 
     return {"start": start, "width_ms": width_ms, "counts": counts, "computed_at": now_ms}
 
 
-def _groups(conn: sqlite3.Connection, queue: str) -> list[dict[str, Any]]:
-    counts: Counter[tuple[str, str]] = Counter()
-    oldest: dict[tuple[str, str], int] = {}
-    newest: dict[tuple[str, str], int] = {}
-    # One query per state, each written so that SQLite reads its partial index of the queue's
-    # ready (or in-flight) rows: ``state IN (...)`` made it read the whole table.
-    rows = [
-        row
-        for state in ("ready", "delivered")
-        for row in conn.execute(
-            f"SELECT deaths FROM messages WHERE queue = ? AND state = '{state}'", (queue,)
-        )
-    ]
-    for (deaths,) in rows:
-        first = orjson.loads(deaths)[0] if deaths else {}
-        key = (str(first.get("reason", "")), str(first.get("destination", "")))
-        died = int(first.get("time", 0))
-        counts[key] += 1
-        oldest[key] = min(oldest.get(key, died), died)
-        newest[key] = max(newest.get(key, died), died)
-    return [
-        {
-            "reason": reason,
-            "original_destination": destination,
-            "count": count,
-            "oldest": oldest[(reason, destination)],
-            "newest": newest[(reason, destination)],
-        }
-        for (reason, destination), count in sorted(counts.items())
-    ]
-
-
 async def dead_letter_groups(qdb: QueueDatabase, queue: str) -> list[dict[str, Any]]:
     """The messages waiting in ``queue`` (ready or in flight) by the reason and the original
     destination of their first death (``deaths[0]``, what redrive sends them back to); a
     message that never died counts under empty strings. Reads the queue's rows once."""
-    return await qdb.read(lambda conn: _groups(conn, queue))
+    return await qdb.read(lambda conn: death_groups(conn, queue))

@@ -14,7 +14,8 @@ from tarry.errors import NotFound, PreconditionFailed
 from tarry.model.queue_args import parse_queue_args
 from tarry.model.validate import check_name
 from tarry.queues.catalog import QueueEntry, delete_queue_rows, save_queue
-from tarry.queues.txn import QUEUED_STATES, QueueTxn
+from tarry.queues.counts import ready_and_in_flight
+from tarry.queues.txn import QueueTxn
 
 __all__ = ["declare_queue", "delete_queue", "drop_queue", "list_queues", "queue_info"]
 
@@ -58,19 +59,7 @@ async def queue_info(ctx: EngineContext, name: str) -> QueueInfo:
         raise NotFound(f"no queue named {name!r}")
     now = ctx.clock.now_ms()
 
-    def work(conn: sqlite3.Connection) -> tuple[int, int]:
-        ready = in_flight = 0
-        for state in QUEUED_STATES:
-            visible, hidden = conn.execute(
-                "SELECT coalesce(sum(CASE WHEN visible_at_ms <= ? THEN 1 ELSE 0 END), 0), "
-                "coalesce(sum(CASE WHEN visible_at_ms > ? THEN 1 ELSE 0 END), 0) "
-                f"FROM messages WHERE queue = ? AND state = '{state}'",
-                (now, now, name),
-            ).fetchone()
-            ready, in_flight = ready + int(visible), in_flight + int(hidden)
-        return ready, in_flight
-
-    ready, in_flight = await ctx.qdb.read(work)
+    ready, in_flight = await ctx.qdb.read(lambda conn: ready_and_in_flight(conn, name, now))
     scheduled = await ctx.store.count_scheduled(name)
     return QueueInfo(
         name=name,

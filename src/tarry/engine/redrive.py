@@ -29,17 +29,17 @@ from functools import partial
 from typing import Any
 
 from tarry.engine.types import MayAccess
-from tarry.errors import InvalidArgument, NotAuthorized, NotFound, UnknownDestination
+from tarry.errors import NotAuthorized, NotFound, UnknownDestination
 from tarry.model.events import Event
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
 from tarry.model.redrive import RedriveCursor, RedriveRequest
 from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
+from tarry.queues.outbox import create_outbox, drop_outbox, put_outbox, read_outbox
 from tarry.queues.redrive import RedriveChunk, last_position
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore, QueueDatabase
-from tarry.store.log.record import Record, decode_message, encode_message, parse_record
 
 __all__ = ["Redriver"]
 
@@ -50,8 +50,6 @@ CHUNK = 500
 #: Dead letters one request looks at, at most (a filter that lets few through answers with a
 #: cursor instead of reading the whole queue in one request).
 SCAN_LIMIT = 20_000
-
-_OUTBOX = "CREATE TABLE IF NOT EXISTS redrive_outbox (id TEXT PRIMARY KEY, record BLOB NOT NULL)"
 
 
 @dataclass
@@ -80,7 +78,7 @@ class Redriver:
     async def open(self) -> None:
         """Finish what a crash interrupted (before the dispatcher starts)."""
         if not self.shared:
-            await self.qdb.write(lambda conn: conn.execute(_OUTBOX), durable=True)
+            await self.qdb.write(create_outbox, durable=True)
             async with self._lock:
                 await self._resume()
 
@@ -158,10 +156,7 @@ class Redriver:
             )
             step(chunk)
             if chunk.outbox:
-                conn.executemany(
-                    "INSERT INTO redrive_outbox (id, record) VALUES (?, ?)",
-                    [(m.id, encode_message(m)) for m in chunk.outbox],
-                )
+                put_outbox(conn, chunk.outbox)
             return chunk
 
         # Not fsynced: a power loss undoes the whole chunk (the dead letters are back where
@@ -190,10 +185,8 @@ class Redriver:
         """The delayed store keeps the outbox's messages, then the outbox lets them go."""
         await self.store.store(messages)
         self._scheduled(messages, now)
-        ids = [(m.id,) for m in messages]
-        await self.qdb.write(
-            lambda conn: conn.executemany("DELETE FROM redrive_outbox WHERE id = ?", ids)
-        )
+        ids = [m.id for m in messages]
+        await self.qdb.write(lambda conn: drop_outbox(conn, ids))
 
     def _scheduled(self, messages: list[Message], now: int) -> None:
         self.emit([("scheduled", m, now, None, None) for m in messages])
@@ -201,12 +194,9 @@ class Redriver:
 
     async def _resume(self) -> None:
         """Outbox rows a crash left: keep in the store those it does not hold yet."""
-        rows = await self.qdb.read(
-            lambda conn: conn.execute("SELECT record FROM redrive_outbox").fetchall()
-        )
-        if not rows:
+        waiting = await self.qdb.read(read_outbox)
+        if not waiting:
             return
-        waiting = [_decode(bytes(row[0])) for row in rows]
         now = self.clock.now_ms()
         ids = [m.id for m in waiting]
         held = await self.qdb.read(lambda conn: self.open_txn(conn, now).released_before(ids))
@@ -220,7 +210,7 @@ class Redriver:
         if missing:
             await self._keep(missing, now)
         else:
-            await self.qdb.write(lambda conn: conn.execute("DELETE FROM redrive_outbox"))
+            await self.qdb.write(drop_outbox)
 
     async def _stored(self, messages: list[Message]) -> set[str]:
         """Which of ``messages`` the delayed store holds: those of a chunk share a due time,
@@ -250,13 +240,6 @@ def _by_ids(chunk: RedriveChunk, *, ids: list[str]) -> None:
 
 def _scan(chunk: RedriveChunk, *, after_seq: int, upper_seq: int, limit: int, most: int) -> None:
     chunk.scan(after_seq=after_seq, upper_seq=upper_seq, limit=limit, most=most)
-
-
-def _decode(blob: bytes) -> Message:
-    record = parse_record(blob, 0)
-    if not isinstance(record, Record):
-        raise InvalidArgument(f"a redrive outbox row is damaged ({record})")
-    return decode_message(record.payload)[0]
 
 
 def _answer(moved: int, skipped: Counter[str], cursor: str | None) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from tarry.model.time import Clock
+from tarry.store.sql import SqlConnection
 
-__all__ = ["ClockSequencer", "Sequencer"]
+__all__ = ["ClockSequencer", "Sequencer", "last_seq"]
 
 
 class Sequencer:
@@ -30,3 +31,8 @@ class ClockSequencer(Sequencer):
     def next(self) -> int:
         self.value = max(self.value + 1, self._clock.now_ms() * 1000)
         return self.value
+
+
+def last_seq(conn: SqlConnection) -> int:
+    """The highest arrival number given so far: where a restarted ``Sequencer`` goes on."""
+    return int(conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()[0])
