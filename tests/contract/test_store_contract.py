@@ -1,18 +1,23 @@
 """One behaviour suite for every DelayedStore (practice 3): the embedded SQLite store on a real
-file, the PostgreSQL store on its own database of the real server, and the in-memory store."""
+file, the PostgreSQL store on its own database of the real server, and the in-memory store; and
+for the two that share the queue database, what they do inside the engine's queue transaction
+(``SharedDelayedStore``)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tarry.errors import NotCancellable, NotFound
+from tarry.errors import NotCancellable, NotFound, PreconditionFailed
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
+from tarry.store.base import SharedDelayedStore
 from tarry.store.log import LogStore
 from tarry.store.memory import MemoryStore
 from tarry.store.sqlite import SQLiteStore
@@ -37,11 +42,10 @@ def message(
     )
 
 
-@pytest.fixture(
-    params=["log", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres), "memory"]
-)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[object]:
-    if request.param == "postgres":
+@asynccontextmanager
+async def opened(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """The store ``kind``, open; every store test ends with its integrity check."""
+    if kind == "postgres":
         from tarry.store.postgres import PostgresStore
 
         p = PostgresStore(request.getfixturevalue("pg_dsn"))
@@ -49,13 +53,13 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield p
         assert await p.check() == []
         await p.close()
-    elif request.param == "sqlite":
+    elif kind == "sqlite":
         s = SQLiteStore(tmp_path / "tarry.db")
         await s.open()
         yield s
-        assert await s.check() == []  # every store test ends with an integrity check
+        assert await s.check() == []
         await s.close()
-    elif request.param == "log":
+    elif kind == "log":
         s = LogStore(tmp_path / "log", granularity_ms=60_000)
         await s.open()
         yield s
@@ -63,6 +67,25 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         await s.close()
     else:
         yield MemoryStore()
+
+
+POSTGRES = pytest.param("postgres", marks=pytest.mark.postgres)
+
+
+@pytest.fixture(params=["log", "sqlite", POSTGRES, "memory"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[object]:
+    async with opened(request.param, request, tmp_path) as opened_store:
+        yield opened_store
+
+
+@pytest.fixture(params=["sqlite", POSTGRES])
+async def shared_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[SharedDelayedStore]:
+    """The stores whose scheduled messages are rows of the queue database."""
+    async with opened(request.param, request, tmp_path) as opened_store:
+        assert opened_store.shares_queue_database
+        yield opened_store
 
 
 async def test_stored_message_can_be_read_back_unchanged(store) -> None:
@@ -218,3 +241,67 @@ async def test_due_counts_count_scheduled_messages_by_window_and_leave_out_cance
     assert counts == [2, 1, 0, 1]
     assert await store.due_counts(start, 2 * minute, 2) == [3, 1]
     assert await store.due_counts(start, minute, 0) == []
+
+
+# --- SharedDelayedStore: inside the caller's queue transaction ---------------------------------
+async def test_a_message_kept_inside_the_queue_transaction_is_kept_once_it_commits(
+    shared_store: SharedDelayedStore,
+) -> None:
+    # Given a message kept through store_in inside a queue-database transaction
+    m = message(0)
+    [outcome] = await shared_store.write(lambda conn: shared_store.store_in(conn, [m]))
+    # Then it is kept and falls due like one given to store()
+    assert outcome.created
+    assert (await shared_store.get(m.id)).state is MessageState.SCHEDULED
+    assert [x.id for x in await shared_store.fetch_due(NOW, limit=10, lease_ms=10)] == [m.id]
+
+
+async def test_a_message_kept_inside_a_queue_transaction_that_rolls_back_is_not_kept(
+    shared_store: SharedDelayedStore,
+) -> None:
+    # Given a transaction that keeps a message and then fails (its queue refused the send)
+    m = message(0)
+
+    def work(conn: Any) -> None:
+        shared_store.store_in(conn, [m])
+        raise PreconditionFailed("the queue refused it")
+
+    # When it runs, the failure reaches the caller
+    with pytest.raises(PreconditionFailed):
+        await shared_store.write(work)
+    # Then nothing of it was kept
+    assert await shared_store.get(m.id) is None
+    assert await shared_store.count_scheduled() == 0
+
+
+async def test_store_in_returns_the_kept_message_for_a_repeated_message_id(
+    shared_store: SharedDelayedStore,
+) -> None:
+    first, again = message(100, message_id="order-1"), message(200, message_id="order-1")
+    await shared_store.write(lambda conn: shared_store.store_in(conn, [first]))
+    [outcome] = await shared_store.write(lambda conn: shared_store.store_in(conn, [again]))
+    assert not outcome.created
+    assert outcome.message.id == first.id
+    assert await shared_store.get(again.id) is None
+
+
+async def test_lock_for_give_up_takes_a_scheduled_message_and_not_a_cancelled_one(
+    shared_store: SharedDelayedStore,
+) -> None:
+    # Given a scheduled message and a cancelled one
+    kept, cancelled = message(0), message(0)
+    await shared_store.store([kept, cancelled])
+    await shared_store.cancel(cancelled.id, now_ms=NOW)
+
+    # When a transaction locks each for giving up after three failures
+    def work(conn: Any) -> tuple[bool, bool]:
+        return (
+            shared_store.lock_for_give_up(conn, kept.id, failures=3),
+            shared_store.lock_for_give_up(conn, cancelled.id, failures=3),
+        )
+
+    # Then the scheduled one is taken with its failures counted, the cancelled one left alone
+    assert await shared_store.write(work) == (True, False)
+    assert (await shared_store.get(kept.id)).failures == 3
+    got = await shared_store.get(cancelled.id)
+    assert (got.state, got.failures) == (MessageState.CANCELLED, 0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tarry.engine import cluster, release
 from tarry.engine.handover import hand_over
@@ -23,8 +23,7 @@ from tarry.model.message import Message, SendPlan
 from tarry.model.queue_args import Overflow
 from tarry.model.validate import DestinationView, TargetView
 from tarry.queues.txn import QueueTxn
-from tarry.store.base import StoreOutcome
-from tarry.store.sqlite.store import insert_messages
+from tarry.store.base import SharedDelayedStore, StoreOutcome
 
 if TYPE_CHECKING:
     from tarry.engine.core import Engine
@@ -175,7 +174,8 @@ def _store_work(
 ) -> tuple[QueueTxn, list[tuple[SendResult, bool]]]:
     txn = engine._txn(conn, now)
     # One insert for the whole batch; then each plan takes back its own rows.
-    everything = insert_messages(conn, [m for _, _, messages in accepted for m in messages])
+    store = cast(SharedDelayedStore, engine.store)  # the shared path (``engine.shared``)
+    everything = store.store_in(conn, [m for _, _, messages in accepted for m in messages])
     start = 0
     for _, plan, messages in accepted:
         stored = everything[start : start + len(messages)]

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from typing import cast
 
 from tarry.engine.cluster import still_held
 from tarry.engine.context import EngineContext
 from tarry.errors import DeliveryFailed
 from tarry.model.message import DeathReason, Message
-from tarry.model.state import MessageState
 from tarry.queues.txn import QueueTxn
-from tarry.store.sql import row_lock
+from tarry.store.base import SharedDelayedStore
 
 __all__ = ["give_up", "release"]
 
@@ -49,16 +49,12 @@ async def give_up(ctx: EngineContext, message: Message, error: DeliveryFailed) -
     now = ctx.clock.now_ms()
     text = f"{error.reason}: {error.message}"
 
+    store = cast(SharedDelayedStore, ctx.store)  # this path runs only for one (``ctx.shared``)
+
     def work(conn: sqlite3.Connection) -> QueueTxn:
         txn = ctx.txn(conn, now)
-        row = conn.execute(
-            f"SELECT state FROM messages WHERE id = ?{row_lock(conn)}", (message.id,)
-        ).fetchone()
-        if row is None or row[0] != MessageState.SCHEDULED.value:
+        if not store.lock_for_give_up(conn, message.id, failures=message.failures):
             return txn  # cancelled or finished meanwhile
-        conn.execute(
-            "UPDATE messages SET failures = ? WHERE id = ?", (message.failures, message.id)
-        )
         txn.dead_letter(message, from_queue=None, reason=DeathReason.DELIVERY_FAILED, error=text)
         return txn
 

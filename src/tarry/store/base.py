@@ -24,7 +24,9 @@ delayed store shares that database (``shares_queue_database``):
 
 - **shared** (``SQLiteStore``; the PostgreSQL store too): the scheduled message is already a row of
   the queue database; release is one transaction that moves the row into its queue, so it
-  happens once or not at all. ``tarry.engine.core.Engine`` calls ``store.write`` for it.
+  happens once or not at all. Such a store is a ``SharedDelayedStore``: it keeps (``store_in``)
+  and gives up (``lock_for_give_up``) messages inside the engine's queue transaction
+  (``tarry.engine.shared_release``, ``tarry.engine.sending``).
 - **separate** (``LogStore``, ``MemoryStore``): release (``tarry.engine.release``) first inserts the
   message into its queue keyed by its tarry id (a key in release order: ``key`` in
   ``tarry.store.sqlite.schema``), in one queue-database transaction
@@ -55,7 +57,7 @@ from tarry.model.state import MessageState
 
 T = TypeVar("T")
 
-__all__ = ["DelayedStore", "QueueDatabase", "StoreOutcome"]
+__all__ = ["DelayedStore", "QueueDatabase", "SharedDelayedStore", "StoreOutcome"]
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__, a
@@ -149,6 +151,26 @@ class DelayedStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class SharedDelayedStore(DelayedStore, Protocol):
+    """A store whose scheduled messages are rows of the queue database (``shares_queue_database``
+    is True): the engine keeps and gives them up inside its own queue transaction
+    (``QueueDatabase.write``), so that what the transaction also does to the queues commits, or
+    rolls back, with them."""
+
+    def store_in(
+        self, conn: sqlite3.Connection, messages: Sequence[Message]
+    ) -> builtins.list[StoreOutcome]:
+        """``store``, inside the caller's transaction on ``conn``: kept once it commits (durable
+        as its commit is), not at all when it rolls back; the same de-duplication."""
+        ...
+
+    def lock_for_give_up(self, conn: sqlite3.Connection, message_id: str, *, failures: int) -> bool:
+        """Inside the caller's transaction on ``conn``: lock the message's row while it is still
+        scheduled and set its failure count, so the transaction can dead-letter it; False (and
+        nothing changed) when it was cancelled or finished meanwhile."""
+        ...
 
 
 class QueueDatabase(Protocol):

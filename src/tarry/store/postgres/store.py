@@ -40,6 +40,7 @@ from tarry.store.sqlite.store import (
     due_counts,
     insert_messages,
     list_rows,
+    lock_for_give_up,
     page,
     reschedule_message,
 )
@@ -187,6 +188,14 @@ class PostgresStore:
 
     def on_filled(self, handler: Callable[[str], None]) -> None:
         self.listener.subscribe(CHANNEL_FILLED, handler)
+
+    # --- SharedDelayedStore: inside the engine's queue transaction (exactly_once) ---------------
+    def store_in(self, conn: PgConnection, messages: Sequence[Message]) -> list[StoreOutcome]:
+        """Announcing the due time is the engine's, after the commit (``cluster.announce_due``)."""
+        return insert_messages(conn, messages)
+
+    def lock_for_give_up(self, conn: PgConnection, message_id: str, *, failures: int) -> bool:
+        return lock_for_give_up(conn, message_id, failures=failures)
 
     # --- DelayedStore -------------------------------------------------------------------------
     async def probe(self) -> None:

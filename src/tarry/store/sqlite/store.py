@@ -31,7 +31,15 @@ from tarry.store.sqlite.rows import (
     to_insert,
 )
 
-__all__ = ["SQLiteStore", "decode_cursor", "encode_cursor", "insert_messages", "list_rows", "page"]
+__all__ = [
+    "SQLiteStore",
+    "decode_cursor",
+    "encode_cursor",
+    "insert_messages",
+    "list_rows",
+    "lock_for_give_up",
+    "page",
+]
 
 T = TypeVar("T")
 _TERMINAL_SQL = "(" + ",".join(f"'{s.value}'" for s in TERMINAL) + ")"
@@ -69,6 +77,13 @@ class SQLiteStore:
 
     async def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return await self.db.read(work)
+
+    # --- SharedDelayedStore: inside the engine's queue transaction ------------------------------
+    def store_in(self, conn: sqlite3.Connection, messages: Sequence[Message]) -> list[StoreOutcome]:
+        return insert_messages(conn, messages)
+
+    def lock_for_give_up(self, conn: sqlite3.Connection, message_id: str, *, failures: int) -> bool:
+        return lock_for_give_up(conn, message_id, failures=failures)
 
     # --- DelayedStore -------------------------------------------------------------------------
     async def probe(self) -> None:
@@ -247,6 +262,17 @@ def insert_messages(conn: SqlConnection, messages: Sequence[Message]) -> list[St
         conn.execute(*to_insert(message))
         outcomes.append(StoreOutcome(message, True))
     return outcomes
+
+
+def lock_for_give_up(conn: SqlConnection, message_id: str, *, failures: int) -> bool:
+    """``SharedDelayedStore.lock_for_give_up`` (SQLite and PostgreSQL alike)."""
+    row = conn.execute(
+        f"SELECT state FROM messages WHERE id = ?{row_lock(conn)}", (message_id,)
+    ).fetchone()
+    if row is None or row[0] != MessageState.SCHEDULED.value:
+        return False  # cancelled or finished meanwhile
+    conn.execute("UPDATE messages SET failures = ? WHERE id = ?", (failures, message_id))
+    return True
 
 
 def list_rows(conn: SqlConnection, query: MessageQuery, count: int) -> list[Message]:
