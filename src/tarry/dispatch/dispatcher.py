@@ -108,8 +108,12 @@ class Dispatcher:
         notify: Notify,
         policy_for: Callable[[str], RoutePolicy | None] | None = None,
         report_failure: ReportFailure | None = None,
+        release_due: ReleaseDue | None = None,
         random_unit: Callable[[], float] = random.random,
     ) -> None:
+        """``release_due``: where the store can fetch due messages and release the local ones
+        in one transaction (PostgreSQL shared by nodes), that transaction; the round uses it
+        instead of ``fetch_due`` and ``release_local``."""
         self._store = store
         self._config = config
         self._clock = clock
@@ -154,8 +158,7 @@ class Dispatcher:
         self.stats = DispatchStats()
         #: How far behind due time releases are (intake refusal, ``/healthz``, ``/metrics``).
         self.lag = ReleaseLag(clock)
-        #: Set by the composition root when the store can fetch and release in one transaction.
-        self.release_due: ReleaseDue | None = None
+        self.release_due = release_due
 
     def notify_due(self, deliver_at_ms: int) -> None:
         """A message due at ``deliver_at_ms`` was stored: wake the loop if that is earlier than

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tarry.engine.context import EngineContext
+from tarry.engine.queue_admin import declare_queue
 from tarry.errors import NotFound, PreconditionFailed
 from tarry.model.queue_args import Policy, parse_policy
 from tarry.model.validate import check_name
@@ -16,9 +17,11 @@ from tarry.queues.ttl_change import restamp_expiry
 
 __all__ = [
     "change_policies",
+    "declare_configured",
     "declare_topic",
     "delete_policy",
     "list_policies",
+    "list_topics",
     "put_policy",
     "subscribe",
     "topic_info",
@@ -37,6 +40,10 @@ async def declare_topic(ctx: EngineContext, name: str) -> tuple[dict[str, Any], 
     ctx.catalog.topics[name] = set()
     ctx.catalog.topic_created_ms[name] = now
     return await topic_info(ctx, name), True
+
+
+async def list_topics(ctx: EngineContext) -> list[dict[str, Any]]:
+    return [await topic_info(ctx, name) for name in sorted(ctx.catalog.topics)]
 
 
 async def topic_info(ctx: EngineContext, name: str) -> dict[str, Any]:
@@ -111,3 +118,19 @@ async def change_policies(ctx: EngineContext, name: str, policy: Policy | None) 
 
 async def list_policies(ctx: EngineContext) -> list[Policy]:
     return [ctx.catalog.policies[n] for n in sorted(ctx.catalog.policies)]
+
+
+async def declare_configured(ctx: EngineContext) -> None:
+    """The error queue, and the queues, topics and subscriptions ``tarry.toml`` names (at
+    start: each declare is idempotent, a changed one is refused as for the API)."""
+    error_queue = ctx.config.dispatch.error_queue
+    if error_queue not in ctx.catalog.queues:
+        await declare_queue(ctx, error_queue, {})
+    for name, args in ctx.config.queues.items():
+        await declare_queue(ctx, name, args)
+    for topic, queues in ctx.config.topics.items():
+        await declare_topic(ctx, topic)
+        for queue in queues:
+            if queue not in ctx.catalog.queues:
+                await declare_queue(ctx, queue, {})
+            await subscribe(ctx, topic, queue)

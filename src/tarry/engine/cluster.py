@@ -19,66 +19,89 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
-from tarry.dispatch.dispatcher import DueRelease
+from tarry.dispatch.dispatcher import DueRelease, ReleaseDue
+from tarry.engine.context import EngineContext
 from tarry.engine.waiters import Waiters
 from tarry.errors import DeliveryFailed, TarryError
 from tarry.model.message import Message
+from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
-from tarry.queues.sequence import ClockSequencer
+from tarry.queues.sequence import ClockSequencer, Sequencer
 from tarry.queues.txn import QueueTxn
+from tarry.store.base import DelayedStore
 
-if TYPE_CHECKING:
-    from tarry.engine.core import Engine
-
-__all__ = ["announce_due", "attach", "still_held"]
+__all__ = ["ClusterLink", "announce_due", "still_held"]
 
 log = logging.getLogger(__name__)
 
 
-def attach(engine: Engine) -> None:
-    """Wire ``engine`` to the other nodes when its store is shared (PostgreSQL)."""
-    store: Any = engine.store
-    if not hasattr(store, "on_due"):
-        return
-    store.on_due(engine.dispatcher.notify_due)
-    if not engine.shared:
-        return  # at_least_once: each node's queues are its own
-    engine._seq = ClockSequencer(engine.clock)
-    engine.dispatcher.release_due = partial(_release_due, engine)
-    waiters = _ClusterWaiters(store)
-    engine.waiters = waiters
-    store.on_filled(lambda queue: waiters.wake_here({queue}))
-    reloader = _CatalogReloader(engine)
-    store.on_catalog_change(reloader.request)
+class ClusterLink:
+    """The parts of an engine that differ where nodes share its store, chosen once from the
+    store when the engine is built: the sequencer, the waiters, the dispatcher's one-transaction
+    release (``release_due``), and what the store's notifications are wired to (``listen``)."""
+
+    def __init__(self, store: DelayedStore, clock: Clock) -> None:
+        self._store: Any = store
+        #: The store tells of other nodes' changes (PostgreSQL).
+        self.notifies = hasattr(store, "on_due")
+        #: The nodes share the queues too (``exactly_once``; with ``at_least_once`` each
+        #: node's queues are its own).
+        self.shares_queues = self.notifies and store.shares_queue_database
+        self.sequencer = ClockSequencer(clock) if self.shares_queues else Sequencer()
+        self.waiters = _ClusterWaiters(store) if self.shares_queues else Waiters()
+
+    def release_due(self, ctx: EngineContext) -> ReleaseDue | None:
+        """The dispatcher's fetch-and-release in one transaction, where the queues are shared."""
+        return partial(_release_due, ctx) if self.shares_queues else None
+
+    def listen(
+        self,
+        ctx: EngineContext,
+        *,
+        notify_due: Callable[[int], None],
+        apply_routes: Callable[[Mapping[str, str]], None],
+    ) -> None:
+        """Wire the store's notifications: another node's due times to ``notify_due``, its
+        fills to the consumers waiting here, its catalog changes to a reload."""
+        if not self.notifies:
+            return
+        store = self._store
+        store.on_due(notify_due)
+        if not self.shares_queues:
+            return
+        waiters = cast(_ClusterWaiters, self.waiters)
+        store.on_filled(lambda queue: waiters.wake_here({queue}))
+        reloader = _CatalogReloader(ctx, apply_routes)
+        store.on_catalog_change(reloader.request)
 
 
-def announce_due(engine: Engine, deliver_at_ms: int, now_ms: int) -> None:
+def announce_due(ctx: EngineContext, deliver_at_ms: int, now_ms: int) -> None:
     """After a send committed: wake the other nodes for a message due at ``deliver_at_ms``
     (in the background: the producer does not wait for it)."""
-    announce = getattr(engine.store, "announce_due", None)
-    if announce is not None and engine.shared:  # else ``store.store`` announces by itself
+    announce = getattr(ctx.store, "announce_due", None)
+    if announce is not None and ctx.shared:  # else ``store.store`` announces by itself
         announce(deliver_at_ms, now_ms=now_ms)
 
 
-async def _release_due(engine: Engine, now_ms: int, limit: int, lease_ms: int) -> DueRelease:
+async def _release_due(ctx: EngineContext, now_ms: int, limit: int, lease_ms: int) -> DueRelease:
     """Fetch, enqueue and remove in ONE transaction (exactly_once): the due rows are locked
     (``SKIP LOCKED``: other nodes take the next ones), each local message goes through its
     queue's rules, and only what must outlive the transaction (refused messages, messages for
     transports) is claimed with a lease. A node killed inside it leaves nothing behind: its
     transaction rolls back and the messages are due again at once for every node."""
-    store: Any = engine.store
+    store: Any = ctx.store
 
     def work(conn: Any) -> tuple[QueueTxn, DueRelease]:
         due = store.claim_due(conn, now_ms=now_ms, limit=limit)
-        txn = engine._txn(conn, now_ms)
+        txn = ctx.txn(conn, now_ms)
         refused: list[tuple[Message, DeliveryFailed]] = []
         external: list[Message] = []
         for message in due:
-            if message.destination in engine.transports:
+            if message.destination in ctx.transports:
                 external.append(message)
                 continue
             try:
@@ -90,8 +113,8 @@ async def _release_due(engine: Engine, now_ms: int, limit: int, lease_ms: int) -
         newest = max((m.deliver_at_ms for m in due if not m.failures), default=None)
         return txn, DueRelease(len(due) - len(held), refused, external, newest)
 
-    txn, outcome = await engine.qdb.write(work)
-    engine._after(txn)
+    txn, outcome = await ctx.qdb.write(work)
+    ctx.after(txn)
     return outcome
 
 
@@ -138,8 +161,11 @@ class _ClusterWaiters(Waiters):
 class _CatalogReloader:
     """Reload the catalog from the database, one reload at a time, coalescing requests."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(
+        self, ctx: EngineContext, apply_routes: Callable[[Mapping[str, str]], None]
+    ) -> None:
+        self._ctx = ctx
+        self._apply_routes = apply_routes
         self._task: asyncio.Task[None] | None = None
         self._again = False
 
@@ -160,21 +186,21 @@ class _CatalogReloader:
                 return
 
     async def _reload(self) -> None:
-        engine = self._engine
+        ctx = self._ctx
         while True:
             fresh = Catalog()
-            now = engine.clock.now_ms()
-            before = _fingerprint(engine.catalog)
-            await engine.qdb.read(partial(fresh.load, now_ms=now))
-            if _fingerprint(engine.catalog) == before:
+            now = ctx.clock.now_ms()
+            before = _fingerprint(ctx.catalog)
+            await ctx.qdb.read(partial(fresh.load, now_ms=now))
+            if _fingerprint(ctx.catalog) == before:
                 break
             # This node changed its catalog while we read: what we read may predate it.
         for name, entry in fresh.queues.items():
-            known = engine.catalog.queues.get(name)
+            known = ctx.catalog.queues.get(name)
             if known is not None:  # last use is kept per node, in memory
                 entry.last_used_ms = known.last_used_ms
-        engine.catalog.take(fresh)  # in place: the engine's parts hold it
-        engine.routes.apply(fresh.routes)
+        ctx.catalog.take(fresh)  # in place: the engine's parts hold it
+        self._apply_routes(fresh.routes)
 
 
 def _fingerprint(catalog: Catalog) -> tuple[object, ...]:

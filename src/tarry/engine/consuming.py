@@ -1,7 +1,8 @@
 """Consumers' side of the local queues: receive (look, then take in one transaction; or wait
 for a release to fill the queue) and settle (ack, requeue or reject by receipt).
-``Engine.receive``, ``Engine.ack`` and ``Engine.nack`` call these: the HTTP API, the client and
-the CLI go through them. What a queue does with its messages is ``tarry.queues.txn``'s.
+``Engine.receive``, ``Engine.ack`` and ``Engine.nack`` call these with the engine's context: the
+HTTP API, the client and the CLI go through them. What a queue does with its messages is
+``tarry.queues.txn``'s.
 """
 
 from __future__ import annotations
@@ -10,16 +11,14 @@ import asyncio
 import sqlite3
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tarry.engine.context import EngineContext
 from tarry.engine.types import Delivery
 from tarry.errors import InvalidArgument, NotFound
 from tarry.model.message import Message
 from tarry.model.time import wait_at_most
 from tarry.queues.txn import QueueTxn
-
-if TYPE_CHECKING:
-    from tarry.engine.core import Engine
 
 __all__ = ["DEFAULT_VISIBILITY_MS", "MAX_VISIBILITY_MS", "receive", "settle"]
 
@@ -28,7 +27,7 @@ MAX_VISIBILITY_MS = 12 * 3_600_000
 
 
 async def receive(
-    engine: Engine,
+    ctx: EngineContext,
     queue: str,
     *,
     max_messages: int = 1,
@@ -44,32 +43,32 @@ async def receive(
         raise InvalidArgument(
             f"visibility_ms ({visibility}) must be between 1 and {MAX_VISIBILITY_MS}"
         )
-    entry = engine.catalog.queues.get(queue)
+    entry = ctx.catalog.queues.get(queue)
     if entry is None:
         raise NotFound(f"no queue named {queue!r}")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     if wait_ms:
-        engine.waiters.count[queue] += 1
+        ctx.waiters.count[queue] += 1
     try:
         while True:
-            event = engine.waiters.event(queue)
-            now = engine.clock.now_ms()
+            event = ctx.waiters.event(queue)
+            now = ctx.clock.now_ms()
             entry.last_used_ms = now
 
             def work(
                 conn: sqlite3.Connection, now: int = now
             ) -> tuple[QueueTxn, list[tuple[Message, str]]]:
-                txn = engine._txn(conn, now)
+                txn = ctx.txn(conn, now)
                 return txn, txn.receive(queue, max_messages=max_messages, visibility_ms=visibility)
 
             # Look before taking: an empty poll costs a read, not a commit.
-            if await engine.qdb.read(partial(_has_ready, engine, queue=queue, now_ms=now)):
-                txn, taken = await engine.qdb.write(work)
-                engine._after(txn)
+            if await ctx.qdb.read(partial(_has_ready, ctx, queue=queue, now_ms=now)):
+                txn, taken = await ctx.qdb.write(work)
+                ctx.after(txn)
             else:
                 taken = []
-            if taken or queue not in engine.catalog.queues:
+            if taken or queue not in ctx.catalog.queues:
                 return [Delivery(m, r) for m, r in taken]
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -78,27 +77,27 @@ async def receive(
             await wait_at_most(event, min(remaining, 1.0))
     finally:
         if wait_ms:
-            engine.waiters.count[queue] -= 1
+            ctx.waiters.count[queue] -= 1
 
 
-def _has_ready(engine: Engine, conn: sqlite3.Connection, *, queue: str, now_ms: int) -> bool:
-    return engine._txn(conn, now_ms).has_ready(queue)
+def _has_ready(ctx: EngineContext, conn: sqlite3.Connection, *, queue: str, now_ms: int) -> bool:
+    return ctx.txn(conn, now_ms).has_ready(queue)
 
 
 async def settle(
-    engine: Engine, queue: str, receipts: Sequence[str], *, ack: bool, requeue: bool
+    ctx: EngineContext, queue: str, receipts: Sequence[str], *, ack: bool, requeue: bool
 ) -> dict[str, Any]:
     """Ack (``ack``), or nack: requeue (``requeue``) or reject (dead-letter) by receipt."""
-    if queue not in engine.catalog.queues:
+    if queue not in ctx.catalog.queues:
         raise NotFound(f"no queue named {queue!r}")
     if not isinstance(receipts, list | tuple) or not all(isinstance(r, str) for r in receipts):
         raise InvalidArgument("receipts must be a list of receipt strings from receive")
-    now = engine.clock.now_ms()
+    now = ctx.clock.now_ms()
 
     def work(conn: sqlite3.Connection) -> tuple[QueueTxn, tuple[int, list[str]]]:
-        txn = engine._txn(conn, now)
+        txn = ctx.txn(conn, now)
         return txn, txn.settle(queue, receipts, ack=ack, requeue=requeue)
 
-    txn, (done, unknown) = await engine.qdb.write(work)
-    engine._after(txn)
+    txn, (done, unknown) = await ctx.qdb.write(work)
+    ctx.after(txn)
     return {("acked" if ack else "nacked"): done, "unknown": unknown}

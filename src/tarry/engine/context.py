@@ -1,7 +1,8 @@
 """``EngineContext``: what the engine's parts (queue and catalog administration, housekeeping,
 operations) need of the engine, and no more: the stores, the catalog, the clock, a queue
-transaction, what runs after its commit, and how events are told. Built once the engine is
-whole (the cluster link included), so a part never reaches into the ``Engine`` itself."""
+transaction, what runs after its commit, how events are told and how the dispatcher hears of a
+due time. Built before the dispatcher and the release path (which take it), from the cluster
+link's parts, so a part never reaches into the ``Engine`` itself."""
 
 from __future__ import annotations
 
@@ -39,3 +40,6 @@ class EngineContext:
     after: Callable[[QueueTxn], None]
     #: Tell the listeners about changes already made.
     emit: Callable[[Sequence[Event]], None]
+    #: A message falls due at ``deliver_at_ms`` (committed at ``now_ms``): wake the dispatcher
+    #: here, and on the other nodes where they share the store.
+    due: Callable[[int, int], None]

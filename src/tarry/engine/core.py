@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import sqlite3
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import IO, Any, cast
@@ -14,55 +13,35 @@ from typing import IO, Any, cast
 from tarry.config import TarryConfig
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
-from tarry.engine import (
-    catalog_admin,
-    cluster,
-    consuming,
-    operations,
-    queue_admin,
-    release,
-    sending,
-    shared_release,
-)
+from tarry.engine import catalog_admin, cluster, consuming, operations, queue_admin, sending
+from tarry.engine.cluster import ClusterLink
 from tarry.engine.context import EngineContext
-from tarry.engine.handover import refuse_if_handed_over
-from tarry.engine.housekeeping import housekeeping, sweep
-from tarry.engine.lifecycle import lock_data_dir, supervise
+from tarry.engine.housekeeping import StoreProbe, housekeeping, sweep
+from tarry.engine.lifecycle import lock_data_dir, open_journal, start_ingress, supervise
 from tarry.engine.listeners import emit_all, one_by_one
-from tarry.engine.overview import ForecastCache, dead_letter_groups
+from tarry.engine.messages import Messages
+from tarry.engine.overview import ForecastCache, dead_letters
 from tarry.engine.redrive import Redriver
+from tarry.engine.release_path import pick
 from tarry.engine.routes import RouteBook, RouteEntry, RouteHooks
 from tarry.engine.schedules import Schedules
 from tarry.engine.stores import build_stores
 from tarry.engine.types import Delivery, MayAccess, QueueInfo, SendResult
-from tarry.errors import (
-    DeliveryFailed,
-    InvalidArgument,
-    NotAuthorized,
-    NotFound,
-    TarryError,
-)
+from tarry.errors import TarryError
 from tarry.model.events import Event, EventBatchListener, EventListener
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
 from tarry.model.queue_args import Policy
 from tarry.model.redrive import parse_redrive
-from tarry.model.route_policy import RoutePolicy
 from tarry.model.time import Clock, SystemClock
-from tarry.model.validate import (
-    SendLimits,
-    check_batch_size,
-    validate_reschedule,
-)
-from tarry.queues.catalog import (
-    Catalog,
-)
-from tarry.queues.sequence import Sequencer, last_seq
+from tarry.model.validate import SendLimits, check_batch_size
+from tarry.queues.catalog import Catalog
+from tarry.queues.sequence import last_seq
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore, QueueDatabase
 from tarry.transports.base import Transport
-from tarry.transports.build import build_transport, rabbitmq_module
+from tarry.transports.build import build_transport
 
 __all__ = ["Engine"]
 
@@ -83,7 +62,7 @@ class Engine:
         ``tarry.store.base``); a store that shares it is its own queue database."""
         self.config = config
         self.store = store
-        #: True: release is one queue-database transaction; False: ``tarry.engine.release``.
+        #: True: release is one queue-database transaction (``release_path``).
         self.shared = store.shares_queue_database
         if queues is None:
             if not self.shared:
@@ -95,76 +74,14 @@ class Engine:
         self.catalog = Catalog()
         self.transports: dict[str, Transport] = dict(transports or {})
         self.breakers = Breakers.from_config(config.dispatch, self.clock)
-        self._probing: asyncio.Future[bool] | None = None
         self.limits = SendLimits(max_message_bytes=config.server.max_message_bytes)
         #: Every listener in its form for many events (``add_listener``).
         self._listeners: list[EventBatchListener] = []
-        self._seq = Sequencer()
-        from tarry.engine.waiters import Waiters
-
-        self.waiters = Waiters()
-        self.dispatcher = Dispatcher(
-            store=store,
-            config=config.dispatch,
-            clock=self.clock,
-            breakers=self.breakers,
-            is_local=lambda name: name not in self.transports,
-            transport_for=self.transports.get,
-            release_local=self._release_local,
-            give_up=self._give_up,
-            notify=self._emit_all,
-            policy_for=self.route_policy,
-            report_failure=self._report_failure,
-        )
-        self.schedules = Schedules(
-            config=config.schedules,
-            clock=self.clock,
-            qdb=self.qdb,
-            # One process owns an embedded store (its lock file): a restart is the same node.
-            node=getattr(store, "node", None) or "local",
-            send_many=lambda items: sending.send_many(self, items, None),
-            check_many=lambda items, may: sending.check_many(self, items, may),
-            list_messages=self.list_messages,
-            cancel=self.cancel,
-        )
-        self.routes = RouteBook(
-            configured=config.routes,
-            transports=self.transports,
-            hooks=RouteHooks(
-                qdb=self.qdb,
-                catalog=lambda: self.catalog,
-                now_ms=self.clock.now_ms,
-                build=lambda name, route: build_transport(name, route, clock=self.clock),
-                count_waiting=self.store.count_scheduled,
-                find=self.list_messages,
-                give_up=self._give_up,
-            ),
-        )
-
-        def due(deliver_at_ms: int, now_ms: int) -> None:
-            self.dispatcher.notify_due(deliver_at_ms)
-            cluster.announce_due(self, deliver_at_ms, now_ms)
-
-        self.redriver = Redriver(
-            qdb=self.qdb,
-            store=store,
-            catalog=lambda: self.catalog,
-            clock=self.clock,
-            shared=self.shared,
-            open_txn=self._txn,
-            committed=self._after,
-            emit=self._emit_all,
-            is_route=lambda name: name in self.transports,
-            due=due,
-        )
-        self._tasks: list[asyncio.Task[None]] = []
-        self._forecasts = ForecastCache()
-        self._lock_file: IO[str] | None = None
-        self.journal: Any = None
-        self.ingress: Any = None
-        cluster.attach(self)
-        #: What the engine's parts get of it (built after ``cluster.attach``, which may
-        #: replace the waiters and the sequencer).
+        # What differs where nodes share the store, chosen once (``tarry.engine.cluster``).
+        link = ClusterLink(store, self.clock)
+        self._seq = link.sequencer
+        self.waiters = link.waiters
+        #: What the engine's parts get of it.
         self.ctx = EngineContext(
             config=config,
             store=store,
@@ -177,7 +94,56 @@ class Engine:
             txn=self._txn,
             after=self._after,
             emit=self._emit_all,
+            due=self._due,
         )
+        self.path = pick(self.ctx)
+        self.routes = RouteBook(
+            configured=config.routes,
+            transports=self.transports,
+            hooks=RouteHooks(
+                qdb=self.qdb,
+                catalog=lambda: self.catalog,
+                now_ms=self.clock.now_ms,
+                build=lambda name, route: build_transport(name, route, clock=self.clock),
+                count_waiting=self.store.count_scheduled,
+                find=self.list_messages,
+                give_up=self.path.give_up,
+            ),
+        )
+        self.dispatcher = Dispatcher(
+            store=store,
+            config=config.dispatch,
+            clock=self.clock,
+            breakers=self.breakers,
+            is_local=lambda name: name not in self.transports,
+            transport_for=self.transports.get,
+            release_local=self.path.release,
+            give_up=self.path.give_up,
+            notify=self._emit_all,
+            policy_for=self.routes.policy_for,
+            report_failure=self._report_failure,
+            release_due=link.release_due(self.ctx),
+        )
+        self.messages = Messages(self.ctx, self.path, notify_due=self.dispatcher.notify_due)
+        self.schedules = Schedules(
+            config=config.schedules,
+            clock=self.clock,
+            qdb=self.qdb,
+            # One process owns an embedded store (its lock file): a restart is the same node.
+            node=getattr(store, "node", None) or "local",
+            send_many=lambda items: sending.send_many(self, items, None),
+            check_many=lambda items, may: sending.check_many(self, items, may),
+            list_messages=self.list_messages,
+            cancel=self.cancel,
+        )
+        self.redriver = Redriver(self.ctx, is_route=lambda name: name in self.transports)
+        self.probe_store = StoreProbe(store)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._forecasts = ForecastCache()
+        self._lock_file: IO[str] | None = None
+        self.journal: Any = None
+        self.ingress: Any = None
+        link.listen(self.ctx, notify_due=self.dispatcher.notify_due, apply_routes=self.routes.apply)
 
     @classmethod
     def from_config(cls, config: TarryConfig, *, clock: Clock | None = None) -> Engine:
@@ -199,8 +165,7 @@ class Engine:
         data_dir = self.config.server.data_dir
         if self.config.store.engine != "memory":
             self._lock_file = lock_data_dir(data_dir)
-        if not self.shared:
-            await self.qdb.open()
+        await self.path.open()
         await self.store.open()
 
         def load(conn: sqlite3.Connection) -> int:
@@ -211,24 +176,13 @@ class Engine:
         self.routes.apply(self.catalog.routes)
         await self.redriver.open()
         if self.config.journal.enabled:
-            from tarry.journal.writer import Journal
-
-            self.journal = Journal(
-                data_dir / "journal",
-                self.config.journal,
-                clock=self.clock,
-                node=self.config.journal.node or socket.gethostname(),
-            )
+            self.journal = open_journal(self.config, self.clock)
             self.add_listener(self.journal.record, many=self.journal.record_many)
             if background:
                 self._spawn(self.journal.run)
-        await self._declare_configured()
+        await catalog_admin.declare_configured(self.ctx)
         if self.config.rabbitmq.ingress:
-            rabbitmq_module()
-            from tarry.transports.amqp_ingress import AmqpIngress
-
-            self.ingress = AmqpIngress(self.config.rabbitmq, send_batch=self.send_batch)
-            await self.ingress.start()
+            self.ingress = await start_ingress(self.config.rabbitmq, self.send_batch)
         await self.schedules.start()  # before the dispatcher: long-overdue ones are missed
         if background:
             self._spawn(self.dispatcher.run)
@@ -254,27 +208,13 @@ class Engine:
         if self.journal is not None:
             self.journal.close()
         await self.store.close()
-        if not self.shared:
-            await self.qdb.close()
+        await self.path.close()
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
 
     def _spawn(self, loop_fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self._tasks.append(supervise(loop_fn))
-
-    async def _declare_configured(self) -> None:
-        error_queue = self.config.dispatch.error_queue
-        if error_queue not in self.catalog.queues:
-            await self.declare_queue(error_queue, {})
-        for name, args in self.config.queues.items():
-            await self.declare_queue(name, args)
-        for topic, queues in self.config.topics.items():
-            await self.declare_topic(topic)
-            for queue in queues:
-                if queue not in self.catalog.queues:
-                    await self.declare_queue(queue, {})
-                await self.subscribe(topic, queue)
 
     # --- events -------------------------------------------------------------------------------
     def _emit_each(self, event: str, messages: Sequence[Message], time_ms: int) -> None:
@@ -299,6 +239,10 @@ class Engine:
         self._emit_all(txn.events)  # a released batch has an event per message
         self.waiters.wake(txn.filled)
 
+    def _due(self, deliver_at_ms: int, now_ms: int) -> None:
+        self.dispatcher.notify_due(deliver_at_ms)
+        cluster.announce_due(self.ctx, deliver_at_ms, now_ms)
+
     # --- sending ------------------------------------------------------------------------------
     async def send(
         self, data: Mapping[str, Any], *, may_send: MayAccess | None = None
@@ -316,50 +260,18 @@ class Engine:
 
     # --- one message ----------------------------------------------------------------------------
     async def get_message(self, message_id: str) -> Message:
-        message = None if self.shared else await release.get_released(self, message_id)
-        if message is None:
-            message = await self.store.get(message_id)
-        if message is None:
-            raise NotFound(f"no message with id {message_id}")
-        return message
-
-    async def _check_owner(self, message_id: str, may_send: MayAccess | None) -> Message:
-        message = await self.get_message(message_id)
-        if may_send is not None and not may_send(message.topic or message.destination):
-            raise NotAuthorized(
-                f"this token may not change messages for {message.topic or message.destination!r}"
-            )
-        return message
+        return await self.messages.get(message_id)
 
     async def cancel(self, message_id: str, *, may_send: MayAccess | None = None) -> Message:
-        refuse_if_handed_over(await self._check_owner(message_id, may_send), self.transports)
-        if not self.shared:
-            await release.refuse_if_released(self, message_id)
-        now = self.clock.now_ms()
-        message = await self.store.cancel(message_id, now_ms=now)
-        self._emit_all([("cancelled", message, now, None, None)])
-        return message
+        return await self.messages.cancel(message_id, may_send=may_send)
 
     async def reschedule(
         self, message_id: str, data: Mapping[str, Any], *, may_send: MayAccess | None = None
     ) -> Message:
-        current = await self._check_owner(message_id, may_send)
-        refuse_if_handed_over(current, self.transports)
-        now = self.clock.now_ms()
-        deliver_at = validate_reschedule(data, now_ms=now, expires_at_ms=current.expires_at_ms)
-        if not self.shared:
-            await release.refuse_if_released(self, message_id)
-        message = await self.store.reschedule(message_id, deliver_at_ms=deliver_at, now_ms=now)
-        self._emit_all([("rescheduled", message, now, None, None)])
-        self.dispatcher.notify_due(deliver_at)
-        return message
+        return await self.messages.reschedule(message_id, data, may_send=may_send)
 
     async def list_messages(self, query: MessageQuery) -> tuple[list[Message], str | None]:
-        if not 1 <= query.limit <= 1000:
-            raise InvalidArgument(f"limit ({query.limit}) must be between 1 and 1000")
-        if not self.shared:
-            return await release.list_merged(self, query)
-        return await self.store.list(query)
+        return await self.messages.list(query)
 
     async def redrive(
         self, queue: str, data: Mapping[str, Any], *, may_send: MayAccess | None = None
@@ -368,28 +280,10 @@ class Engine:
         return await self.redriver.redrive(queue, parse_redrive(data), may_send=may_send)
 
     # --- dispatch hooks -------------------------------------------------------------------------
-    async def _release_local(
-        self, batch: Sequence[Message]
-    ) -> list[tuple[Message, DeliveryFailed]]:
-        if not self.shared:
-            return await release.release(self, batch)
-        return await shared_release.release(self.ctx, batch)
-
-    def route_policy(self, name: str) -> RoutePolicy | None:
-        """The delivery policy of the route ``name`` (None: not a route)."""
-        # From the route book: a route put at run time has its policy too.
-        route = self.routes.find(name)
-        return route.policy if route is not None else None
-
     async def _report_failure(self, request: dict[str, Any]) -> None:
         """A route's failure report, sent as tarry itself (the route's settings were authorised
         to name its destination when they were given)."""
         await self.send(request, may_send=None)
-
-    async def _give_up(self, message: Message, error: DeliveryFailed) -> None:
-        if not self.shared:
-            return await release.give_up(self, message, error)
-        await shared_release.give_up(self.ctx, message, error)
 
     # --- queues ---------------------------------------------------------------------------------
     async def declare_queue(self, name: str, args: Mapping[str, Any]) -> tuple[QueueInfo, bool]:
@@ -413,14 +307,14 @@ class Engine:
         visibility_ms: int | None = None,
     ) -> list[Delivery]:
         return await consuming.receive(
-            self, queue, max_messages=max_messages, wait_ms=wait_ms, visibility_ms=visibility_ms
+            self.ctx, queue, max_messages=max_messages, wait_ms=wait_ms, visibility_ms=visibility_ms
         )
 
     async def ack(self, queue: str, receipts: Sequence[str]) -> dict[str, Any]:
-        return await consuming.settle(self, queue, receipts, ack=True, requeue=False)
+        return await consuming.settle(self.ctx, queue, receipts, ack=True, requeue=False)
 
     async def nack(self, queue: str, receipts: Sequence[str], *, requeue: bool) -> dict[str, Any]:
-        return await consuming.settle(self, queue, receipts, ack=False, requeue=requeue)
+        return await consuming.settle(self.ctx, queue, receipts, ack=False, requeue=requeue)
 
     # --- topics and policies --------------------------------------------------------------------
     async def declare_topic(self, name: str) -> tuple[dict[str, Any], bool]:
@@ -430,7 +324,7 @@ class Engine:
         return await catalog_admin.topic_info(self.ctx, name)
 
     async def list_topics(self) -> list[dict[str, Any]]:
-        return [await self.topic_info(name) for name in sorted(self.catalog.topics)]
+        return await catalog_admin.list_topics(self.ctx)
 
     async def subscribe(self, topic: str, queue: str) -> dict[str, Any]:
         return await catalog_admin.subscribe(self.ctx, topic, queue)
@@ -482,23 +376,6 @@ class Engine:
     async def sweep(self) -> None:
         await sweep(self.ctx)
 
-    async def probe_store(self) -> bool:
-        """The store breaker's half-open trial while it is open: one small durable write
-        (``DelayedStore.probe``) tells whether the fault cleared. Callers arriving while one
-        is under way share it (a burst of refused sends makes one probe, not one each)."""
-        if self._probing is None:
-            self._probing = asyncio.ensure_future(self._probe_once())
-        return await asyncio.shield(self._probing)
-
-    async def _probe_once(self) -> bool:
-        try:
-            await self.store.probe()
-            return True
-        except TarryError:
-            return False
-        finally:
-            self._probing = None
-
     # --- operations -----------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         return operations.health(
@@ -512,17 +389,7 @@ class Engine:
         return await self._forecasts.get(self.store, self.clock.now_ms())
 
     async def dead_letters(self) -> list[dict[str, Any]]:
-        """Each dead-letter queue (the error queue, and every queue some queue's arguments in
-        force dead-letter into) with its messages grouped by ``deaths[0]``."""
-        targets = {self.config.dispatch.error_queue}
-        for entry in self.catalog.queues.values():
-            if entry.effective.dead_letter_to is not None:
-                targets.add(entry.effective.dead_letter_to)
-        return [
-            {"queue": name, "groups": await dead_letter_groups(self.qdb, name)}
-            for name in sorted(targets)
-            if name in self.catalog.queues
-        ]
+        return await dead_letters(self.ctx)
 
     async def stats(self) -> dict[str, Any]:
         return await operations.stats(

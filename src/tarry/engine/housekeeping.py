@@ -1,6 +1,6 @@
 """The engine's housekeeping loop: expired messages swept out of queues, unused queues
 deleted, finished messages forgotten after ``retention_ms``, and the store breaker closed once
-the store can write again."""
+the store can write again (``StoreProbe``, which a refused send also tries)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from tarry.engine.context import EngineContext
 from tarry.engine.queue_admin import drop_queue
 from tarry.errors import TarryError
 from tarry.queues.txn import QueueTxn
+from tarry.store.base import DelayedStore
 
-__all__ = ["housekeeping", "sweep"]
+__all__ = ["StoreProbe", "housekeeping", "sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -62,3 +63,27 @@ async def sweep(ctx: EngineContext) -> None:
             and name != ctx.config.dispatch.error_queue
         ):
             await drop_queue(ctx, name, reason=f"expired after {expires} ms unused")
+
+
+class StoreProbe:
+    """The store breaker's half-open trial while it is open: one small durable write
+    (``DelayedStore.probe``) tells whether the fault cleared. Callers arriving while one
+    is under way share it (a burst of refused sends makes one probe, not one each)."""
+
+    def __init__(self, store: DelayedStore) -> None:
+        self._store = store
+        self._probing: asyncio.Future[bool] | None = None
+
+    async def __call__(self) -> bool:
+        if self._probing is None:
+            self._probing = asyncio.ensure_future(self._probe_once())
+        return await asyncio.shield(self._probing)
+
+    async def _probe_once(self) -> bool:
+        try:
+            await self._store.probe()
+            return True
+        except TarryError:
+            return False
+        finally:
+            self._probing = None

@@ -1,5 +1,6 @@
 """What the engine's life needs of the process: one owner per data directory (a lock file),
-and background loops that never silently stop."""
+background loops that never silently stop, and the optional parts it starts with (the event
+journal, the AMQP ingress), imported only when configured."""
 
 from __future__ import annotations
 
@@ -7,13 +8,21 @@ import asyncio
 import fcntl
 import logging
 import os
+import socket
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from tarry.config import RabbitMQConfig, TarryConfig
 from tarry.errors import Unavailable
+from tarry.model.time import Clock
+from tarry.transports.build import rabbitmq_module
 
-__all__ = ["lock_data_dir", "supervise"]
+if TYPE_CHECKING:
+    from tarry.journal.writer import Journal
+    from tarry.transports.amqp_ingress import AmqpIngress, SendBatch
+
+__all__ = ["lock_data_dir", "open_journal", "start_ingress", "supervise"]
 
 log = logging.getLogger("tarry.engine.core")
 
@@ -62,3 +71,25 @@ def supervise(loop_fn: Callable[[], Coroutine[Any, Any, None]]) -> asyncio.Task[
             await asyncio.sleep(1.0)
 
     return asyncio.get_running_loop().create_task(supervised(), name=f"tarry-{loop_fn.__name__}")
+
+
+def open_journal(config: TarryConfig, clock: Clock) -> Journal:
+    """The event journal under the data directory, named for this node."""
+    from tarry.journal.writer import Journal
+
+    return Journal(
+        config.server.data_dir / "journal",
+        config.journal,
+        clock=clock,
+        node=config.journal.node or socket.gethostname(),
+    )
+
+
+async def start_ingress(config: RabbitMQConfig, send_batch: SendBatch) -> AmqpIngress:
+    """Consume sends from RabbitMQ into ``send_batch`` (needs the ``rabbitmq`` extra)."""
+    rabbitmq_module()
+    from tarry.transports.amqp_ingress import AmqpIngress
+
+    ingress = AmqpIngress(config, send_batch=send_batch)
+    await ingress.start()
+    return ingress

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from tarry.engine.context import EngineContext
 from tarry.queues.counts import death_groups
 from tarry.store.base import DelayedStore, QueueDatabase
 
-__all__ = ["FORECAST_SERIES", "ForecastCache", "dead_letter_groups"]
+__all__ = ["FORECAST_SERIES", "ForecastCache", "dead_letter_groups", "dead_letters"]
 
 MINUTE_MS = 60_000
 #: (name, window width, windows, how long a count is served before it is counted again): the
@@ -97,3 +98,17 @@ async def dead_letter_groups(qdb: QueueDatabase, queue: str) -> list[dict[str, A
     destination of their first death (``deaths[0]``, what redrive sends them back to); a
     message that never died counts under empty strings. Reads the queue's rows once."""
     return await qdb.read(lambda conn: death_groups(conn, queue))
+
+
+async def dead_letters(ctx: EngineContext) -> list[dict[str, Any]]:
+    """Each dead-letter queue (the error queue, and every queue some queue's arguments in
+    force dead-letter into) with its messages grouped by ``deaths[0]``."""
+    targets = {ctx.config.dispatch.error_queue}
+    for entry in ctx.catalog.queues.values():
+        if entry.effective.dead_letter_to is not None:
+            targets.add(entry.effective.dead_letter_to)
+    return [
+        {"queue": name, "groups": await dead_letter_groups(ctx.qdb, name)}
+        for name in sorted(targets)
+        if name in ctx.catalog.queues
+    ]

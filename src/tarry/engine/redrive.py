@@ -23,23 +23,19 @@ import asyncio
 import logging
 import sqlite3
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from tarry.engine.context import EngineContext
 from tarry.engine.types import MayAccess
 from tarry.errors import NotAuthorized, NotFound, UnknownDestination
-from tarry.model.events import Event
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
 from tarry.model.redrive import RedriveCursor, RedriveRequest
-from tarry.model.time import Clock
-from tarry.queues.catalog import Catalog
 from tarry.queues.outbox import create_outbox, drop_outbox, put_outbox, read_outbox
 from tarry.queues.redrive import RedriveChunk, last_position
-from tarry.queues.txn import QueueTxn
-from tarry.store.base import DelayedStore, QueueDatabase
 
 __all__ = ["Redriver"]
 
@@ -54,38 +50,26 @@ SCAN_LIMIT = 20_000
 
 @dataclass
 class Redriver:
-    """What a redrive needs of the engine: its two databases, how to open a queue transaction
-    and what to do once one committed, and how to tell the dispatcher (and the other nodes)
-    about new due times."""
+    """A redrive gets the engine's context (its two databases, queue transactions and what runs
+    after their commit, the dispatcher's due times) and how to tell a route."""
 
-    qdb: QueueDatabase
-    store: DelayedStore
-    #: The engine's catalog as it is now (a cluster node swaps in a fresh one on changes).
-    catalog: Callable[[], Catalog]
-    clock: Clock
-    #: True when the store is the queue database (scheduled messages are its rows).
-    shared: bool
-    open_txn: Callable[[sqlite3.Connection, int], QueueTxn]
-    committed: Callable[[QueueTxn], None]
-    emit: Callable[[Sequence[Event]], None]
+    ctx: EngineContext
     is_route: Callable[[str], bool]
-    #: ``due(deliver_at_ms, now_ms)``: messages fall due then.
-    due: Callable[[int, int], None]
 
     def __post_init__(self) -> None:
         self._lock = asyncio.Lock()
 
     async def open(self) -> None:
         """Finish what a crash interrupted (before the dispatcher starts)."""
-        if not self.shared:
-            await self.qdb.write(create_outbox, durable=True)
+        if not self.ctx.shared:
+            await self.ctx.qdb.write(create_outbox, durable=True)
             async with self._lock:
                 await self._resume()
 
     async def redrive(
         self, queue: str, request: RedriveRequest, *, may_send: MayAccess | None
     ) -> dict[str, Any]:
-        catalog = self.catalog()
+        catalog = self.ctx.catalog
         if queue not in catalog.queues:
             raise NotFound(f"no queue named {queue!r}")
         for name, field in ((request.to, "to"), (request.original_destination, None)):
@@ -101,7 +85,7 @@ class Redriver:
                     f"to {name!r} is no queue or route here; declare it or name another"
                 )
         async with self._lock:
-            if not self.shared:
+            if not self.ctx.shared:
                 await self._resume()
             return await self._run(queue, request, may_send)
 
@@ -119,7 +103,7 @@ class Redriver:
         if request.cursor is not None:
             after, upper = request.cursor.after_seq, request.cursor.upper_seq
         else:
-            after, upper = 0, await self.qdb.read(lambda conn: last_position(conn, queue))
+            after, upper = 0, await self.ctx.qdb.read(lambda conn: last_position(conn, queue))
         looked = 0
         while True:
             limit = min(CHUNK, SCAN_LIMIT - looked)
@@ -147,12 +131,12 @@ class Redriver:
     ) -> RedriveChunk:
         def work(conn: sqlite3.Connection) -> RedriveChunk:
             chunk = RedriveChunk(
-                self.open_txn(conn, self.clock.now_ms()),
+                self.ctx.txn(conn, self.ctx.clock.now_ms()),
                 request,
                 queue,
                 is_route=self.is_route,
                 may_send=may_send,
-                keep_scheduled=self.shared,
+                keep_scheduled=self.ctx.shared,
             )
             step(chunk)
             if chunk.outbox:
@@ -163,10 +147,10 @@ class Redriver:
         # they were, nothing moved), which is still once. Only an outbox must be on disk
         # before the delayed store keeps its messages (else a power loss would leave them
         # kept and their dead letters back: twice).
-        chunk = await self.qdb.write(work)
+        chunk = await self.ctx.qdb.write(work)
         if chunk.outbox:
-            await self.qdb.write(_nothing, durable=True)
-        self.committed(chunk.txn)
+            await self.ctx.qdb.write(_nothing, durable=True)
+        self.ctx.after(chunk.txn)
         now = chunk.txn.now_ms
         if chunk.scheduled:
             self._scheduled(chunk.scheduled, now)
@@ -183,23 +167,23 @@ class Redriver:
 
     async def _keep(self, messages: list[Message], now: int) -> None:
         """The delayed store keeps the outbox's messages, then the outbox lets them go."""
-        await self.store.store(messages)
+        await self.ctx.store.store(messages)
         self._scheduled(messages, now)
         ids = [m.id for m in messages]
-        await self.qdb.write(lambda conn: drop_outbox(conn, ids))
+        await self.ctx.qdb.write(lambda conn: drop_outbox(conn, ids))
 
     def _scheduled(self, messages: list[Message], now: int) -> None:
-        self.emit([("scheduled", m, now, None, None) for m in messages])
-        self.due(min(m.deliver_at_ms for m in messages), now)
+        self.ctx.emit([("scheduled", m, now, None, None) for m in messages])
+        self.ctx.due(min(m.deliver_at_ms for m in messages), now)
 
     async def _resume(self) -> None:
         """Outbox rows a crash left: keep in the store those it does not hold yet."""
-        waiting = await self.qdb.read(read_outbox)
+        waiting = await self.ctx.qdb.read(read_outbox)
         if not waiting:
             return
-        now = self.clock.now_ms()
+        now = self.ctx.clock.now_ms()
         ids = [m.id for m in waiting]
-        held = await self.qdb.read(lambda conn: self.open_txn(conn, now).released_before(ids))
+        held = await self.ctx.qdb.read(lambda conn: self.ctx.txn(conn, now).released_before(ids))
         held |= await self._stored(waiting)
         missing = [m for m in waiting if m.id not in held]
         log.warning(
@@ -210,7 +194,7 @@ class Redriver:
         if missing:
             await self._keep(missing, now)
         else:
-            await self.qdb.write(drop_outbox)
+            await self.ctx.qdb.write(drop_outbox)
 
     async def _stored(self, messages: list[Message]) -> set[str]:
         """Which of ``messages`` the delayed store holds: those of a chunk share a due time,
@@ -223,7 +207,7 @@ class Redriver:
                 query = MessageQuery(
                     due_after_ms=due, due_before_ms=due + 1, limit=1000, cursor=cursor
                 )
-                items, cursor = await self.store.list(query)
+                items, cursor = await self.ctx.store.list(query)
                 found.update(m.id for m in items if m.id in wanted)
                 if cursor is None:
                     break

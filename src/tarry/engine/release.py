@@ -1,7 +1,8 @@
 """Keeping messages and releasing them when the delayed store does NOT share the queue database
 (``LogStore``, ``MemoryStore``; see ``tarry.store.base`` for the contract and why this is
-exactly-once). ``Engine`` uses these functions when ``store.shares_queue_database`` is False; a
-store that shares the database (SQLite, PostgreSQL) releases in one transaction instead.
+exactly-once). The engine uses these when ``store.shares_queue_database`` is False
+(``release_path.SeparatePath``); a store that shares the database (SQLite, PostgreSQL) releases
+in one transaction instead (``shared_release``). Each takes the engine's context, not the engine.
 
 Write order, everywhere here:
 
@@ -23,8 +24,9 @@ import logging
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
+from tarry.engine.context import EngineContext
 from tarry.errors import DeliveryFailed, NotCancellable, TarryError
 from tarry.model.message import DeathReason, Message, SendPlan
 from tarry.model.query import MessageQuery
@@ -34,9 +36,6 @@ from tarry.store.base import StoreOutcome
 from tarry.store.sql import id_column, id_key
 from tarry.store.sqlite.rows import SELECT_SQL, dedupe_key, from_row, kept_by_dedupe_key
 from tarry.store.sqlite.store import ended_early, list_rows, page
-
-if TYPE_CHECKING:
-    from tarry.engine.core import Engine
 
 __all__ = [
     "get_released",
@@ -67,17 +66,17 @@ def per_send(accepted: Accepted, everything: Sequence[T]) -> Iterator[Sequence[T
         start += len(messages)
 
 
-async def store_sends(engine: Engine, accepted: Accepted, now_ms: int) -> list[StoreOutcome]:
+async def store_sends(ctx: EngineContext, accepted: Accepted, now_ms: int) -> list[StoreOutcome]:
     """Keep every accepted message durably in the store, de-duplicated against released ones
     (queue database) and pending ones (the store). Returns one outcome per message, in order;
     ``release_now`` then releases the ones due at once."""
     messages = [m for _, _, batch in accepted for m in batch]
     keys = {k for k in map(dedupe_key, messages) if k is not None}
     if not keys and not any(m.state is MessageState.DELIVERED for m in messages):
-        return await engine.store.store(messages)  # nothing to de-duplicate or to record aside
+        return await ctx.store.store(messages)  # nothing to de-duplicate or to record aside
     released: dict[str, Message] = {}
     if keys:
-        released = await engine.qdb.read(lambda conn: kept_by_dedupe_key(conn, keys))
+        released = await ctx.qdb.read(lambda conn: kept_by_dedupe_key(conn, keys))
     fresh = [m for m in messages if dedupe_key(m) not in released]
     # A message a native route already handed to its broker (state delivered) is finished: its
     # record goes straight to the queue database, never into the delayed store to fall due.
@@ -85,14 +84,14 @@ async def store_sends(engine: Engine, accepted: Accepted, now_ms: int) -> list[S
     if handed:
 
         def record(conn: sqlite3.Connection) -> None:
-            txn = engine._txn(conn, now_ms)
+            txn = ctx.txn(conn, now_ms)
             for message in fresh:
                 if message.id in handed:
                     txn.adopt(message)
 
-        await engine.qdb.write(record, durable=True)
+        await ctx.qdb.write(record, durable=True)
     pending = [m for m in fresh if m.id not in handed]
-    stored = iter(await engine.store.store(pending) if pending else [])
+    stored = iter(await ctx.store.store(pending) if pending else [])
     outcomes = []
     for message in messages:
         key = dedupe_key(message)
@@ -106,7 +105,7 @@ async def store_sends(engine: Engine, accepted: Accepted, now_ms: int) -> list[S
 
 
 async def release_now(
-    engine: Engine, accepted: Accepted, outcomes: list[StoreOutcome], now_ms: int
+    ctx: EngineContext, accepted: Accepted, outcomes: list[StoreOutcome], now_ms: int
 ) -> QueueTxn | None:
     """Release at once the created messages of ``accepted`` that are not delayed and go to a
     local queue. Returns the transaction whose events the caller tells after ``scheduled``."""
@@ -114,36 +113,36 @@ async def release_now(
     for (_, plan, _), mine in zip(accepted, per_send(accepted, outcomes), strict=True):
         if not plan.delayed:
             now_local += [
-                o.message
-                for o in mine
-                if o.created and o.message.destination not in engine.transports
+                o.message for o in mine if o.created and o.message.destination not in ctx.transports
             ]
     if not now_local:
         return None
     # A refusal (queue full, ...) or a queue database that cannot commit now leaves the
     # message scheduled and due (it is durable already): the dispatcher releases it.
     try:
-        _, txn = await _release(engine, now_local, claimed=False)
+        _, txn = await _release(ctx, now_local, claimed=False)
     except TarryError as exc:
         log.warning("immediate release deferred to the dispatcher: %s", exc)
-        engine.dispatcher.notify_due(now_ms)
+        ctx.due(now_ms, now_ms)
         return None
     return txn
 
 
-async def release(engine: Engine, batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
+async def release(
+    ctx: EngineContext, batch: Sequence[Message]
+) -> list[tuple[Message, DeliveryFailed]]:
     """Release claimed messages into local queues: insert into the queue in one queue-database
     transaction, then the store's release markers. Returns the messages their queue refused.
 
     Consumers are woken (and the events told) once the queue database has committed, not after
     the markers: the messages are theirs from then on, and the marker's append may wait
     behind a producer's fsync in the log store's group commit."""
-    refused, _ = await _release(engine, batch, claimed=True, committed=engine._after)
+    refused, _ = await _release(ctx, batch, claimed=True, committed=ctx.after)
     return refused
 
 
 async def _release(
-    engine: Engine,
+    ctx: EngineContext,
     batch: Sequence[Message],
     *,
     claimed: bool,
@@ -155,7 +154,7 @@ async def _release(
         # The time of the transaction, not of the call: the batch may wait for the database
         # thread behind other transactions, and its messages enter their queue (and their
         # release lateness is counted) when this one runs.
-        txn = engine._txn(conn, engine.clock.now_ms())
+        txn = ctx.txn(conn, ctx.clock.now_ms())
         refused: list[tuple[Message, DeliveryFailed]] = []
         before = txn.released_before([m.id for m in batch])
         by_queue: dict[str, list[Message]] = {}
@@ -169,25 +168,25 @@ async def _release(
         return txn, refused, [m.id for m in batch if m.id not in gone]
 
     try:
-        txn, refused, placed = await engine.qdb.write(work)
+        txn, refused, placed = await ctx.qdb.write(work)
         if committed is not None:
             committed(txn)
         if placed:
-            await engine.store.remove(placed, state=MessageState.READY, now_ms=txn.now_ms)
+            await ctx.store.remove(placed, state=MessageState.READY, now_ms=txn.now_ms)
     finally:
         if claimed:
-            engine.store.release_claims([m.id for m in batch])
+            ctx.store.release_claims([m.id for m in batch])
     return refused, txn
 
 
-async def give_up(engine: Engine, message: Message, error: DeliveryFailed) -> None:
+async def give_up(ctx: EngineContext, message: Message, error: DeliveryFailed) -> None:
     """Dead-letter (or discard) a message that cannot be delivered: adopted into the queue
     database and ended there in one transaction, then removed from the store."""
-    now = engine.clock.now_ms()
+    now = ctx.clock.now_ms()
     text = f"{error.reason}: {error.message}"
 
     def work(conn: sqlite3.Connection) -> QueueTxn:
-        txn = engine._txn(conn, now)
+        txn = ctx.txn(conn, now)
         if txn.adopt(message):
             txn.dead_letter(
                 message, from_queue=None, reason=DeathReason.DELIVERY_FAILED, error=text
@@ -195,14 +194,14 @@ async def give_up(engine: Engine, message: Message, error: DeliveryFailed) -> No
         return txn
 
     try:
-        txn = await engine.qdb.write(work)
-        await engine.store.remove([message.id], state=MessageState.DEAD_LETTERED, now_ms=now)
+        txn = await ctx.qdb.write(work)
+        await ctx.store.remove([message.id], state=MessageState.DEAD_LETTERED, now_ms=now)
     finally:
-        engine.store.release_claims([message.id])
-    engine._after(txn)
+        ctx.store.release_claims([message.id])
+    ctx.after(txn)
 
 
-async def get_released(engine: Engine, message_id: str) -> Message | None:
+async def get_released(ctx: EngineContext, message_id: str) -> Message | None:
     """The queue database's record of a released message (None when not released)."""
 
     def work(conn: sqlite3.Connection) -> Message | None:
@@ -210,27 +209,27 @@ async def get_released(engine: Engine, message_id: str) -> Message | None:
         row = conn.execute(f"{SELECT_SQL} WHERE {id_column(conn)} = ?", (key,)).fetchone()
         return from_row(row) if row else None
 
-    return await engine.qdb.read(work)
+    return await ctx.qdb.read(work)
 
 
-async def refuse_if_released(engine: Engine, message_id: str) -> None:
+async def refuse_if_released(ctx: EngineContext, message_id: str) -> None:
     """Cancel and reschedule act on scheduled messages only; a released one is past that."""
-    message = await get_released(engine, message_id)
+    message = await get_released(ctx, message_id)
     if message is not None:
         raise NotCancellable(
             f"message {message_id} is {message.state.value}; only scheduled messages can be changed"
         )
 
 
-async def list_merged(engine: Engine, query: MessageQuery) -> tuple[list[Message], str | None]:
+async def list_merged(ctx: EngineContext, query: MessageQuery) -> tuple[list[Message], str | None]:
     """Released messages (queue database) and pending ones (store), merged in (due, id) order;
     a message in both (released, marker not yet written) is shown as released."""
     limit = query.limit
-    released = await engine.qdb.read(lambda conn: list_rows(conn, query, limit + 1))
+    released = await ctx.qdb.read(lambda conn: list_rows(conn, query, limit + 1))
     pending: list[Message] = []
     cursor: str | None = None
     if query.state in (None, MessageState.SCHEDULED.value, MessageState.CANCELLED.value):
-        pending, cursor = await engine.store.list(replace(query, limit=limit + 1))
+        pending, cursor = await ctx.store.list(replace(query, limit=limit + 1))
     seen = {m.id for m in released}
     merged = list(
         heapq.merge(

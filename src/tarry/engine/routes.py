@@ -36,6 +36,7 @@ from tarry.config import RouteConfig
 from tarry.errors import DeliveryFailed, InUse, NotFound, PreconditionFailed, TarryError
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
+from tarry.model.route_policy import RoutePolicy
 from tarry.model.state import MessageState
 from tarry.model.validate import check_name
 from tarry.queues.catalog import Catalog, save_route
@@ -107,6 +108,12 @@ class RouteBook:
             return self._configured[name]
         stored = self._stored.get(name)
         return stored[1] if stored is not None else None
+
+    def policy_for(self, name: str) -> RoutePolicy | None:
+        """The delivery policy of the route ``name`` (None: not a route); a route put at run
+        time has its policy too."""
+        route = self.find(name)
+        return route.policy if route is not None else None
 
     def get(self, name: str) -> RouteEntry:
         if name in self._configured:

@@ -131,10 +131,10 @@ async def send_many(
                     lambda conn: _store_work(engine, conn, accepted, now), durable=True
                 )
             else:
-                kept = await release.store_sends(engine, accepted, now)
+                kept = await release.store_sends(engine.ctx, accepted, now)
                 # Released before the results are built (they show "ready"); its events
                 # are told after the "scheduled" ones below.
-                released = await release.release_now(engine, accepted, kept, now)
+                released = await release.release_now(engine.ctx, accepted, kept, now)
                 stored = (released, _results(engine, accepted, kept, now))
         except TarryError as exc:
             engine.breakers.store.failure(exc)
@@ -162,7 +162,7 @@ async def send_many(
             engine._after(txn)
         if earliest is not None:
             engine.dispatcher.notify_due(earliest)
-            cluster.announce_due(engine, earliest, now)
+            cluster.announce_due(engine.ctx, earliest, now)
     return [r for r in results if r is not None]
 
 
