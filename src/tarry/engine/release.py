@@ -31,10 +31,10 @@ from tarry.errors import DeliveryFailed, NotCancellable, TarryError
 from tarry.model.message import DeathReason, Message, SendPlan
 from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
+from tarry.queues.lookup import find_message
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import StoreOutcome
-from tarry.store.sql import id_column, id_key
-from tarry.store.sqlite.rows import SELECT_SQL, dedupe_key, from_row, kept_by_dedupe_key
+from tarry.store.sqlite.rows import dedupe_key, kept_by_dedupe_key
 from tarry.store.sqlite.store import ended_early, list_rows, page
 
 __all__ = [
@@ -203,13 +203,7 @@ async def give_up(ctx: EngineContext, message: Message, error: DeliveryFailed) -
 
 async def get_released(ctx: EngineContext, message_id: str) -> Message | None:
     """The queue database's record of a released message (None when not released)."""
-
-    def work(conn: sqlite3.Connection) -> Message | None:
-        key = id_key(conn, message_id)
-        row = conn.execute(f"{SELECT_SQL} WHERE {id_column(conn)} = ?", (key,)).fetchone()
-        return from_row(row) if row else None
-
-    return await ctx.qdb.read(work)
+    return await ctx.qdb.read(lambda conn: find_message(conn, message_id))
 
 
 async def refuse_if_released(ctx: EngineContext, message_id: str) -> None:
