@@ -18,6 +18,7 @@ Layers, lowest first (``|``: independent siblings; ``,``: siblings that may impo
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,3 +148,35 @@ def test_a_package_outside_every_layer_is_reported(tmp_path: Path) -> None:
     assert violations(package, "shop", FIXTURE_LAYERS) == [
         f"{package / 'extra.py'}: package 'extra' is in no layer; add it to LAYERS"
     ]
+
+
+#: A string that starts as a SQL statement does (upper case, as tarry writes SQL; docstrings
+#: that begin "Create ..." are prose).
+_SQL = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|CREATE)\s")
+
+
+def sql_strings(root: Path) -> list[str]:
+    """Each string constant (f-string parts included) under ``root`` that starts a SQL
+    statement, as ``file:line``: the engine leaves its SQL to ``queues`` and ``store``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if _SQL.match(node.value):
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_the_engine_writes_no_sql_of_its_own() -> None:
+    assert sql_strings(SRC / "tarry" / "engine") == []
+
+
+def test_the_sql_check_finds_a_statement_written_in_the_engine(tmp_path: Path) -> None:
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "core.py").write_text(
+        '"""PUT and DELETE of a route are the API\'s."""\n'
+        "def last(conn, table):\n"
+        '    return conn.execute(f"SELECT max(seq) FROM {table}").fetchone()\n'
+    )
+    assert sql_strings(engine) == ["engine/core.py:3"]
