@@ -313,6 +313,16 @@ class RouteConfig(_Section):
         except InvalidArgument as exc:
             raise ValueError(exc.message) from None
 
+    @field_validator("headers")
+    @classmethod
+    def _headers_can_be_sent(cls, headers: dict[str, str]) -> dict[str, str]:
+        from tarry.model.route_rules import check_route_headers
+
+        try:
+            return check_route_headers(headers)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+
     @field_validator("secrets")
     @classmethod
     def _secrets_are_whsec(cls, secrets: list[str]) -> list[str]:
