@@ -5,6 +5,8 @@ know of routes that read their bodies themselves (so the rules stay in ``tarry.m
   ``$ref``s point (a send's built from the field table);
 - 400 ``invalid_argument`` where FastAPI would document 422: the server never sends 422
   (``server/errors.py`` turns FastAPI's validation errors into 400);
+- 413 ``message_too_large`` on every operation with a body: each reads it through
+  ``server/deps.py``, which refuses a body over the route's limit while reading it;
 - names in paths with the syntax ``check_name`` accepts;
 - the bearer token on every operation that can answer 401 (a server with tokens configured
   asks for one; without tokens it answers every caller).
@@ -45,6 +47,8 @@ def _fix_operation(op: dict[str, Any]) -> None:
     if "422" in responses:
         del responses["422"]
         responses.setdefault("400", _bad_request())
+    if "requestBody" in op:
+        responses.setdefault("413", _error(413, "the request body is over the route's limit"))
     for param in op.get("parameters", []):
         if param.get("in") == "path" and param.get("name") in _NAMES:
             param["schema"] = {
@@ -57,9 +61,13 @@ def _fix_operation(op: dict[str, Any]) -> None:
 
 
 def _bad_request() -> dict[str, Any]:
-    codes = ", ".join(schemas.error_statuses()[400])
+    return _error(400, "the request is invalid (the message says what to fix)")
+
+
+def _error(status: int, text: str) -> dict[str, Any]:
+    codes = ", ".join(schemas.error_statuses()[status])
     return {
-        "description": f"the request is invalid (the message says what to fix): {codes}",
+        "description": f"{text}: {codes}",
         "content": {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}},
     }
 
