@@ -355,7 +355,8 @@ class RouteConfig(_Section):
         if not isinstance(data, dict):
             raise InvalidArgument("a route must be a JSON object")
         try:
-            return cls.model_validate(data)
+            # Strict: JSON has its types, so 0 is no false and "5" no number (as a send's).
+            return cls.model_validate(data, strict=True)
         except ValidationError as exc:
             raise InvalidArgument(f"route {name!r} is not valid: {_problems(exc)}") from None
 

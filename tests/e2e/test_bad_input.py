@@ -340,6 +340,8 @@ SCHEDULE = {"cron": "*/5 * * * *", "body": "x"}
         ("ttl_ms", BIG, "ttl_ms"),
         ("cron", "0-99999999999999999999 * * * *", "cron"),
         ("cron", "\u00b2 * * * *", "cron"),
+        ("catch_up", {}, "catch_up"),  # schemathesis: was taken for the default
+        ("catch_up", "", "catch_up"),
     ],
 )
 def test_a_schedule_out_of_range_is_refused_with_400(
@@ -387,6 +389,8 @@ def test_a_route_header_no_delivery_could_send_is_refused_at_put(
         ("retry_backoff_ms", -1),
         ("retry_jitter", 2),
         ("timeout_ms", BIG * 2),
+        ("declare_topology", 0),  # schemathesis: 0 was taken for false
+        ("concurrency", "5"),  # and "5" for 5
     ],
 )
 def test_a_route_policy_number_out_of_range_is_refused_with_400(

@@ -317,9 +317,11 @@ def parse_schedule(name: str, data: Mapping[str, Any]) -> Schedule:
     end_ms = None if end is None else parse_instant_ms(end, field="end_at")
     if start_ms is not None and end_ms is not None and end_ms < start_ms:
         raise InvalidArgument(f"end_at ({end_ms}) is before start_at ({start_ms}); swap them")
+    given = data.get("catch_up")
     try:
-        catch_up = CatchUp(data.get("catch_up") or CatchUp.SKIP)
-    except ValueError:
+        # (None only means the default: "", {} or 0 are answered as what they are)
+        catch_up = CatchUp.SKIP if given is None else CatchUp(given)
+    except (ValueError, TypeError):
         raise InvalidArgument(
             f"catch_up {data.get('catch_up')!r} is unknown; use 'skip' (drop occurrences missed "
             "while tarry was down) or 'once' (deliver one for them)"
