@@ -313,6 +313,16 @@ class RouteConfig(_Section):
         except InvalidArgument as exc:
             raise ValueError(exc.message) from None
 
+    @field_validator("headers")
+    @classmethod
+    def _headers_can_be_sent(cls, headers: dict[str, str]) -> dict[str, str]:
+        from tarry.model.route_rules import check_route_headers
+
+        try:
+            return check_route_headers(headers)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+
     @field_validator("secrets")
     @classmethod
     def _secrets_are_whsec(cls, secrets: list[str]) -> list[str]:
@@ -345,7 +355,8 @@ class RouteConfig(_Section):
         if not isinstance(data, dict):
             raise InvalidArgument("a route must be a JSON object")
         try:
-            return cls.model_validate(data)
+            # Strict: JSON has its types, so 0 is no false and "5" no number (as a send's).
+            return cls.model_validate(data, strict=True)
         except ValidationError as exc:
             raise InvalidArgument(f"route {name!r} is not valid: {_problems(exc)}") from None
 

@@ -4,6 +4,7 @@ findings 4, 5 and 10)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import sqlite3
 import threading
@@ -324,3 +325,83 @@ def test_a_stored_policy_re2_cannot_run_is_logged_and_left_out_of_force_at_start
         assert client.get("/v1/queues/orders").json()["effective"]["max_length"] == 3
     logged = "".join(server.stderr_lines)
     assert "policy 'old' is not in force" in logged and "(?!" in logged
+
+
+# --- the routes of issues 24 and 25 --------------------------------------------------------------
+SCHEDULE = {"cron": "*/5 * * * *", "body": "x"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "word"),
+    [
+        ("timezone", "A" * 10_000, "timezone"),  # was 500: OSError (a file name too long)
+        ("start_at", "9999-12-31T23:59:59Z", "no occurrence"),  # was 500: OverflowError
+        ("start_at", BIG, "start_at"),
+        ("ttl_ms", BIG, "ttl_ms"),
+        ("cron", "0-99999999999999999999 * * * *", "cron"),
+        ("cron", "\u00b2 * * * *", "cron"),
+        ("catch_up", {}, "catch_up"),  # schemathesis: was taken for the default
+        ("catch_up", "", "catch_up"),
+    ],
+)
+def test_a_schedule_out_of_range_is_refused_with_400(
+    client: httpx.Client, field: str, value: Any, word: str
+) -> None:
+    body = {**SCHEDULE, "destination": _queue(client, "sched.bounds"), field: value}
+    _refused(client.put("/v1/schedules/bounds", json=body), word)
+    assert client.get("/healthz").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [[0, 1 << 63], [1 << 64, 1 << 64], [-1, 5], [0, "x"]],
+    ids=["upper-past-int64", "both-past-int64", "negative", "not-a-number"],
+)
+def test_a_forged_redrive_cursor_is_refused_with_400(client: httpx.Client, cursor: Any) -> None:
+    # (each was an OverflowError in SQLite, a 500, when past 2^63 - 1)
+    queue = _queue(client, "redrive.bounds")
+    forged = base64.urlsafe_b64encode(json.dumps(cursor).encode()).decode()
+    _refused(client.post(f"/v1/queues/{queue}/redrive", json={"cursor": forged}), "cursor")
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"bad name": "x"}, {"x-ok": "a\r\nInjected: 1"}, {"x-nul": "a\0b"}],
+    ids=["space-in-name", "crlf-in-value", "nul-in-value"],
+)
+def test_a_route_header_no_delivery_could_send_is_refused_at_put(
+    client: httpx.Client, headers: dict[str, str]
+) -> None:
+    route = {"transport": "http", "url": "http://127.0.0.1:9/x", "headers": headers}
+    message = _refused(client.put("/v1/routes/hdr.bounds", json=route), "header")
+    assert "Injected" not in message  # a header value may be a credential: never repeated
+    assert client.get("/v1/routes/hdr.bounds").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("rate_per_s", 0),
+        ("rate_per_s", BIG * 10),
+        ("concurrency", 1 << 70),
+        ("concurrency", 1.5),
+        ("retries", BIG),
+        ("retry_backoff_ms", -1),
+        ("retry_jitter", 2),
+        ("timeout_ms", BIG * 2),
+        ("declare_topology", 0),  # schemathesis: 0 was taken for false
+        ("concurrency", "5"),  # and "5" for 5
+    ],
+)
+def test_a_route_policy_number_out_of_range_is_refused_with_400(
+    client: httpx.Client, field: str, value: Any
+) -> None:
+    route = {"transport": "http", "url": "http://127.0.0.1:9/x", field: value}
+    _refused(client.put("/v1/routes/pol.bounds", json=route), field)
+
+
+def test_a_listing_by_an_unknown_state_is_refused_not_answered_empty(
+    client: httpx.Client,
+) -> None:
+    _refused(client.get("/v1/messages", params={"state": "sheduled"}), "sheduled", "scheduled")
+    assert client.get("/v1/messages", params={"state": "scheduled"}).status_code == 200

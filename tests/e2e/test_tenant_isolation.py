@@ -294,6 +294,149 @@ def test_finding_03_a_send_only_token_inspects_its_destinations_not_their_messag
     assert code(clients["root"].get("/v1/routes/nowhere")) == (404, "not_found")
 
 
+# --- the routes of issues 24 and 25: schedules, routes, redrive, topics, console reads -----------
+def test_a_schedule_into_another_tenants_destination_is_neither_shown_nor_named(clients) -> None:
+    billing, root = clients["billing"], clients["root"]
+    # Given a schedule under billing's name that an admin of all pointed at orders' queue
+    into_orders = {"cron": "*/5 * * * *", "destination": "orders.q", "body": "order-secret"}
+    assert root.put("/v1/schedules/billing.x", json=into_orders).status_code == 201
+    mine = {"cron": "*/5 * * * *", "destination": "billing.q", "body": "b"}
+    assert billing.put("/v1/schedules/billing.mine", json=mine).status_code == 201
+    # Then billing neither lists nor reads it (its body is orders' future messages)
+    listed = billing.get("/v1/schedules")
+    assert [s["name"] for s in listed.json()["items"]] == ["billing.mine"]
+    for response in (
+        billing.get("/v1/schedules/billing.x"),
+        billing.put("/v1/schedules/billing.x", json=mine),
+        billing.delete("/v1/schedules/billing.x"),
+    ):
+        assert code(response) == (403, "not_authorized"), response.text
+        # and no refusal names the destination
+        assert "orders" not in response.text and "order-secret" not in response.text
+    assert "orders" not in listed.text
+    assert root.get("/v1/schedules/billing.x").json()["destination"] == "orders.q"
+    # nor does a token that reads only billing's names
+    auditor = clients["auditor"]
+    assert [s["name"] for s in auditor.get("/v1/schedules").json()["items"]] == ["billing.mine"]
+    assert code(auditor.get("/v1/schedules/billing.x")) == (403, "not_authorized")
+
+
+def test_a_topic_shows_only_the_subscriptions_a_token_may_inspect(clients) -> None:
+    billing, root = clients["billing"], clients["root"]
+    # Given orders' queue subscribed to billing's topic by an admin of both
+    assert billing.put("/v1/topics/billing.t/subscriptions/billing.q").status_code == 200
+    assert root.put("/v1/topics/billing.t/subscriptions/orders.q").status_code == 200
+    # Then billing's views of its topic show its own queue only
+    assert billing.get("/v1/topics/billing.t").json()["subscriptions"] == ["billing.q"]
+    listed = billing.get("/v1/topics").json()["items"]
+    assert [(t["name"], t["subscriptions"]) for t in listed] == [("billing.t", ["billing.q"])]
+    assert billing.put("/v1/topics/billing.t").json()["subscriptions"] == ["billing.q"]
+    # and a publish answers every copy's id, the other tenant's queue as ***
+    sent = billing.post("/v1/messages", json={"destination": "billing.t", "delay_ms": 60_000})
+    assert sorted(c["queue"] for c in sent.json()["copies"]) == ["***", "billing.q"]
+    batch = billing.post(
+        "/v1/messages/batch", json={"messages": [{"destination": "billing.t", "delay_ms": 1}]}
+    )
+    assert sorted(c["queue"] for c in batch.json()["results"][0]["copies"]) == ["***", "billing.q"]
+    assert "orders" not in sent.text + batch.text
+    assert root.get("/v1/topics/billing.t").json()["subscriptions"] == ["billing.q", "orders.q"]
+
+
+def test_unsubscribing_another_tenants_queue_needs_admin_on_it(clients) -> None:
+    billing, orders, root = clients["billing"], clients["orders"], clients["root"]
+    assert root.put("/v1/topics/billing.t/subscriptions/orders.q").status_code == 200
+    # Cutting orders' queue off billing's topic changes what orders receives
+    response = billing.delete("/v1/topics/billing.t/subscriptions/orders.q")
+    assert code(response) == (403, "not_authorized")
+    assert root.get("/v1/topics/billing.t").json()["subscriptions"] == ["orders.q"]
+    # and the queue's owner alone may not either: it is billing's topic
+    assert code(orders.delete("/v1/topics/billing.t/subscriptions/orders.q")) == (
+        403,
+        "not_authorized",
+    )
+    assert root.delete("/v1/topics/billing.t/subscriptions/orders.q").status_code == 200
+
+
+def test_another_tenants_name_inside_a_route_queue_or_policy_is_shown_as_hidden(clients) -> None:
+    billing, root = clients["billing"], clients["root"]
+    # Given billing's route, queue and policy that an admin of all pointed at orders' names
+    route = {"transport": "http", "url": "http://127.0.0.1:9/b", "on_failure_report_to": "orders.q"}
+    assert root.put("/v1/routes/billing.r", json=route).status_code == 201
+    assert root.put("/v1/queues/billing.dl", json={"dead_letter_to": "orders.q"}).status_code == 201
+    policy = {"pattern": "^billing\\.dl$", "definition": {"dead_letter_to": "orders.q"}}
+    assert root.put("/v1/policies/billing.p", json=policy).status_code == 200
+    # Then billing sees them with the other tenant's name as ***
+    shown = [
+        billing.get("/v1/routes/billing.r").json()["on_failure_report_to"],
+        *[r["on_failure_report_to"] for r in billing.get("/v1/routes").json()["items"]],
+        billing.get("/v1/queues/billing.dl").json()["arguments"]["dead_letter_to"],
+        billing.get("/v1/queues/billing.dl").json()["effective"]["dead_letter_to"],
+        *[q["arguments"]["dead_letter_to"] for q in billing.get("/v1/queues").json()["items"]],
+        billing.get("/v1/policies").json()["items"][0]["definition"]["dead_letter_to"],
+    ]
+    assert [s for s in shown if s is not None] == ["***"] * 6, shown
+    # while its own names and the admin's view stay as they are
+    assert root.get("/v1/routes/billing.r").json()["on_failure_report_to"] == "orders.q"
+    own = {**route, "on_failure_report_to": "billing.q"}
+    assert billing.put("/v1/routes/billing.r", json=own).json()["on_failure_report_to"] == (
+        "billing.q"
+    )
+
+
+def test_cancel_and_reschedule_of_another_tenants_message_answer_as_missing(clients) -> None:
+    billing, orders = clients["billing"], clients["orders"]
+    sent = orders.post("/v1/messages", json={"destination": "orders.q", "delay_ms": 60_000})
+    message_id = sent.json()["id"]
+    # As GET answers it: a refusal would tell that the id is in use, and for which queue
+    for response in (
+        billing.delete(f"/v1/messages/{message_id}"),
+        billing.post(f"/v1/messages/{message_id}/reschedule", json={"delay_ms": 1000}),
+    ):
+        assert code(response) == (404, "not_found")
+        assert "orders" not in response.text
+    # A token that reads the message but may not send there is told why
+    own = billing.post("/v1/messages", json={"destination": "billing.q", "delay_ms": 60_000})
+    response = clients["auditor"].delete(f"/v1/messages/{own.json()['id']}")
+    assert code(response) == (403, "not_authorized")
+    assert orders.get(f"/v1/messages/{message_id}").json()["state"] == "scheduled"
+
+
+def test_a_stranger_is_refused_before_the_server_reads_its_body(clients) -> None:
+    anonymous = clients["anonymous"]
+    for path in ("/v1/messages", "/v1/messages/batch"):
+        # A body over the limit and a body that is not JSON: 401 either way, nothing read
+        response = anonymous.post(path, content=b"x" * 2_000_000)
+        assert code(response) == (401, "unauthenticated"), path
+        assert code(anonymous.post(path, content=b"{")) == (401, "unauthenticated"), path
+    response = anonymous.post("/v1/messages/01M8AXW9K5PH1BSTE4N9HRD49G/reschedule", content=b"{")
+    assert code(response) == (401, "unauthenticated")
+
+
+def test_healthz_does_not_quote_another_tenants_failing_deliveries(make_server) -> None:
+    # Given orders' webhook failing long enough to open the dispatch breaker
+    server = make_server(TOKENS + "\n[dispatch]\ntime_to_trigger_dispatch_ms = 100\n")
+    auth = {"authorization": "Bearer orders-secret"}
+    with httpx.Client(base_url=server.url, headers=auth) as orders:
+        deadline = time.monotonic() + 20
+        while True:
+            sent = orders.post("/v1/messages", json={"destination": "orders.hook", "body": "o"})
+            assert sent.status_code == 201, sent.text
+            time.sleep(0.2)
+            health = orders.get("/healthz").json()
+            if "dispatch" in health["open"] or time.monotonic() > deadline:
+                break
+    assert "dispatch" in health["open"], health
+    # Then /healthz answers everyone that deliveries fail, but not where to
+    for secret in (None, "billing-secret", "orders-secret"):
+        headers = {"authorization": f"Bearer {secret}"} if secret else {}
+        seen = httpx.get(f"{server.url}/healthz", headers=headers).json()
+        assert seen["status"] == "degraded" and "dispatch" in seen["open"]
+        assert "orders" not in seen["reasons"]["dispatch"], (secret, seen)
+    # while a token that reads every name sees why
+    root = httpx.get(f"{server.url}/healthz", headers={"authorization": "Bearer root-secret"})
+    assert "127.0.0.1:9/orders" in root.json()["reasons"]["dispatch"]
+
+
 # --- finding 11 (tokens) -------------------------------------------------------------------------
 def test_finding_11_hashed_tokens_authenticate(clients) -> None:
     url = str(clients["_url"])

@@ -167,6 +167,26 @@ def test_finding_12_what_schemathesis_found_is_refused_with_400(server: ServerPr
     assert {"const": "no_subscribers", "type": "string"} in state["anyOf"]
 
 
+def test_every_operation_that_reads_a_body_documents_and_sends_413_over_its_limit(
+    make_server: Any,
+) -> None:
+    # Given a server with small body limits (the batch's at 100 kB)
+    server = make_server("[server]\nmax_message_bytes = 1024\nmax_batch_bytes = 100000\n")
+    doc = _document(server)
+    with_body = [(method, path, op) for method, path, op in _operations(doc) if "requestBody" in op]
+    assert len(with_body) >= 10
+    assert httpx.put(f"{server.url}/v1/queues/big").status_code == 201
+    sent = httpx.post(f"{server.url}/v1/messages", json={"destination": "big", "delay_ms": 60_000})
+    message_id = sent.json()["id"]
+    for method, path, op in with_body:
+        # Then each documents 413, and answers it to a body over the limit
+        assert "413" in op["responses"], f"{method} {path}"
+        target = path.replace("{name}", "big").replace("{message_id}", message_id)
+        response = httpx.request(method, f"{server.url}{target}", content=b"[" * 2_000_000)
+        assert response.status_code == 413, (method, path, response.text)
+        assert response.json()["error"]["code"] == "message_too_large"
+
+
 @pytest.mark.slow
 def test_finding_12_schemathesis_finds_nothing_over_every_operation(
     make_server: Any, tmp_path: Path

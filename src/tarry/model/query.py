@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tarry.errors import InvalidArgument
 from tarry.model.message import Message
+from tarry.model.state import MessageState
 
 __all__ = ["MessageQuery"]
 
@@ -24,6 +26,14 @@ class MessageQuery:
     #: Opaque: the (deliver_at, id) after which the next page starts.
     cursor: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A misspelt state would match nothing and read as "no such messages".
+        states = [s.value for s in MessageState]
+        if self.state is not None and self.state not in states:
+            raise InvalidArgument(
+                f"state {self.state!r} is not a message state; use one of {', '.join(states)}"
+            )
 
     def matches(self, m: Message, after: tuple[int, str] | None = None) -> bool:
         """Whether ``m`` passes the filters and comes after the decoded cursor ``after``."""

@@ -76,7 +76,8 @@ class RedriveCursor:
             if not isinstance(text, str):
                 raise ValueError(text)
             after, upper = orjson.loads(base64.urlsafe_b64decode(text.encode("ascii")))
-            if not all(type(v) is int for v in (after, upper)):
+            # Queue positions are SQLite integers: 0 up to 2^63 - 1.
+            if not all(type(v) is int and 0 <= v < 1 << 63 for v in (after, upper)):
                 raise ValueError(text)
             return cls(after, upper)
         except (ValueError, TypeError, UnicodeEncodeError, binascii.Error, orjson.JSONDecodeError):

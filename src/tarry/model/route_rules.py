@@ -10,7 +10,8 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
 from tarry.errors import InvalidArgument
@@ -18,6 +19,7 @@ from tarry.errors import InvalidArgument
 __all__ = [
     "MAX_SECRETS",
     "SECRET_PREFIX",
+    "check_route_headers",
     "check_route_url",
     "check_secrets",
     "secret_fingerprint",
@@ -54,6 +56,26 @@ def check_route_url(transport: str, url: str) -> str:
     if not parts.hostname:
         raise InvalidArgument(f"route url has no host; write {schemes[0]}://host[:port]/...")
     return url
+
+
+#: An HTTP header name (RFC 9110 ``token``).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def check_route_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Headers an HTTP route may add to each delivery: names that are tokens, values without
+    line breaks or NUL (httpx would refuse them at every delivery instead). The error names the
+    header, never its value (it may be a credential)."""
+    for name, value in headers.items():
+        if not _HEADER_NAME.fullmatch(name):
+            raise InvalidArgument(
+                f"route header name {name!r} is not valid; use letters, digits and -"
+            )
+        if any(c in value for c in "\r\n\0"):
+            raise InvalidArgument(
+                f"route header {name!r} has a line break or NUL in its value; remove it"
+            )
+    return dict(headers)
 
 
 def webhook_key(secret: str) -> bytes:

@@ -157,13 +157,15 @@ class Schedule:
         """cronsim's matches of the minute expression, as epoch ms (whole seconds): strictly
         after ``after_ms``'s whole second going forward, at or before it going back (cronsim
         counts a fraction of a second as the first step back)."""
-        start = datetime.fromtimestamp(after_ms // 1000, tz=self.zone)
-        if after_ms % 1000:
-            start = start.replace(microsecond=(after_ms % 1000) * 1000)
         try:
+            start = datetime.fromtimestamp(after_ms // 1000, tz=self.zone)
+            if after_ms % 1000:
+                start = start.replace(microsecond=(after_ms % 1000) * 1000)
             for moment in CronSim(self._minutes, start, reverse=reverse):
                 yield int(moment.timestamp()) * 1000
         except StopIteration:  # cronsim found nothing within 50 years
+            return
+        except (OverflowError, ValueError):  # past year 9999 (a start_at near it): none after
             return
 
     def _matches(self, after_ms: int) -> Iterator[int]:
@@ -246,7 +248,8 @@ def _timezone(value: object) -> str:
         raise InvalidArgument("timezone must be an IANA time zone name such as Europe/Paris")
     try:
         ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError):
+    # OSError: a key too long for a file name (ZoneInfo looks it up as a path).
+    except (ZoneInfoNotFoundError, ValueError, OSError):
         raise InvalidArgument(
             f"timezone {value!r} is not a known IANA time zone; use a name such as "
             "Europe/Paris, America/New_York or UTC"
@@ -314,9 +317,11 @@ def parse_schedule(name: str, data: Mapping[str, Any]) -> Schedule:
     end_ms = None if end is None else parse_instant_ms(end, field="end_at")
     if start_ms is not None and end_ms is not None and end_ms < start_ms:
         raise InvalidArgument(f"end_at ({end_ms}) is before start_at ({start_ms}); swap them")
+    given = data.get("catch_up")
     try:
-        catch_up = CatchUp(data.get("catch_up") or CatchUp.SKIP)
-    except ValueError:
+        # (None only means the default: "", {} or 0 are answered as what they are)
+        catch_up = CatchUp.SKIP if given is None else CatchUp(given)
+    except (ValueError, TypeError):
         raise InvalidArgument(
             f"catch_up {data.get('catch_up')!r} is unknown; use 'skip' (drop occurrences missed "
             "while tarry was down) or 'once' (deliver one for them)"

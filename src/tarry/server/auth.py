@@ -5,29 +5,43 @@ server may then bind only to loopback.
 Every name an operation touches is checked, not only the one in its path: a subscription's queue,
 a queue's or a policy's ``dead_letter_to`` (send on it), a send's ``reply_to`` when it asks for
 reports (send on it, per message, through ``may_send`` in the send rules), a route's
-``on_failure_report_to`` (send on it, ``require_route_policy``), and a policy's pattern
-(``may_set_pattern``). Reading metadata needs ``read`` (or ``receive``/``admin``) on the
-name."""
+``on_failure_report_to`` (send on it, ``require_route_policy``), a subscription's queue on
+unsubscribe too (admin on it), and a policy's pattern (``may_set_pattern``). Reading metadata
+needs ``read`` (or ``receive``/``admin``) on the name.
+
+What a token may see shows only names it may inspect (``may_describe``): another tenant's name
+inside it (a queue's or a policy's ``dead_letter_to``, a route's ``on_failure_report_to``, the
+queue of a topic's copy) reads ``***``, as a secret does, and a topic lists only the
+subscriptions the token may inspect. A schedule is its destination's future messages: seeing it
+needs ``read`` on its destination too, and refusals never name a destination the token may not
+inspect. ``/healthz`` answers everyone, so the reasons that quote deliveries (a destination's
+URL) are shown only to a token that reads every name."""
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any
 
 from fastapi import Request
 
 from tarry.config import AuthConfig, TarryConfig, TokenConfig, token_sha256
-from tarry.errors import InvalidArgument, NotAuthorized, Unauthenticated
+from tarry.errors import InvalidArgument, NotAuthorized, NotFound, Unauthenticated
 from tarry.model.message import Message
 from tarry.model.pattern_scope import literal_prefix
 from tarry.model.queue_args import Policy, QueueArgs
 from tarry.model.route_policy import RoutePolicy
 
-__all__ = ["Principal", "check_bind_safety", "principal_for"]
+__all__ = ["HIDDEN", "Principal", "check_bind_safety", "principal_for", "visible_health"]
 
 _GLOB_SPECIALS = frozenset("*?[")
+#: A name the caller may not inspect, inside something it may see (as secrets are shown).
+HIDDEN = "***"
+#: ``/healthz`` reasons that quote a delivery's failure (a destination's name and URL).
+_DELIVERY_REASONS = frozenset({"dispatch", "failure_handling"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +161,69 @@ class Principal:
             )
         self.require_dead_letter_to(policy.definition)
 
+    def require_subscription(self, topic: str, queue: str, *, action: str) -> None:
+        """Subscribing or unsubscribing changes what ``queue`` receives: admin on both names."""
+        self.require(self.may_admin(topic), f"{action} to", topic, scope="admin")
+        self.require(self.may_admin(queue), action, queue, scope="admin")
+
+    # --- what a token sees --------------------------------------------------------------------
+    def shown(self, name: str | None) -> str | None:
+        """``name`` as this token sees it inside something it may see: ``***`` unless it may
+        inspect it."""
+        return name if name is None or self.may_describe(name) else HIDDEN
+
+    def queue_view(self, info: dict[str, Any]) -> dict[str, Any]:
+        """A queue's public form (``QueueInfo.to_public``) as this token sees it."""
+        for part in ("arguments", "effective"):
+            info[part] = {**info[part], "dead_letter_to": self.shown(info[part]["dead_letter_to"])}
+        return info
+
+    def policy_view(self, policy: dict[str, Any]) -> dict[str, Any]:
+        definition = policy["definition"]
+        if "dead_letter_to" in definition:
+            definition = {**definition, "dead_letter_to": self.shown(definition["dead_letter_to"])}
+        return {**policy, "definition": definition}
+
+    def topic_view(self, info: dict[str, Any]) -> dict[str, Any]:
+        return {**info, "subscriptions": [q for q in info["subscriptions"] if self.may_describe(q)]}
+
+    def route_view(self, route: dict[str, Any]) -> dict[str, Any]:
+        """A route's public form (``RouteEntry.to_public``): its report target as seen."""
+        return {**route, "on_failure_report_to": self.shown(route.get("on_failure_report_to"))}
+
+    def sent_view(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A send's answer: a topic's copies keep their ids (the publisher may cancel them),
+        the queues they went to are shown as seen."""
+        if "copies" in result:
+            result["copies"] = [{**c, "queue": self.shown(c["queue"])} for c in result["copies"]]
+        return result
+
+    def may_see_schedule(self, schedule: Mapping[str, Any]) -> bool:
+        return self.may_read(str(schedule["name"])) and self.may_read(str(schedule["destination"]))
+
+    def require_schedule(self, schedule: Mapping[str, Any], *, action: str, scope: str) -> None:
+        """Read, replace or delete a stored schedule: its destination needs ``read`` to read
+        it (its body is that destination's future messages) and ``send`` to replace or delete
+        it (that cancels what it stored there). The refusal does not name the destination."""
+        destination = str(schedule["destination"])
+        allowed = self.may_read(destination) if scope == "read" else self.may_send(destination)
+        if not allowed:
+            raise NotAuthorized(
+                f"{self._who} may not {action} schedule {schedule['name']!r}: it delivers to a "
+                f"destination this token has no {scope} permission on"
+            )
+
+    def require_message_owner(self, message: Message) -> None:
+        """Cancel or reschedule ``message``: send on its topic or destination. A message the
+        token may not read is answered as missing, as ``GET`` answers it (a refusal would tell
+        that the id is in use, and where)."""
+        owner = message.topic or message.destination
+        if self.may_send(owner):
+            return
+        if not self.may_read_message(message):
+            raise NotFound(f"no message with id {message.id}")
+        raise NotAuthorized(f"{self._who} may not change messages for {owner!r}")
+
 
 def _digest(token: TokenConfig) -> bytes:
     return bytes.fromhex(token.token_sha256 or token_sha256(token.token or ""))
@@ -174,6 +251,24 @@ def principal_for(request: Request, auth: AuthConfig) -> Principal:
     if found is None:
         raise Unauthenticated("the bearer token is not one this server knows; check --token")
     return Principal(found)
+
+
+def visible_health(health: dict[str, Any], request: Request, auth: AuthConfig) -> dict[str, Any]:
+    """``/healthz`` as its caller may see it. It answers without a token (load balancers), so
+    a reason quoting a delivery's failure (another tenant's destination and URL) is replaced by
+    what kind of failure it is, unless the caller reads every name."""
+    try:
+        if principal_for(request, auth).reads_all:
+            return health
+    except Unauthenticated:
+        pass
+    reasons = {
+        name: 'deliveries are failing (a token with read = ["*"] sees why)'
+        if name in _DELIVERY_REASONS
+        else reason
+        for name, reason in health["reasons"].items()
+    }
+    return {**health, "reasons": reasons}
 
 
 def is_loopback(host: str) -> bool:

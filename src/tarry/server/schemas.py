@@ -327,12 +327,6 @@ class RouteInfo(BaseModel):
     source: Literal["config", "api"] = Field(
         description="config: declared in tarry.toml (which wins a name clash); api: put at run time"
     )
-
-
-class RouteDeleted(BaseModel):
-    name: str
-    deleted: bool
-    dead_lettered: int = Field(description="waiting messages dead-lettered (force=true)")
     rate_per_s: float | None = Field(None, description="most deliveries started per second")
     concurrency: int | None = Field(None, description="most deliveries under way at once")
     retries: int | None = Field(None, description="attempts after the first (None: [dispatch])")
@@ -340,8 +334,16 @@ class RouteDeleted(BaseModel):
     retry_backoff_max_ms: int | None = Field(None, description="longest retry delay")
     retry_jitter: float | None = Field(None, description="each retry delay spread by ± this")
     on_failure_report_to: str | None = Field(
-        None, description="queue, topic or route told when a message is dead-lettered"
+        None,
+        description="queue, topic or route told when a message is dead-lettered (*** when "
+        "this token may not inspect it)",
     )
+
+
+class RouteDeleted(BaseModel):
+    name: str
+    deleted: bool
+    dead_lettered: int = Field(description="waiting messages dead-lettered (force=true)")
 
 
 class RouteList(BaseModel):

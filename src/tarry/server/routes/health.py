@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from tarry.server import schemas
+from tarry.server.auth import visible_health
 from tarry.server.deps import caller, engine_of
 from tarry.server.responses import JSON
 
@@ -18,7 +19,8 @@ router = APIRouter(tags=["operations"])
     responses=schemas.answers({200: schemas.Health}),
 )
 async def healthz(request: Request) -> JSON:
-    return JSON(engine_of(request).health())
+    health = engine_of(request).health()
+    return JSON(visible_health(health, request, request.app.state.config.auth))
 
 
 @router.get(

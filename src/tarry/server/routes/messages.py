@@ -12,6 +12,7 @@ from tarry.errors import InvalidArgument, NotAuthorized, NotFound, TarryError
 from tarry.model.query import MessageQuery
 from tarry.model.time import parse_instant_ms
 from tarry.server import schemas
+from tarry.server.auth import Principal
 from tarry.server.deps import batch_messages, caller, engine_of, json_object
 from tarry.server.responses import JSON
 
@@ -29,9 +30,10 @@ router = APIRouter(prefix="/v1/messages", tags=["messages"])
     },
 )
 async def send(request: Request) -> JSON:
+    principal = caller(request)  # before the body is read: a stranger's body is not
     data = await json_object(request, kind="message")
-    result = await engine_of(request).send(data, may_send=caller(request).may_send)
-    return JSON(result.to_public(), status_code=201 if result.created else 200)
+    result = await engine_of(request).send(data, may_send=principal.may_send)
+    return JSON(principal.sent_view(result.to_public()), status_code=201 if result.created else 200)
 
 
 @router.post(
@@ -41,15 +43,16 @@ async def send(request: Request) -> JSON:
     responses=schemas.answers({200: schemas.BatchResults}, 400, 401, 403, 413, 429, 503),
 )
 async def send_batch(request: Request) -> JSON:
+    principal = caller(request)
     messages = await batch_messages(request, max_batch=request.app.state.config.server.max_batch)
-    results = await engine_of(request).send_batch(messages, may_send=caller(request).may_send)
-    return JSON({"results": [_result(r) for r in results]})
+    results = await engine_of(request).send_batch(messages, may_send=principal.may_send)
+    return JSON({"results": [_result(r, principal) for r in results]})
 
 
-def _result(result: SendResult | TarryError) -> dict[str, Any]:
+def _result(result: SendResult | TarryError, principal: Principal) -> dict[str, Any]:
     if isinstance(result, TarryError):
         return {"error": result.to_dict()}
-    return result.to_public()
+    return principal.sent_view(result.to_public())
 
 
 def _instant(value: str | None, name: str) -> int | None:
@@ -162,7 +165,9 @@ async def get_body(
     responses=schemas.answers({200: schemas.Cancelled}, 400, 401, 403, 404, 409, 503),
 )
 async def cancel(request: Request, message_id: str) -> JSON:
-    message = await engine_of(request).cancel(message_id, may_send=caller(request).may_send)
+    principal, engine = caller(request), engine_of(request)
+    principal.require_message_owner(await engine.get_message(message_id))
+    message = await engine.cancel(message_id, may_send=principal.may_send)
     return JSON({"id": message.id, "state": message.state.value})
 
 
@@ -173,8 +178,8 @@ async def cancel(request: Request, message_id: str) -> JSON:
     responses=schemas.answers({200: schemas.MessageInfo}, 400, 401, 403, 404, 409, 503),
 )
 async def reschedule(request: Request, message_id: str) -> JSON:
+    principal, engine = caller(request), engine_of(request)
+    principal.require_message_owner(await engine.get_message(message_id))
     data = await json_object(request)
-    message = await engine_of(request).reschedule(
-        message_id, data, may_send=caller(request).may_send
-    )
+    message = await engine.reschedule(message_id, data, may_send=principal.may_send)
     return JSON(message.to_public())

@@ -28,7 +28,7 @@ async def put_policy(request: Request, name: str) -> JSON:
     if stored is not None:  # replacing it takes it away from the queues it reaches
         principal.require_policy(stored, action="replace")
     policy = await engine.put_policy(name, data)
-    return JSON(policy.to_dict())
+    return JSON(principal.policy_view(policy.to_dict()))
 
 
 async def _stored(engine: EngineAPI, name: str) -> Policy | None:
@@ -43,7 +43,8 @@ async def _stored(engine: EngineAPI, name: str) -> Policy | None:
 async def list_policies(request: Request) -> JSON:
     principal = caller(request)
     policies = await engine_of(request).list_policies()
-    return JSON({"items": [p.to_dict() for p in policies if principal.may_read(p.name)]})
+    shown = [principal.policy_view(p.to_dict()) for p in policies if principal.may_read(p.name)]
+    return JSON({"items": shown})
 
 
 @router.delete(

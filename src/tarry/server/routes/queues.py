@@ -27,7 +27,7 @@ async def declare(request: Request, name: str) -> JSON:
     args = await json_object(request, default={})
     principal.require_dead_letter_to(parse_queue_args(args))
     info, created = await engine_of(request).declare_queue(name, args)
-    return JSON(info.to_public(), status_code=201 if created else 200)
+    return JSON(principal.queue_view(info.to_public()), status_code=201 if created else 200)
 
 
 @router.get(
@@ -38,7 +38,8 @@ async def declare(request: Request, name: str) -> JSON:
 async def list_queues(request: Request) -> JSON:
     principal = caller(request)
     queues = await engine_of(request).list_queues()
-    return JSON({"items": [q.to_public() for q in queues if principal.may_describe(q.name)]})
+    shown = [principal.queue_view(q.to_public()) for q in queues if principal.may_describe(q.name)]
+    return JSON({"items": shown})
 
 
 @router.get(
@@ -47,8 +48,9 @@ async def list_queues(request: Request) -> JSON:
     responses=schemas.answers({200: schemas.QueueInfo}, 400, 401, 403, 404, 503),
 )
 async def show(request: Request, name: str) -> JSON:
-    caller(request).require_describe(name)
-    return JSON((await engine_of(request).queue_info(name)).to_public())
+    principal = caller(request)
+    principal.require_describe(name)
+    return JSON(principal.queue_view((await engine_of(request).queue_info(name)).to_public()))
 
 
 @router.delete(

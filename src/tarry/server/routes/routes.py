@@ -27,7 +27,7 @@ async def put_route(request: Request, name: str) -> JSON:
     data = await json_object(request)
     principal.require_route_policy(RouteConfig.parse(name, data).policy)
     entry, created = await engine_of(request).put_route(name, data)
-    return JSON(entry.to_public(), status_code=201 if created else 200)
+    return JSON(principal.route_view(entry.to_public()), status_code=201 if created else 200)
 
 
 @router.get(
@@ -38,7 +38,8 @@ async def put_route(request: Request, name: str) -> JSON:
 async def list_routes(request: Request) -> JSON:
     principal = caller(request)
     entries = engine_of(request).list_routes()
-    return JSON({"items": [e.to_public() for e in entries if principal.may_describe(e.name)]})
+    shown = [principal.route_view(e.to_public()) for e in entries if principal.may_describe(e.name)]
+    return JSON({"items": shown})
 
 
 @router.get(
@@ -47,8 +48,9 @@ async def list_routes(request: Request) -> JSON:
     responses=schemas.answers({200: schemas.RouteInfo}, 400, 401, 403, 404, 503),
 )
 async def get_route(request: Request, name: str) -> JSON:
-    caller(request).require_describe(name)
-    return JSON(engine_of(request).get_route(name).to_public())
+    principal = caller(request)
+    principal.require_describe(name)
+    return JSON(principal.route_view(engine_of(request).get_route(name).to_public()))
 
 
 @router.delete(

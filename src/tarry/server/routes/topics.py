@@ -22,7 +22,7 @@ async def declare(request: Request, name: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_admin(name), "declare", name)
     info, created = await engine_of(request).declare_topic(name)
-    return JSON(info, status_code=201 if created else 200)
+    return JSON(principal.topic_view(info), status_code=201 if created else 200)
 
 
 @router.get(
@@ -33,7 +33,8 @@ async def declare(request: Request, name: str) -> JSON:
 async def list_topics(request: Request) -> JSON:
     principal = caller(request)
     topics = await engine_of(request).list_topics()
-    return JSON({"items": [t for t in topics if principal.may_describe(t["name"])]})
+    shown = [principal.topic_view(t) for t in topics if principal.may_describe(t["name"])]
+    return JSON({"items": shown})
 
 
 @router.get(
@@ -42,8 +43,9 @@ async def list_topics(request: Request) -> JSON:
     responses=schemas.answers({200: schemas.TopicInfo}, 400, 401, 403, 404, 503),
 )
 async def show(request: Request, name: str) -> JSON:
-    caller(request).require_describe(name)
-    return JSON(await engine_of(request).topic_info(name))
+    principal = caller(request)
+    principal.require_describe(name)
+    return JSON(principal.topic_view(await engine_of(request).topic_info(name)))
 
 
 @router.put(
@@ -53,9 +55,8 @@ async def show(request: Request, name: str) -> JSON:
 )
 async def subscribe(request: Request, name: str, queue: str) -> JSON:
     principal = caller(request)
-    principal.require(principal.may_admin(name), "subscribe to", name)
-    principal.require(principal.may_admin(queue), "subscribe", queue, scope="admin")
-    return JSON(await engine_of(request).subscribe(name, queue))
+    principal.require_subscription(name, queue, action="subscribe")
+    return JSON(principal.topic_view(await engine_of(request).subscribe(name, queue)))
 
 
 @router.delete(
@@ -65,6 +66,6 @@ async def subscribe(request: Request, name: str, queue: str) -> JSON:
 )
 async def unsubscribe(request: Request, name: str, queue: str) -> JSON:
     principal = caller(request)
-    principal.require(principal.may_admin(name), "unsubscribe from", name)
+    principal.require_subscription(name, queue, action="unsubscribe")
     await engine_of(request).unsubscribe(name, queue)
-    return JSON(await engine_of(request).topic_info(name))
+    return JSON(principal.topic_view(await engine_of(request).topic_info(name)))
