@@ -84,7 +84,7 @@ class CrashFiles(OsFiles):
             self._paths[fd] = path
             return fd
 
-    def write(self, fd: int, data: bytes) -> None:
+    def write(self, fd: int, data: bytes | bytearray) -> None:
         with self._lock:
             path = self._paths[fd]
             offset = os.fstat(fd).st_size  # appends only: at the end

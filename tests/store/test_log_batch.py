@@ -1,4 +1,4 @@
-"""A stored batch is grouped by partition and split at segment size (store/log/batch.py): every
+"""A stored batch is laid out by partition and split at segment size (store/log/batch.py): every
 message joins its partition's index at once, at the position its record was written to, and
 reads back from there."""
 
@@ -8,7 +8,9 @@ from pathlib import Path
 
 from tarry.model.state import MessageState
 from tarry.store.log import LogStore
+from tarry.store.log.batch import place
 from tarry.store.log.layout import Layout
+from tarry.store.log.partition import Partition
 from tarry.store.log.record import MESSAGE, Record, encode_messages
 from tests.store.test_log_recovery import NOW, G, message
 
@@ -47,3 +49,48 @@ async def test_a_batch_over_two_partitions_and_several_segments_is_indexed_where
     assert await store.count_scheduled() == 0
     assert await store.check() == []
     await store.close()
+
+
+def test_a_batch_over_many_partitions_is_laid_out_in_one_blob_a_run_per_partition() -> None:
+    # Given 300 records due over a year (some 25 to each of 12 months), of different sizes,
+    # and segments of 2,000 bytes
+    layout = Layout(G)
+    month = 30 * 86_400_000
+    batch = [message(NOW + (i * 7 % 12) * month + i, b"z" * (i % 50)) for i in range(300)]
+    records = encode_messages(batch, [0] * len(batch))
+    made: dict[int, Partition] = {}
+
+    def partition_of(key: int) -> Partition:
+        return made.setdefault(key, Partition(Path("/nowhere"), key, layout))
+
+    # When they are laid out
+    placed = place(
+        [m.deliver_at_ms for m in batch],
+        records,
+        layout=layout,
+        now_ms=NOW,
+        segment_bytes=2_000,
+        partition_of=partition_of,
+    )
+    # Then the blob holds every record once, partition by partition in key order, each
+    # partition's records in the order given
+    assert placed.order is not None
+    order = placed.order.tolist()
+    assert sorted(order) == list(range(len(batch)))
+    assert placed.data == b"".join(records[i] for i in order)
+    keys = [layout.key_for(m.deliver_at_ms, NOW) for m in batch]
+    assert order == sorted(range(len(batch)), key=lambda i: keys[i])
+    # And each run is one partition's slice, under a segment's size, with the rows it holds
+    assert placed.bounds[-1] == len(placed.data) and placed.rows[-1] == len(batch)
+    for run, (partition, chunk) in enumerate(placed.slices()):
+        rows = order[placed.rows[run] : placed.rows[run + 1]]
+        assert {keys[i] for i in rows} == {partition.number}
+        assert bytes(chunk) == b"".join(records[i] for i in rows)
+        assert len(chunk) <= 2_000
+        # and its records sit at the positions the index takes
+        for i, pos in zip(rows, placed.positions(run, 10_000).tolist(), strict=True):
+            assert bytes(chunk)[pos - 10_000 :].startswith(records[i])
+        assert placed.dues[placed.rows[run] : placed.rows[run + 1]].tolist() == [
+            batch[i].deliver_at_ms for i in rows
+        ]
+    assert len(placed.partitions) > len(set(keys))  # some runs were split at segment size

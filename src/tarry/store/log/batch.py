@@ -1,101 +1,119 @@
-"""What one ``LogStore.store`` call appends: its records grouped by partition, one contiguous
-append per group (one reservation, one write in the group commit), a group never spanning
-segments; with the due times and record offsets the partition's index takes, as arrays, once
-the append is written (no Python object per message on the way)."""
+"""What one ``LogStore.store`` call appends, laid out in one vectorised pass however many
+partitions its due times touch: the records sorted by partition (a stable ``argsort`` of their
+partition keys) and joined into one blob, cut into runs, one per partition (split where a run
+would pass a segment), each a slice of the blob that gets one reservation and one write in the
+group commit. The due times and record offsets the partitions' indexes take are arrays in the
+blob's order; no Python object per message and only a few steps per run (a batch due over a year
+touches some 100–190 partitions)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 import numpy.typing as npt
 
-from tarry.model.message import Message
 from tarry.store.log.layout import Layout
 from tarry.store.log.partition import Partition
 
-__all__ = ["Group", "group_records"]
+__all__ = ["Placed", "place"]
 
 I64 = npt.NDArray[np.int64]
 
 
 @dataclass(slots=True)
-class Group:
-    """The records one ``store`` call appends to one partition, in the order given."""
+class Placed:
+    """A batch's records in append order, and its runs (one partition's slice each)."""
 
-    partition: Partition
-    records: list[bytes]
-    messages: Sequence[Message]
-    #: Each message's due time, and its record's offset from the start of the group's append.
+    #: The records joined in partition order (stable: a partition's records in the order given).
+    data: bytes
+    #: Each run's partition; run ``r`` is rows ``rows[r]:rows[r + 1]`` of the arrays below and
+    #: bytes ``bounds[r]:bounds[r + 1]`` of ``data``.
+    partitions: list[Partition]
+    rows: list[int]
+    bounds: list[int]
+    #: The rows of the messages as given, in ``data``'s order (None: the order given).
+    order: I64 | None
+    #: Due time and offset in ``data`` of each record, in ``data``'s order.
     dues: I64
     offsets: I64
 
+    def slices(self) -> list[tuple[Partition, memoryview]]:
+        """(partition, its run's bytes) of each run: what the group writer appends."""
+        view = memoryview(self.data)
+        bounds = self.bounds
+        return [(p, view[bounds[r] : bounds[r + 1]]) for r, p in enumerate(self.partitions)]
 
-def group_records(
-    messages: Sequence[Message],
-    records: list[bytes],
+    def positions(self, run: int, base: int) -> I64:
+        """The positions of run ``run``'s records, appended at position ``base``."""
+        rows = self.rows
+        return self.offsets[rows[run] : rows[run + 1]] - self.bounds[run] + base
+
+
+def place(
+    dues: Sequence[int],
+    records: Sequence[bytes],
     *,
     layout: Layout,
     now_ms: int,
     segment_bytes: int,
-    partition_of: Callable[[int, Message], Partition],
-) -> list[Group]:
-    """``records`` (one per message) grouped by the partition of their due time (as placed at
-    ``now_ms``: ``layout.keys_for``), each group split where it would pass ``segment_bytes`` (a
-    group larger than a segment starts a new one; a single larger record is a group of its
-    own). ``partition_of(number, message)`` gives the partition ``number`` that ``message`` (the
-    first of a group) is appended to."""
-    n = len(messages)
-    dues = np.fromiter((m.deliver_at_ms for m in messages), np.int64, n)
+    partition_of: Callable[[int], Partition],
+) -> Placed:
+    """``records`` (one per message, due at ``dues``) laid out by the partition of their due
+    time as placed at ``now_ms`` (``layout.keys_for``); a run larger than ``segment_bytes`` is
+    split so that no run spans segments (a single larger record is a run of its own).
+    ``partition_of(key)`` gives partition ``key``."""
+    n = len(records)
+    due = np.fromiter(dues, np.int64, n)
     lengths = np.fromiter(map(len, records), np.int64, n)
-    groups: list[Group] = []
-    for number, rows in _by_number(layout.keys_for(dues, now_ms)):
-        if rows is None:  # the whole batch
-            group_messages, group_records_, group_dues, group_lengths = (
-                messages,
-                records,
-                dues,
-                lengths,
-            )
+    keys = layout.keys_for(due, now_ms)
+    first = int(keys[0])
+    order: I64 | None = None
+    if bool((keys == first).all()):  # a batch mostly falls in one partition
+        data = b"".join(records)
+        rows, run_keys = [0, n], [first]
+    else:
+        order = np.argsort(keys, kind="stable")
+        ordered = keys[order]
+        cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+        rows = [0, *cuts.tolist(), n]
+        run_keys = ordered[rows[:-1]].tolist()
+        data = b"".join(itemgetter(*order.tolist())(records))
+        due, lengths = due[order], lengths[order]
+    ends = np.cumsum(lengths)
+    offsets = ends - lengths
+    bounds = [0, *ends[np.array(rows[1:]) - 1].tolist()]
+    if len(data) > segment_bytes:
+        rows, bounds, run_keys = _split_runs(ends, rows, bounds, run_keys, segment_bytes)
+    return Placed(data, [partition_of(k) for k in run_keys], rows, bounds, order, due, offsets)
+
+
+def _split_runs(
+    ends: I64, rows: list[int], bounds: list[int], keys: list[int], segment_bytes: int
+) -> tuple[list[int], list[int], list[int]]:
+    """The runs cut where one would pass ``segment_bytes`` (``ends``: each record's end in the
+    blob): each piece fits, or holds one record however large."""
+    out_rows, out_bounds, out_keys = [0], [0], []
+    for r, key in enumerate(keys):
+        a, b = rows[r], rows[r + 1]
+        if bounds[r + 1] - bounds[r] <= segment_bytes:
+            pieces = [(a, b)]
         else:
-            picked = rows.tolist()
-            group_messages = [messages[i] for i in picked]
-            group_records_ = [records[i] for i in picked]
-            group_dues, group_lengths = dues[rows], lengths[rows]
-        ends = np.cumsum(group_lengths)
-        for start, stop in _segment_runs(ends, segment_bytes):
-            offsets = ends[start:stop] - group_lengths[start:stop]
-            groups.append(
-                Group(
-                    partition_of(number, group_messages[start]),
-                    group_records_[start:stop],
-                    group_messages[start:stop],
-                    group_dues[start:stop],
-                    offsets - offsets[0],
-                )
-            )
-    return groups
-
-
-def _by_number(numbers: I64) -> list[tuple[int, I64 | None]]:
-    """(partition number, rows of it in order) for each number; rows None: every row (a batch
-    mostly falls in one partition)."""
-    first = int(numbers[0])
-    if bool((numbers == first).all()):
-        return [(first, None)]
-    order = np.argsort(numbers, kind="stable")
-    ordered = numbers[order]
-    starts = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(ordered)]
-    return [(int(ordered[a]), order[a:b]) for a, b in zip(starts[:-1], starts[1:], strict=False)]
+            runs = _segment_runs(ends[a:b] - bounds[r], segment_bytes)
+            pieces = [(a + start, a + stop) for start, stop in runs]
+        for _, stop in pieces:
+            out_rows.append(stop)
+            out_bounds.append(int(ends[stop - 1]))
+            out_keys.append(key)
+    return out_rows, out_bounds, out_keys
 
 
 def _segment_runs(ends: I64, segment_bytes: int) -> list[tuple[int, int]]:
     """[start, stop) runs of records, whose cumulative sizes are ``ends``, that each fit in
     ``segment_bytes`` (or hold one record, however large)."""
     n = len(ends)
-    if int(ends[-1]) <= segment_bytes:
-        return [(0, n)]
     runs: list[tuple[int, int]] = []
     start, base = 0, 0
     while start < n:

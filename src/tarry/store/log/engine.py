@@ -24,6 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.log import clean, cleanup
-from tarry.store.log.batch import group_records
+from tarry.store.log.batch import Placed, place
 from tarry.store.log.checkpoint import Checkpoints
 from tarry.store.log.dedupe import admit
 from tarry.store.log.forecast import due_counts
@@ -63,6 +64,8 @@ from tarry.store.log.writer import GroupWriter
 __all__ = ["LogStore"]
 
 log = logging.getLogger(__name__)
+
+_sent_at = attrgetter("sent_at_ms")
 
 
 class LogStore:
@@ -205,9 +208,10 @@ class LogStore:
 
     # --- storing ----------------------------------------------------------------------------
     async def store(self, messages: Sequence[Message]) -> list[StoreOutcome]:
-        """Batch-shaped: the records are encoded in one pass and grouped by partition
-        (``batch.py``); each group gets one contiguous append (one reservation, one write in
-        the group commit) and its partition's index one ``add`` of arrays."""
+        """Batch-shaped: the records are encoded in one pass and laid out by partition in one
+        vectorised pass (``batch.py``); each partition's run gets one contiguous append (one
+        reservation, one slice of the group commit's write) and, when indexed, one ``add`` of
+        arrays."""
         self._check()
         keys = [dedupe_hash(m) if m.message_id is not None else 0 for m in messages]
         accepted: Sequence[Message]
@@ -227,15 +231,14 @@ class LogStore:
             accepted, hashes, keyed = messages, keys, []
         if not accepted:
             return outcomes
-        order = group_records(
-            accepted,
+        now_ms = max(self.table.now_ms, accepted[0].sent_at_ms)
+        placed = place(
+            [m.deliver_at_ms for m in accepted],
             encode_messages(accepted, hashes),
             layout=self.layout,
-            now_ms=max(self.table.now_ms, accepted[0].sent_at_ms),
+            now_ms=now_ms,
             segment_bytes=self.writer.segment_bytes,
-            partition_of=lambda number, first: self.table.partition(
-                number, now_ms=max(self.table.now_ms, first.sent_at_ms)
-            ),
+            partition_of=lambda key: self.table.partition(key, now_ms=now_ms),
         )
         dedupe = self.state.dedupe
 
@@ -243,30 +246,21 @@ class LogStore:
             for key, message in keyed:
                 dedupe[key] = message.id
                 self._unwritten.pop(key, None)
-            scheduled = self.state.scheduled
-            for group, base in zip(order, positions, strict=True):
-                partition, batch = group.partition, group.messages
-                partition.total += len(batch)
-                if len({m.destination for m in batch}) == 1:
-                    scheduled[batch[0].destination] += len(batch)
-                else:
-                    scheduled.update(m.destination for m in batch)
-                if partition.index is None:
-                    continue
-                # One contiguous blob in one segment: positions are base + record offsets.
-                poss = group.offsets + base
-                partition.index.add(group.dues, poss)
-                sent_now = [i for i, m in enumerate(batch) if m.deliver_at_ms <= m.sent_at_ms]
-                for i in sent_now:  # sent without delay: released at once
-                    m = batch[i]
-                    self.table.recent[m.id] = Held(
-                        partition.number, int(poss[i]), m.deliver_at_ms, m.destination
-                    )
+            destination = accepted[0].destination
+            if all(m.destination == destination for m in accepted):
+                self.state.scheduled[destination] += len(accepted)
+            else:
+                self.state.scheduled.update(m.destination for m in accepted)
+            rows = placed.rows
+            for run, partition in enumerate(placed.partitions):
+                partition.total += rows[run + 1] - rows[run]
+                if partition.index is not None:
+                    self._indexed(placed, run, positions[run], accepted)
             if len(self.table.recent) > RECENT_MAX:
                 self.table.recent.clear()
             self.table.changes += len(accepted)
 
-        items = [(g.partition, b"".join(g.records)) for g in order]
+        items = placed.slices()
         try:
             await self.writer.append(items, durable=True, on_written=on_written)
         except BaseException:
@@ -275,6 +269,24 @@ class LogStore:
                     del self._unwritten[key]
             raise
         return outcomes
+
+    def _indexed(self, placed: Placed, run: int, base: int, messages: Sequence[Message]) -> None:
+        """Run ``run`` of a stored batch, written at ``base``, into its partition's index; its
+        messages sent without delay remembered for their release at once (``table.recent``)."""
+        partition = placed.partitions[run]
+        assert partition.index is not None
+        a, b = placed.rows[run], placed.rows[run + 1]
+        dues, poss = placed.dues[a:b], placed.positions(run, base)
+        partition.index.add(dues, poss)
+        if int(dues.min()) > max(map(_sent_at, messages)):
+            return  # none sent without delay (a delayed batch: the check costs no loop)
+        rows = range(a, b) if placed.order is None else placed.order[a:b].tolist()
+        for i, row in enumerate(rows):
+            m = messages[row]
+            if m.deliver_at_ms <= m.sent_at_ms:  # sent without delay: released at once
+                self.table.recent[m.id] = Held(
+                    partition.number, int(poss[i]), m.deliver_at_ms, m.destination
+                )
 
     # --- due messages -----------------------------------------------------------------------
     async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:

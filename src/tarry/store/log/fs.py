@@ -42,7 +42,7 @@ class Files(Protocol):
     def open_existing(self, path: Path) -> int:
         """A descriptor writing to an existing ``path``; ``FileNotFoundError`` when missing."""
 
-    def write(self, fd: int, data: bytes) -> None:
+    def write(self, fd: int, data: bytes | bytearray) -> None:
         """Write all of ``data`` at the descriptor's position (the end, for appends)."""
 
     def truncate(self, fd: int, length: int) -> None:
@@ -110,7 +110,7 @@ class OsFiles:
     def open_existing(self, path: Path) -> int:
         return os.open(path, os.O_WRONLY)
 
-    def write(self, fd: int, data: bytes) -> None:
+    def write(self, fd: int, data: bytes | bytearray) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]

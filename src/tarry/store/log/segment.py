@@ -18,11 +18,12 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 
 from tarry.model.message import Message
 from tarry.store.log.fs import Files, OsFiles
-from tarry.store.log.partition import OFFSET_MASK, SEGMENT_SHIFT, Partition, split
+from tarry.store.log.partition import OFFSET_MASK, SEGMENT_SHIFT, Partition, position, split
 from tarry.store.log.record import (
     HEADER,
     MAX_RECORD,
@@ -58,7 +59,7 @@ class SegmentFiles:
         #: Segments written since their last fsync (markers are appended without one).
         self._dirty: set[Path] = set()
         #: Appends not written yet, by file (in order), with their partitions.
-        self._pending: dict[Path, list[bytes]] = {}
+        self._pending: dict[Path, bytearray] = {}
         self._owners: dict[Path, Partition] = {}
         #: The paths of ``_pending`` by partition key (a read flushes its partition's alone).
         self._paths_of: dict[int, list[Path]] = {}
@@ -67,16 +68,25 @@ class SegmentFiles:
 
     def write(self, partition: Partition, segment: int, data: bytes) -> None:
         """Append ``data`` to a segment: held in memory until the next ``flush``."""
-        path = partition.segment_path(segment)
+        self.hold([(partition, position(segment, 0), data)])
+
+    def hold(self, writes: Sequence[tuple[Partition, int, bytes | memoryview]]) -> None:
+        """Append each (partition, position, data) to the partition's segment of ``position``
+        (its offset is where the data lands: appends come in order): held in memory until the
+        next ``flush``, under one lock for a group commit's writes."""
+        pending, added = self._pending, 0
         with self._lock:
-            chunks = self._pending.get(path)
-            if chunks is None:
-                self._pending[path] = [data]
-                self._owners[path] = partition
-                self._paths_of.setdefault(partition.number, []).append(path)
-            else:
-                chunks.append(data)
-            self.pending_bytes += len(data)
+            for partition, pos, data in writes:
+                path = partition.segment_path(pos >> SEGMENT_SHIFT)
+                held = pending.get(path)
+                if held is None:
+                    pending[path] = bytearray(data)
+                    self._owners[path] = partition
+                    self._paths_of.setdefault(partition.number, []).append(path)
+                else:
+                    held += data
+                added += len(data)
+            self.pending_bytes += added
 
     def flush(self, partition: Partition | None = None) -> None:
         """Write out what is held for ``partition`` (every partition: None), one ``write`` per
@@ -121,7 +131,7 @@ class SegmentFiles:
             self._new_dirs.add(partition.dir)
             self._write[path] = fd
         self._write.move_to_end(path)
-        data = b"".join(self._pending[path])
+        data = self._pending[path]
         before = os.fstat(fd).st_size
         try:
             self.fs.write(fd, data)
@@ -184,7 +194,7 @@ class SegmentFiles:
     def close_partition(self, partition: Partition) -> None:
         with self._lock:
             for path in list(self._paths_of.get(partition.number, ())):
-                self.pending_bytes -= sum(map(len, self._pending[path]))
+                self.pending_bytes -= len(self._pending[path])
                 self._forget(path)
             for path in [p for p in self._write if p.parent == partition.dir]:
                 self.fs.close(self._write.pop(path))

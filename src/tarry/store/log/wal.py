@@ -75,10 +75,13 @@ def segments(directory: Path) -> list[int]:
     )
 
 
-def encode_group(writes: Sequence[tuple[int, int, bytes]]) -> bytes:
-    """One group's WAL record: (partition key, position, data) of each write."""
+def encode_group(writes: Sequence[tuple[Partition, int, bytes | memoryview]]) -> bytes:
+    """One group's WAL record: an entry for each (partition, position, data) written."""
     pack = _ENTRY.pack
-    body = b"".join(b"".join((pack(key, pos, len(data)), data)) for key, pos, data in writes)
+    parts: list[bytes | memoryview] = []
+    for partition, pos, data in writes:
+        parts += (pack(partition.number, pos, len(data)), data)
+    body = b"".join(parts)
     return _GROUP.pack(len(body), google_crc32c.value(body)) + body
 
 

@@ -22,24 +22,26 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tarry.errors import TarryError, Unavailable
 from tarry.store.faults import storage_fault
-from tarry.store.log.partition import Partition, split
+from tarry.store.log.partition import OFFSET_MASK, SEGMENT_SHIFT, Partition, split
 from tarry.store.log.segment import FLUSH_BYTES, SegmentFiles
 from tarry.store.log.wal import MAGIC, WalLog, WalPosition, encode_group
 
-__all__ = ["GroupWriter", "OnWritten"]
+__all__ = ["Chunk", "GroupWriter", "OnWritten"]
 
 log = logging.getLogger(__name__)
 
 #: Called on the event loop with the positions of the caller's records once they are written.
 OnWritten = Callable[[list[int]], None]
-_Write = tuple[Partition, int, bytes]
+#: Bytes to append: a record, markers, or a stored batch's run (a slice of its blob).
+Chunk = bytes | memoryview
+_Write = tuple[Partition, int, Chunk]
 _Entry = tuple[list[_Write], "asyncio.Future[None]", bool, OnWritten | None]
 #: The probe's write: one page, what any append needs at least.
 _PROBE_BYTES = 4096
@@ -106,7 +108,7 @@ class GroupWriter:
 
     async def append(
         self,
-        items: list[tuple[Partition, bytes]],
+        items: Sequence[tuple[Partition, Chunk]],
         *,
         durable: bool,
         on_written: OnWritten | None = None,
@@ -162,12 +164,12 @@ class GroupWriter:
                 self.wal_end = end
                 for writes, future, _, on_written in batch:
                     for partition, pos, data in writes:
-                        segment, offset = split(pos)
-                        while len(partition.written) <= segment:
-                            partition.written.append(0)
-                        partition.written[segment] = max(
-                            partition.written[segment], offset + len(data)
-                        )
+                        segment, stop = pos >> SEGMENT_SHIFT, (pos & OFFSET_MASK) + len(data)
+                        written = partition.written
+                        while len(written) <= segment:
+                            written.append(0)
+                        if written[segment] < stop:
+                            written[segment] = stop
                     if on_written is not None:
                         try:
                             on_written([pos for _, pos, _ in writes])
@@ -237,15 +239,7 @@ class GroupWriter:
         background (``SegmentFiles.flush``; fsynced by a checkpoint). Returns the WAL position
         after the group."""
         self.repair()
-        writes: list[tuple[int, int, bytes]] = []
-        grouped: dict[tuple[int, int], list[bytes]] = {}
-        owners: dict[tuple[int, int], Partition] = {}
-        for entry_writes, _, _, _ in batch:
-            for partition, pos, data in entry_writes:
-                writes.append((partition.number, pos, data))
-                key = (partition.number, split(pos)[0])
-                grouped.setdefault(key, []).append(data)
-                owners[key] = partition
+        writes = [write for entry in batch for write in entry[0]]
         start = self.wal.position
         try:
             self.wal.append(encode_group(writes))
@@ -256,8 +250,7 @@ class GroupWriter:
                 rolled = start.seq != self.wal.seq
                 self._wal_cut = WalPosition(self.wal.seq, len(MAGIC)) if rolled else start
             raise
-        for key, chunks in grouped.items():  # held in memory, written behind the WAL
-            self.files.write(owners[key], key[1], b"".join(chunks))
+        self.files.hold(writes)  # held in memory, written behind the WAL
         if self.files.pending_bytes > FLUSH_BYTES:
             try:
                 self.files.flush()
