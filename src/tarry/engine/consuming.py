@@ -69,6 +69,7 @@ async def receive(
                 engine._after(txn)
             else:
                 taken = []
+            engine.waiters.lag.received(queue, taken=len(taken), asked=max_messages, now_ms=now)
             if taken or queue not in engine.catalog.queues:
                 return [Delivery(m, r) for m, r in taken]
             remaining = deadline - loop.time()
