@@ -1,6 +1,7 @@
 """Overload: a producer twice as fast as the server delivers; prints JSON.
 
     .venv/bin/python bench/overload.py [--seconds 20] [--threshold-ms 1000] [--producers 3]
+                                       [--baseline-src DIR]
 
 Two phases, each on a fresh `tarry serve` (its own data directory), over HTTP: producers
 send batches to ``POST /v1/messages/batch`` due 0 to ``--delay-max-ms`` later; one consumer
@@ -13,8 +14,13 @@ process long-polls ``receive`` for up to 1,000 and acks each batch:
    them with the refusal on (``overload_lag_ms = --threshold-ms``). They do not slow down when
    refused (no honouring of ``Retry-After``): the pressure stays on.
 
+With ``--baseline-src`` (another source tree's ``src/``, e.g. main's) the overload phase runs
+for that tree's server too, first, at the same offered rate (``baseline_overload``).
+
 Reports per phase: offered, accepted and refused messages (a refused request must be ``429
-overloaded`` with a ``Retry-After``), delivered, lateness at the consumer (receive − ``deliver_at``,
+overloaded`` with a ``Retry-After``; in a batch answered ``200``, a result whose error is
+``overloaded`` with ``retry_after_s`` counts as refused too: the send's queue was behind with
+its consumers), delivered, lateness at the consumer (receive − ``deliver_at``,
 ms) p50 / p99 / max of the accepted, early, lost (accepted, never delivered within ``--drain-s``
 after the producer stopped) and duplicates. Goals (issue 23), overload phase: accepted p99 below
 the threshold, early = lost = 0, and some sends refused.
@@ -77,8 +83,12 @@ def produce(url: str, rate: float, seconds: float, batch: int, delay_max_ms: int
                 retry_after.append(int(response.headers.get("retry-after", "0")))
             elif response.status_code == 200:
                 for result in response.json()["results"]:
+                    error = result.get("error")
                     if "id" in result:
                         accepted.append(result["id"])
+                    elif error and error["code"] == "overloaded" and "retry_after_s" in error:
+                        refused += 1
+                        retry_after.append(int(error["retry_after_s"]))
                     else:
                         bad.append(json.dumps(result)[:200])
             else:
@@ -133,15 +143,17 @@ def phase(
     *,
     producers: int,
     seconds: float,
+    src: Path | None = None,
 ) -> dict[str, Any]:
-    name = f"{threshold_ms}-{int(rate)}"
+    name = f"{threshold_ms}-{int(rate)}-{'baseline' if src else 'this'}"
     ctx = mp.get_context("spawn")
     received: Any = ctx.Queue()
     results: Any = ctx.Queue()
     done = ctx.Event()
     config = root / f"tarry-{name}.toml"
     config.write_text(f"[dispatch]\noverload_lag_ms = {threshold_ms}\n")
-    proc, url = start_server(root / f"data-{name}", store, ["--config", str(config)])
+    env = {**os.environ, "PYTHONPATH": str(src)} if src else None
+    proc, url = start_server(root / f"data-{name}", store, ["--config", str(config)], env=env)
     try:
         httpx.put(f"{url}/v1/queues/{QUEUE}", json={}).raise_for_status()
         consumer = ctx.Process(target=consume, args=(url, done, received))
@@ -208,15 +220,17 @@ def phase(
         "lost": len(accepted - set(ids)),
         "duplicates": len(ids) - len(set(ids)),
         "server_cpu_s": round(server_cpu, 2),
-        "server_release_lag_gauge_at_end_s": next(
-            (
-                float(line.split()[-1])
-                for line in metrics.splitlines()
-                if line.startswith("tarry_release_lag_seconds ")
-            ),
-            None,
-        ),
+        "server_release_lag_gauge_at_end_s": _gauge(metrics, "tarry_release_lag_seconds"),
+        "server_delivery_lag_gauge_at_end_s": _gauge(metrics, "tarry_delivery_lag_seconds"),
     }
+
+
+def _gauge(metrics: str, name: str) -> float | None:
+    """An unlabelled gauge's value in a Prometheus text body (None: not exported)."""
+    return next(
+        (float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(f"{name} ")),
+        None,
+    )
 
 
 def main() -> None:
@@ -229,12 +243,26 @@ def main() -> None:
     parser.add_argument("--delay-max-ms", type=int, default=1000)
     parser.add_argument("--drain-s", type=float, default=60.0)
     parser.add_argument("--producers", type=int, default=3)
+    parser.add_argument("--baseline-src", type=Path, help="another tarry source tree's src/")
     args = parser.parse_args()
+    baseline: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="tarry-overload-") as tmp:
         root = Path(tmp)
         print("capacity phase ...", file=sys.stderr)
         capacity = phase(args.store, 0, 0, args, root, producers=1, seconds=args.seconds)
         rate = capacity["delivered_per_s"] * args.factor
+        overload_phase = {"producers": args.producers, "seconds": args.seconds}
+        if args.baseline_src:
+            print(f"baseline overload phase at {rate:.0f} msg/s ...", file=sys.stderr)
+            baseline = phase(
+                args.store,
+                args.threshold_ms,
+                rate,
+                args,
+                root,
+                src=args.baseline_src.resolve(),
+                **overload_phase,
+            )
         print(f"overload phase at {rate:.0f} msg/s ...", file=sys.stderr)
         overload = phase(
             args.store,
@@ -242,8 +270,7 @@ def main() -> None:
             rate,
             args,
             root,
-            producers=args.producers,
-            seconds=args.seconds,
+            **overload_phase,
         )
     p99 = overload["lateness_ms_p99"]
     print(
@@ -255,6 +282,7 @@ def main() -> None:
                 "load_average": os.getloadavg()[0],
                 "capacity": capacity,
                 "overload": overload,
+                "baseline_overload": baseline,
                 "goals": {
                     "accepted_p99_below_threshold": p99 == p99 and p99 < args.threshold_ms,
                     "some_refused": overload["refused"] > 0,

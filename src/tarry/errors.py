@@ -16,7 +16,7 @@ Hierarchy::
     ├── InUse                  in_use                409
     ├── MessageTooLarge        message_too_large     413
     ├── DestinationFull        destination_full      429
-    ├── Overloaded             overloaded            429 (with Retry-After: releases are behind)
+    ├── Overloaded             overloaded            429 (+ Retry-After: releases, consumers late)
     ├── Unavailable            unavailable           503
     │   └── StorageFault       (unavailable, 503: the disk refused a write; the store breaker
     │                          opens at once)
@@ -28,6 +28,7 @@ error body, an AMQP header, a Spark rejects row) turns back into the same class.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 __all__ = [
@@ -182,8 +183,9 @@ class DestinationFull(TarryError):
 
 class Overloaded(TarryError):
     """Raised when the server is further behind on releasing due messages than
-    ``[dispatch] overload_lag_ms`` allows: it refuses new work rather than deliver it late.
-    Nothing of the request was stored; retry after ``retry_after_s`` seconds (the
+    ``[dispatch] overload_lag_ms`` allows, or a send's queue is that far behind with its
+    consumers (its delivery lag): it refuses new work rather than deliver it late.
+    Nothing of the refused send was stored; retry after ``retry_after_s`` seconds (the
     ``Retry-After`` header says the same)."""
 
     code = "overloaded"
@@ -193,6 +195,25 @@ class Overloaded(TarryError):
     def retry_after_s(self) -> int:
         """Whole seconds to wait before sending again (at least 1)."""
         return max(1, int(self.details.get("retry_after_s", 1)))
+
+    @staticmethod
+    def retry_after_for(lag_ms: int, limit_ms: int) -> int:
+        """Whole seconds to wait when ``lag_ms`` is over ``limit_ms``: the time the excess
+        takes to pass, at least 1."""
+        return max(1, math.ceil((lag_ms - limit_ms) / 1000))
+
+    @classmethod
+    def consumers_behind(cls, queue: str, lag_ms: int, limit_ms: int) -> Overloaded:
+        """The refusal of a send to ``queue``, whose delivery lag is ``lag_ms``."""
+        after_s = cls.retry_after_for(lag_ms, limit_ms)
+        return cls(
+            f"queue {queue!r}'s consumers are {lag_ms} ms behind (more than [dispatch] "
+            f"overload_lag_ms = {limit_ms}); nothing was stored: retry after {after_s} s, "
+            "or consume faster",
+            retry_after_s=after_s,
+            delivery_lag_ms=lag_ms,
+            queue=queue,
+        )
 
 
 class Unavailable(TarryError):

@@ -140,6 +140,22 @@ def test_sink_retries_only_what_may_succeed_later() -> None:
     assert len(slept) == 3 and 0.07 <= slept[0] <= 0.13 and slept[2] > slept[0]
 
 
+def test_sink_retries_a_send_refused_because_its_queue_is_behind() -> None:
+    behind = {"code": "overloaded", "message": "behind", "retry_after_s": 1}
+    answers: list[Any] = [[{"id": "1"}, {"error": behind}], [{"id": "2"}]]
+    sent: list[list[str]] = []
+
+    def post(records: pa.Array) -> list[dict[str, Any]]:
+        sent.append(records.to_pylist())
+        return answers.pop(0)  # type: ignore[no-any-return]
+
+    outcomes = send_all(
+        pa.array(["a", "b"]), post, SinkSettings(url="x", max_attempts=3), lambda s: None
+    )
+    assert [o for o, _ in outcomes] == ["created", "created"]
+    assert sent == [["a", "b"], ["b"]]
+
+
 def test_sink_gives_up_after_the_last_attempt() -> None:
     def post(records: pa.Array) -> list[dict[str, Any]]:
         return [{"error": {"code": "destination_full", "message": "full"}} for _ in records]

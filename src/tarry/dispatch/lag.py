@@ -20,7 +20,6 @@ delivery that would be late.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Sequence
 
 from tarry.errors import Overloaded
@@ -120,7 +119,7 @@ class ReleaseLag:
         lag = self.lag_ms()
         if lag <= threshold_ms:
             return
-        retry_after_s = max(1, math.ceil((lag - threshold_ms) / 1000))
+        retry_after_s = Overloaded.retry_after_for(lag, threshold_ms)
         raise Overloaded(
             f"the server is {lag} ms behind on releasing due messages (more than "
             f"[dispatch] overload_lag_ms = {threshold_ms}); nothing was stored: retry after "

@@ -68,6 +68,7 @@ async def receive(
                 ctx.after(txn)
             else:
                 taken = []
+            ctx.waiters.lag.received(queue, taken=len(taken), asked=max_messages, now_ms=now)
             if taken or queue not in ctx.catalog.queues:
                 return [Delivery(m, r) for m, r in taken]
             remaining = deadline - loop.time()

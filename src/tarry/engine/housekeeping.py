@@ -1,6 +1,7 @@
-"""The engine's housekeeping loop: expired messages swept out of queues, unused queues
+"""The engine's housekeeping loops: expired messages swept out of queues, unused queues
 deleted, finished messages forgotten after ``retention_ms``, and the store breaker closed once
-the store can write again (``StoreProbe``, which a refused send also tries)."""
+the store can write again (``StoreProbe``, which a refused send also tries); the delivery lag
+of the queues being consumed sampled."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from tarry.dispatch.breaker import Breakers
 from tarry.engine.context import EngineContext
 from tarry.engine.queue_admin import drop_queue
 from tarry.errors import TarryError
+from tarry.queues.lag import SAMPLE_MS, QueueHead, read_head
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore
 
-__all__ = ["StoreProbe", "housekeeping", "sweep"]
+__all__ = ["StoreProbe", "housekeeping", "sample_delivery_lag", "sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +89,32 @@ class StoreProbe:
             return False
         finally:
             self._probing = None
+
+
+async def sample_delivery_lag(ctx: EngineContext) -> None:
+    """Every ``SAMPLE_MS``, the delivery lag of each queue being consumed, in one read: sends
+    read the last figures (``tarry.queues.lag``), never the database."""
+    lag, dispatch = ctx.waiters.lag, ctx.config.dispatch
+    while True:
+        await asyncio.sleep(SAMPLE_MS / 1000)
+        wanted = lag.to_sample(
+            ctx.clock.now_ms(),
+            window_ms=dispatch.delivery_lag_window_ms,
+            waiting=ctx.waiters.count,
+            limit_ms=dispatch.overload_lag_ms,
+        )
+        if not wanted:
+            continue
+
+        def work(
+            conn: sqlite3.Connection, wanted: dict[str, int] = wanted
+        ) -> list[tuple[str, QueueHead]]:
+            return [(queue, read_head(conn, queue, cap)) for queue, cap in wanted.items()]
+
+        try:
+            heads = await ctx.qdb.read(work)
+        except TarryError as exc:  # the figures stay as last sampled; receives fail alike
+            log.warning("could not sample the queues' delivery lag: %s", exc)
+            await asyncio.sleep(1.0)
+            continue
+        lag.sampled(ctx.clock.now_ms(), heads)

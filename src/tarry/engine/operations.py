@@ -26,6 +26,8 @@ def health(
     if threshold and lag_ms > threshold:  # sends are refused with 429 overloaded
         open_names.append("overload")
         reasons["overload"] = f"releases are {lag_ms} ms behind (limit {threshold} ms)"
+    # Queues by count only: /healthz is open to every caller, and names belong to tenants.
+    behind = ctx.waiters.lag.behind(threshold)
     # Files a store found damaged (it serves the rest): named until an operator acts.
     damaged = list(getattr(ctx.store, "damaged", []))
     return {
@@ -36,6 +38,8 @@ def health(
         "reasons": reasons,
         "damaged": damaged,
         "release_lag_ms": lag_ms,
+        "delivery_lag_ms": ctx.waiters.lag.worst_ms(),
+        "queues_behind": len(behind),
     }
 
 
@@ -55,6 +59,8 @@ async def stats(
         "policies": len(ctx.catalog.policies),
         "routes": sorted(ctx.transports),
         "consumers_waiting": sum(ctx.waiters.count.values()),
+        # Each queue being consumed and how late its consumers would receive a message now.
+        "delivery_lag_ms": ctx.waiters.lag.snapshot(),
         "dispatch": {
             "rounds": d.rounds,
             "released": d.released,

@@ -98,6 +98,14 @@ async def send_many(
     # and let the dispatcher's next round go ahead of this send while due messages wait.
     lag = engine.dispatcher.lag
     lag.refuse_if_behind(engine.config.dispatch.overload_lag_ms)
+    # Sends whose queues' consumers are behind are refused (a send rule); a request of nothing
+    # else is refused whole here, before the work of checking it.
+    engine.waiters.lag.refuse_if_all_behind(
+        (item.get("destination") if isinstance(item, Mapping) else None for item in items),
+        engine.config.dispatch.overload_lag_ms,
+        queues_of=lambda name: engine.catalog.topics.get(name) or (name,),
+        may_send=may_send,
+    )
     await lag.yield_to_releases(at_most_ms=YIELD_MAX_MS)
     now = engine.clock.now_ms()
     planned, views = await _plan(engine, items, may_send, now)
@@ -158,6 +166,7 @@ async def send_many(
                         else min(earliest, plan.deliver_at_ms)
                     )
         engine._emit_each("scheduled", scheduled, now)
+        engine.waiters.lag.accepted(scheduled, now)
         if txn is not None:
             engine._after(txn)
         if earliest is not None:
@@ -252,5 +261,10 @@ async def _target(engine: Engine, queue: str) -> TargetView:
         ready = await engine.qdb.read(lambda conn: engine._txn(conn, now).ready_count(queue))
         full = ready >= args.max_length
     return TargetView(
-        queue, put_enabled=args.put_enabled, max_message_bytes=args.max_message_bytes, full=full
+        queue,
+        put_enabled=args.put_enabled,
+        max_message_bytes=args.max_message_bytes,
+        full=full,
+        lag_ms=engine.waiters.lag.lag_ms(queue),
+        lag_limit_ms=engine.config.dispatch.overload_lag_ms,
     )

@@ -33,6 +33,7 @@ from tarry.errors import (
     MessageTooLarge,
     NotAuthorized,
     OptionsError,
+    Overloaded,
     PutDisabled,
     TarryError,
     UnknownDestination,
@@ -67,9 +68,12 @@ class Rule:
     error: type[TarryError]
     fails: Callable[..., Any]
     message: Callable[..., str]
+    #: Fields the error carries besides its message (``Overloaded``'s ``retry_after_s``).
+    details: Callable[..., dict[str, Any]] | None = None
 
     def refuse(self, **facts: Any) -> TarryError:
-        return self.error(self.message(**facts))
+        extra = self.details(**facts) if self.details is not None else {}
+        return self.error(self.message(**facts), **extra)
 
 
 def first_failure(rules: tuple[Rule, ...], **facts: Any) -> TarryError | None:
@@ -282,4 +286,10 @@ def _target_rules(target: TargetView) -> Iterator[Rule]:
                 f"queue {queue!r} is full (max_length reached, overflow reject_publish); "
                 "retry later or consume from it"
             ),
+        )
+    lag, limit = target.lag_ms, target.lag_limit_ms
+    if limit and lag > limit:
+        refused = Overloaded.consumers_behind(queue, lag, limit)
+        yield Rule(
+            Overloaded, _always, lambda **_: refused.message, lambda **_: dict(refused.details)
         )

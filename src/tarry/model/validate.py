@@ -13,6 +13,8 @@ Rules, in the order they are checked (the first that fails is reported):
 7. every target queue is put-enabled                                      → ``put_disabled``
 8. the body fits the server's and every target queue's limit              → ``message_too_large``
 9. no target queue is full under ``overflow = reject_publish``            → ``destination_full``
+   no target queue's consumers are further behind than ``[dispatch] overload_lag_ms``
+   (its delivery lag)                                                     → ``overloaded``
 10. with a ``report``, the token may send to ``reply_to`` (the reports go there; checked per
     send, so in a batch only that send is refused)                         → ``not_authorized``
 
@@ -93,6 +95,10 @@ class TargetView:
     max_message_bytes: int | None = None
     #: True when the queue is at ``max_length`` and its overflow is ``reject_publish``.
     full: bool = False
+    #: Its delivery lag (``tarry.queues.lag``), and the limit above which sends to it are
+    #: refused (``[dispatch] overload_lag_ms``; 0: never).
+    lag_ms: int = 0
+    lag_limit_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,8 @@ from tarry.pipeline.validation import ImportRules
 
 __all__ = ["COUNT", "REFUSED", "SENT_DDL", "SPAN", "SinkSettings", "sender"]
 
-RETRYABLE = frozenset({"unavailable", "destination_full"})
+#: Per-send refusals worth another try (``overloaded``: the send's queue was behind).
+RETRYABLE = frozenset({"unavailable", "destination_full", "overloaded"})
 #: Outcomes of a sent row: the server stored it, or it already held that message_id.
 CREATED, ALREADY_THERE = "created", "already_there"
 

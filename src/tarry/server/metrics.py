@@ -46,6 +46,17 @@ class Metrics:
             "How far behind due time releases are (sends are refused above overload_lag_ms)",
             registry=self.registry,
         )
+        self.delivery_lag = Gauge(
+            "tarry_delivery_lag_seconds",
+            "The largest delivery lag of a queue being consumed (how late its consumers would "
+            "receive a message entering it now; sends to it are refused above overload_lag_ms)",
+            registry=self.registry,
+        )
+        self.queues_behind = Gauge(
+            "tarry_queues_behind",
+            "Queues whose sends are refused because their consumers are behind",
+            registry=self.registry,
+        )
         self.damaged = Gauge(
             "tarry_store_damaged",
             "Damaged records and files the store knows of (each named in /healthz)",
@@ -83,6 +94,8 @@ class Metrics:
             self.breaker_open.labels(name).set(1 if state == "triggered" else 0)
         self.damaged.set(len(health["damaged"]))
         self.release_lag.set(health["release_lag_ms"] / 1000)
+        self.delivery_lag.set(health["delivery_lag_ms"] / 1000)
+        self.queues_behind.set(health["queues_behind"])
         self.write_path.figures = stats.get("store_write_path")
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 

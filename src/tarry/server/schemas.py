@@ -307,6 +307,8 @@ class Health(BaseModel):
         description="how far behind due time releases are; above [dispatch] overload_lag_ms "
         "sends are refused with 429 overloaded and open lists overload",
     )
+    delivery_lag_ms: int = Field(0, description="the worst queue's delivery lag (README)")
+    queues_behind: int = Field(0, description="queues refusing sends: consumers behind")
 
 
 class RouteInfo(BaseModel):
@@ -373,6 +375,7 @@ class Stats(BaseModel):
     policies: int
     routes: list[str]
     consumers_waiting: int
+    delivery_lag_ms: dict[str, int] = Field(default_factory=dict, description="per queue")
     dispatch: dict[str, int]
     store_commits: int
     journal_dropped: int

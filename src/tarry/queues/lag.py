@@ -1,0 +1,249 @@
+"""Delivery lag: how late the consumers of a local queue would receive a message entering it now.
+
+Release lag (``tarry.dispatch.lag``) is the server's own: due messages it has not yet put into
+their queue. Once released, a message waits in its queue until a consumer takes it; a queue
+whose consumers take less than arrives grows, and every message in it is received later than
+the last. Per queue, the delivery lag is the longer of:
+
+- the age of its head: now minus the due time of the oldest ready message (a requeued one
+  counts from its requeue: it was received once already); it is the lateness the next
+  receive gives;
+- its forecast: how late a message entering it within the next ``FORECAST_MS`` will be
+  taken, in arrival order, at the pace its consumers keep: for each time ``d`` ahead, (ready
+  messages + messages accepted for it due by then) ÷ that pace − ``d``, the worst of them.
+  The pace is what they received per second over the last ``RATE_WINDOW_MS`` while each
+  receive came back full (they take all they can: the queue is waiting on them), or what they
+  asked for per second while receives come back short (they could take more than arrives: the
+  pace is at least that). It counts once they have received for ``RATE_MIN_SPAN_MS``.
+
+Only a queue being consumed counts: one that a consumer received from within ``window_ms``
+(``[dispatch] delivery_lag_window_ms``). A queue nobody reads is storage, not a delivery: it
+never makes the server refuse anything. Its lag is 0.
+
+The figures come from a sampler (``sample``; the engine runs it every ``SAMPLE_MS``): per
+queue being consumed, one indexed look at the head and a count of the ready messages that
+stops at ``count_cap`` (twice what the consumers take in the refusal limit); the messages
+accepted for it are counted per ``_BUCKET_MS`` of their due time as they are stored
+(``accepted``; a cancelled one still counts until its time). A send reads the last sample
+(``lag_ms``), never the database. A receive that came back with less than it asked
+for emptied the queue: its lag is 0 from then until the next sample (``received``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from tarry.errors import Overloaded
+from tarry.model.message import Message
+from tarry.store.sql import SqlConnection
+
+__all__ = [
+    "RATE_WINDOW_MS",
+    "SAMPLE_MS",
+    "DeliveryLag",
+    "QueueHead",
+    "read_head",
+]
+
+#: How often the engine samples the queues being consumed.
+SAMPLE_MS = 100
+#: How far ahead messages accepted for a queue count in its forecast.
+FORECAST_MS = 10_000
+#: The span the consumers' receive rate is measured over, in buckets of ``_BUCKET_MS``.
+RATE_WINDOW_MS = 2_000
+#: The drain time counts once the consumers received for this long (a rate over a shorter
+#: span is mostly the first receive's size, not the consumers' pace).
+RATE_MIN_SPAN_MS = 1_000
+_BUCKET_MS = 100
+#: Ready messages counted when no refusal limit is set (the drain time is exact to there).
+_COUNT_CAP_FLOOR = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueHead:
+    """What a sample reads of one queue."""
+
+    #: The due time the head's lag counts from (None: nothing ready).
+    oldest_due_ms: int | None
+    #: Ready messages, counted up to the cap the sample was given.
+    ready: int
+
+
+def read_head(conn: SqlConnection, queue: str, count_cap: int) -> QueueHead:
+    """The oldest ready message of ``queue`` (in arrival order, the next a receive takes) and
+    the number of ready ones up to ``count_cap`` (0: not counted). Both read the queue's
+    ready index (``messages_ready``: queue, seq where state is ready)."""
+    row = conn.execute(
+        "SELECT CASE WHEN redelivered <> 0 THEN visible_at_ms ELSE deliver_at_ms END "
+        "FROM messages WHERE queue = ? AND state = 'ready' ORDER BY seq LIMIT 1",
+        (queue,),
+    ).fetchone()
+    if row is None:
+        return QueueHead(None, 0)
+    ready = 0
+    if count_cap > 0:
+        ready = int(
+            conn.execute(
+                "SELECT count(*) FROM (SELECT 1 FROM messages "
+                "WHERE queue = ? AND state = 'ready' ORDER BY seq LIMIT ?) AS head",
+                (queue, count_cap),
+            ).fetchone()[0]
+        )
+    return QueueHead(int(row[0]), ready)
+
+
+@dataclass(slots=True)
+class _Consumed:
+    """One queue being consumed: its receives in ``_BUCKET_MS`` buckets, and its last lag."""
+
+    last_received_ms: int
+    #: Since when its consumers have received without a pause as long as ``RATE_WINDOW_MS``.
+    since_ms: int
+    #: Whether the last receive came back with less than it asked for (the queue was empty).
+    emptied: bool = False
+    #: [bucket start ms, messages received, messages asked for] for the last
+    #: ``RATE_WINDOW_MS``.
+    buckets: list[list[int]] = field(default_factory=list)
+    #: Messages accepted for the queue, by due-time bucket (due ms // ``_BUCKET_MS``).
+    due: dict[int, int] = field(default_factory=dict)
+    lag_ms: int = 0
+
+    def pace_per_s(self, now_ms: int) -> float:
+        """Messages its consumers take per second (0: too short a span to tell)."""
+        start = now_ms - RATE_WINDOW_MS
+        if self.buckets and self.buckets[0][0] < start:
+            self.buckets = [b for b in self.buckets if b[0] >= start]
+        span = min(now_ms - self.since_ms, RATE_WINDOW_MS)
+        if span < RATE_MIN_SPAN_MS:
+            return 0.0
+        column = 2 if self.emptied else 1
+        return sum(b[column] for b in self.buckets) * 1000 / span
+
+    def forecast_ms(self, now_ms: int, ready: int, pace: float) -> int:
+        """The worst lateness of a message entering within ``FORECAST_MS`` (module docstring)."""
+        here = now_ms // _BUCKET_MS
+        for bucket in [b for b in self.due if b < here]:
+            del self.due[bucket]
+        worst = ready * 1000 / pace
+        waiting = ready
+        for bucket in sorted(self.due):
+            waiting += self.due[bucket]
+            worst = max(worst, waiting * 1000 / pace - ((bucket + 1) * _BUCKET_MS - now_ms))
+        return round(worst)
+
+
+class DeliveryLag:
+    """Per queue being consumed, its delivery lag as last sampled (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, _Consumed] = {}
+
+    # --- fed by consumers and the sampler -----------------------------------------------------
+    def received(self, queue: str, *, taken: int, asked: int, now_ms: int) -> None:
+        """A receive on ``queue`` took ``taken`` of the ``asked`` it could have."""
+        entry = self._queues.get(queue)
+        if entry is None or now_ms - entry.last_received_ms >= RATE_WINDOW_MS:
+            entry = self._queues[queue] = _Consumed(now_ms, now_ms)
+        entry.last_received_ms = now_ms
+        entry.emptied = taken < asked
+        if entry.emptied:
+            entry.lag_ms = 0  # it took everything ready: nothing waits now
+        bucket = now_ms - now_ms % _BUCKET_MS
+        if entry.buckets and entry.buckets[-1][0] == bucket:
+            entry.buckets[-1][1] += taken
+            entry.buckets[-1][2] += asked
+        else:
+            entry.buckets.append([bucket, taken, asked])
+
+    def accepted(self, messages: Iterable[Message], now_ms: int) -> None:
+        """``messages`` were stored, each for the queue it names (``destination``)."""
+        queues = self._queues
+        if not queues:
+            return
+        until = now_ms + FORECAST_MS
+        for message in messages:
+            entry = queues.get(message.destination)
+            if entry is not None and message.deliver_at_ms <= until:
+                bucket = message.deliver_at_ms // _BUCKET_MS
+                entry.due[bucket] = entry.due.get(bucket, 0) + 1
+
+    def to_sample(
+        self, now_ms: int, *, window_ms: int, waiting: Mapping[str, int], limit_ms: int
+    ) -> dict[str, int]:
+        """The queues a sample should look at now, each with its ``count_cap``. Queues not
+        received from within ``window_ms`` are forgotten; a queue whose last receive emptied
+        it and whose consumer still waits has nothing ready (it would have been woken)."""
+        gone = [q for q, e in self._queues.items() if now_ms - e.last_received_ms > window_ms]
+        for queue in gone:
+            del self._queues[queue]
+        counted_ms = limit_ms or 1_000
+        wanted: dict[str, int] = {}
+        for queue, entry in self._queues.items():
+            pace = entry.pace_per_s(now_ms)
+            if entry.emptied and waiting.get(queue):  # nothing ready: no need to look
+                entry.lag_ms = entry.forecast_ms(now_ms, 0, pace) if pace else 0
+                continue
+            # No pace yet: only the head's age counts, so nothing is counted.
+            cap = max(math.ceil(pace * 2 * counted_ms / 1000), _COUNT_CAP_FLOOR) if pace else 0
+            wanted[queue] = cap
+        return wanted
+
+    def sampled(self, now_ms: int, heads: Iterable[tuple[str, QueueHead]]) -> None:
+        """What a sample read (``read_head`` per queue of ``to_sample``)."""
+        for queue, head in heads:
+            entry = self._queues.get(queue)
+            if entry is None:  # forgotten meanwhile
+                continue
+            age = 0 if head.oldest_due_ms is None else max(0, now_ms - head.oldest_due_ms)
+            pace = entry.pace_per_s(now_ms)
+            ahead = entry.forecast_ms(now_ms, head.ready, pace) if pace else 0
+            entry.lag_ms = max(age, ahead)
+
+    # --- read by intake, /healthz, /v1/stats and /metrics -------------------------------------
+    def lag_ms(self, queue: str) -> int:
+        """``queue``'s delivery lag as last sampled (0: not being consumed, or on time)."""
+        entry = self._queues.get(queue)
+        return 0 if entry is None else entry.lag_ms
+
+    def worst_ms(self) -> int:
+        """The largest delivery lag of any queue being consumed (0: none)."""
+        return max((e.lag_ms for e in self._queues.values()), default=0)
+
+    def behind(self, limit_ms: int) -> dict[str, int]:
+        """Queues whose lag is over ``limit_ms`` (0: none ever is), with their lag."""
+        if limit_ms <= 0:
+            return {}
+        return {q: e.lag_ms for q, e in self._queues.items() if e.lag_ms > limit_ms}
+
+    def refuse_if_all_behind(
+        self,
+        destinations: Iterable[object],
+        limit_ms: int,
+        *,
+        queues_of: Callable[[str], Collection[str]],
+        may_send: Callable[[str], bool] | None = None,
+    ) -> None:
+        """Raise ``Overloaded`` when every one of ``destinations`` (a request's, one per send)
+        has a queue (``queues_of``: a queue itself, a topic's subscribed ones) further behind
+        than ``limit_ms``: the send rules would refuse each send of it alike, so it is refused
+        whole, before any of it is checked. Anything else (a route, a name that is not one, a
+        destination ``may_send`` refuses) leaves the request to the rules."""
+        behind = self.behind(limit_ms)
+        if not behind:
+            return
+        worst: tuple[int, str] | None = None
+        for destination in set(destinations):
+            if not isinstance(destination, str) or (may_send and not may_send(destination)):
+                return
+            lag = max(((behind.get(q, 0), q) for q in queues_of(destination)), default=None)
+            if lag is None or lag[0] == 0:
+                return
+            worst = lag if worst is None else max(worst, lag)
+        if worst is not None:
+            raise Overloaded.consumers_behind(worst[1], worst[0], limit_ms)
+
+    def snapshot(self) -> dict[str, int]:
+        """Every queue being consumed with its lag, by name."""
+        return {q: e.lag_ms for q, e in sorted(self._queues.items())}

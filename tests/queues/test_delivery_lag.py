@@ -1,0 +1,159 @@
+"""Delivery lag (tarry.queues.lag) fed by hand, and the send rule it drives; the sampler's SQL
+and the whole path run against a real `tarry serve` in tests/e2e/test_slow_consumer.py."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from tarry.errors import Overloaded
+from tarry.model.message import Message, SendRequest
+from tarry.model.validate import DestinationView, TargetView, validate_send
+from tarry.queues.lag import RATE_MIN_SPAN_MS, DeliveryLag, QueueHead, read_head
+
+NOW = 1_000_000
+LIMIT = 1_000
+
+
+def _consumed_at_pace(lag: DeliveryLag, queue: str, *, per_s: int, full: bool = True) -> int:
+    """A consumer that took ``per_s`` a second for ``RATE_MIN_SPAN_MS`` (each receive full:
+    it takes all it asks for); returns the time of its last receive."""
+    now = NOW
+    for _ in range(RATE_MIN_SPAN_MS // 100 + 1):
+        asked = per_s // 10
+        lag.received(queue, taken=asked if full else 0, asked=asked, now_ms=now)
+        now += 100
+    return now
+
+
+def _message(queue: str, due_ms: int) -> Message:
+    return Message(
+        id=f"m{due_ms}",
+        destination=queue,
+        body=b"x",
+        headers={},
+        sent_at_ms=NOW,
+        deliver_at_ms=due_ms,
+        expires_at_ms=None,
+    )
+
+
+def test_a_queue_nobody_reads_has_no_lag_and_is_never_sampled() -> None:
+    lag = DeliveryLag()
+    # Given messages accepted for a queue no consumer has received from
+    lag.accepted([_message("archive", NOW + 10) for _ in range(5)], NOW)
+    # Then nothing is sampled and nothing refuses
+    assert lag.to_sample(NOW, window_ms=10_000, waiting={}, limit_ms=LIMIT) == {}
+    assert lag.lag_ms("archive") == 0
+    lag.refuse_if_all_behind(["archive"], LIMIT, queues_of=lambda n: (n,))
+
+
+def test_the_head_age_counts_once_a_consumer_received() -> None:
+    lag = DeliveryLag()
+    lag.received("q", taken=10, asked=10, now_ms=NOW)
+    # The first second: no pace yet, so nothing is counted, only the head is looked at.
+    assert lag.to_sample(NOW + 10, window_ms=10_000, waiting={}, limit_ms=LIMIT) == {"q": 0}
+    lag.sampled(NOW + 10, [("q", QueueHead(oldest_due_ms=NOW - 1_490, ready=40))])
+    assert lag.lag_ms("q") == 1_500
+    assert lag.behind(LIMIT) == {"q": 1_500}
+    assert lag.behind(0) == {}  # 0 never refuses
+    with pytest.raises(Overloaded) as refused:
+        lag.refuse_if_all_behind(["q", "q"], LIMIT, queues_of=lambda n: (n,))
+    assert refused.value.retry_after_s == 1
+    assert refused.value.details["delivery_lag_ms"] == 1_500
+    assert refused.value.details["queue"] == "q"
+    assert "overload_lag_ms" in refused.value.message
+
+
+def test_a_receive_that_came_back_short_clears_the_lag_at_once() -> None:
+    lag = DeliveryLag()
+    lag.received("q", taken=10, asked=10, now_ms=NOW)
+    lag.sampled(NOW, [("q", QueueHead(NOW - 5_000, 100))])
+    assert lag.lag_ms("q") == 5_000
+    lag.received("q", taken=3, asked=10, now_ms=NOW + 50)
+    assert lag.lag_ms("q") == 0
+    # Its consumer waits on an empty queue: nothing to look at.
+    assert lag.to_sample(NOW + 100, window_ms=10_000, waiting={"q": 1}, limit_ms=LIMIT) == {}
+
+
+def test_the_forecast_counts_ready_and_accepted_messages_at_the_consumers_pace() -> None:
+    lag = DeliveryLag()
+    now = _consumed_at_pace(lag, "q", per_s=1_000)
+    # 500 ready, and 1,500 accepted for it due within the next 500 ms: at 1,000 a second the
+    # last of them is taken 2 s from now, 1.5 s after it fell due.
+    lag.accepted([_message("q", now + 400) for _ in range(1_500)], now)
+    lag.accepted([_message("q", now + 60_000)], now)  # beyond the forecast: not counted
+    wanted = lag.to_sample(now, window_ms=10_000, waiting={}, limit_ms=LIMIT)
+    assert wanted["q"] >= 2_000  # twice what the consumers take within the limit
+    lag.sampled(now, [("q", QueueHead(oldest_due_ms=now - 10, ready=500))])
+    assert lag.lag_ms("q") == 1_500
+    assert lag.worst_ms() == 1_500
+    # Once their due times passed (released, so among the ready), they no longer count twice.
+    lag.sampled(now + 600, [("q", QueueHead(oldest_due_ms=now + 500, ready=0))])
+    assert lag.lag_ms("q") == 100
+
+
+def test_consumers_that_take_less_than_they_ask_for_are_paced_by_what_they_ask() -> None:
+    lag = DeliveryLag()
+    # They asked for 1,000 a second and found nothing: they could take that much at least.
+    now = _consumed_at_pace(lag, "q", per_s=1_000, full=False)
+    lag.accepted([_message("q", now + 900) for _ in range(500)], now)
+    lag.sampled(now, [("q", QueueHead(None, 0))])
+    assert lag.lag_ms("q") == 0  # 500 at 1,000 a second: taken in 0.5 s, before they are due
+
+
+def test_a_queue_not_received_from_within_the_window_is_forgotten() -> None:
+    lag = DeliveryLag()
+    lag.received("q", taken=10, asked=10, now_ms=NOW)
+    lag.sampled(NOW, [("q", QueueHead(NOW - 5_000, 100))])
+    assert lag.to_sample(NOW + 10_001, window_ms=10_000, waiting={}, limit_ms=LIMIT) == {}
+    assert lag.lag_ms("q") == 0 and lag.snapshot() == {}
+
+
+def test_a_request_is_refused_whole_only_when_every_destination_is_behind() -> None:
+    lag = DeliveryLag()
+    lag.received("slow", taken=10, asked=10, now_ms=NOW)
+    lag.sampled(NOW, [("slow", QueueHead(NOW - 3_000, 100))])
+    topics = {"news": ("slow", "fast")}
+
+    def queues_of(name: str) -> tuple[str, ...]:
+        return topics.get(name, (name,))
+
+    # Another destination in it (a queue on time, a route, a bad name): left to the rules.
+    lag.refuse_if_all_behind(["slow", "fast"], LIMIT, queues_of=queues_of)
+    lag.refuse_if_all_behind(["slow", None], LIMIT, queues_of=queues_of)
+    # A token that may not send there learns nothing of the queue's lag.
+    lag.refuse_if_all_behind(["slow"], LIMIT, queues_of=queues_of, may_send=lambda n: False)
+    # A topic is behind when any subscribed queue is (its publish would be refused whole).
+    with pytest.raises(Overloaded) as refused:
+        lag.refuse_if_all_behind(["news", "slow"], LIMIT, queues_of=queues_of)
+    assert refused.value.retry_after_s == 2 and refused.value.details["queue"] == "slow"
+
+
+def test_the_send_rule_refuses_a_send_to_a_queue_whose_consumers_are_behind() -> None:
+    request = SendRequest(destination="q", body=b"x")
+    behind = DestinationView("q", "queue", (TargetView("q", lag_ms=2_500, lag_limit_ms=LIMIT),))
+    with pytest.raises(Overloaded) as refused:
+        validate_send(request, now_ms=NOW, destination=behind)
+    assert refused.value.retry_after_s == 2
+    assert refused.value.to_dict()["delivery_lag_ms"] == 2_500
+    for fine in (TargetView("q", lag_ms=1_000, lag_limit_ms=LIMIT), TargetView("q", lag_ms=9)):
+        validate_send(request, now_ms=NOW, destination=DestinationView("q", "queue", (fine,)))
+
+
+def test_read_head_finds_the_oldest_ready_message_and_counts_up_to_the_cap() -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.execute(
+        "CREATE TABLE messages (queue TEXT, state TEXT, seq INTEGER, deliver_at_ms INTEGER, "
+        "visible_at_ms INTEGER, redelivered INTEGER)"
+    )
+    rows = [("q", "ready", seq, 100 + seq, 500 + seq, 0) for seq in range(1, 6)]
+    rows += [("q", "delivered", 0, 1, 1, 0), ("other", "ready", 0, 2, 2, 0)]
+    conn.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?)", rows)
+    assert read_head(conn, "q", 3) == QueueHead(101, 3)
+    assert read_head(conn, "q", 0) == QueueHead(101, 0)
+    assert read_head(conn, "none", 3) == QueueHead(None, 0)
+    # A requeued message counts from its requeue (it was received once already).
+    conn.execute("UPDATE messages SET redelivered = 1 WHERE seq = 1 AND queue = 'q'")
+    assert read_head(conn, "q", 10) == QueueHead(501, 5)
