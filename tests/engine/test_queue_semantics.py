@@ -161,6 +161,27 @@ async def test_an_unacked_message_comes_back_after_its_visibility_timeout(
     assert (await engine.ack("q", [d.receipt]))["unknown"] == [d.receipt]
 
 
+async def test_one_ack_of_many_receipts_settles_each_message_once(make_engine, clock) -> None:
+    # Given three messages received together, and one received from another queue
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    await engine.declare_queue("other", {})
+    for i in range(3):
+        await engine.send({"destination": "q", "body": str(i)})
+    await engine.send({"destination": "other", "body": "o"})
+    receipts = [d.receipt for d in await engine.receive("q", max_messages=10)]
+    [theirs] = await engine.receive("other")
+    assert len(set(receipts)) == 3
+    # When one ack names each receipt, the first twice, the other queue's, and one never made
+    result = await engine.ack("q", [*receipts, receipts[0], theirs.receipt, "nope"])
+    # Then each message is acked once; the rest are unknown, in the order given
+    assert result == {"acked": 3, "unknown": [receipts[0], theirs.receipt, "nope"]}
+    assert (await engine.queue_info("q")).in_flight == 0
+    assert (await engine.queue_info("other")).in_flight == 1
+    clock.advance(60_000)
+    assert await engine.receive("q") == []
+
+
 async def test_a_message_back_from_its_visibility_timeout_keeps_its_place(
     make_engine, clock
 ) -> None:
