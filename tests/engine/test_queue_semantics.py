@@ -182,6 +182,30 @@ async def test_one_ack_of_many_receipts_settles_each_message_once(make_engine, c
     assert await engine.receive("q") == []
 
 
+async def test_a_receipt_counts_only_while_its_row_holds_it(make_engine) -> None:
+    # Given two messages received one at a time, the second then held under a receipt of the
+    # form made before receipts named their row (an id alone)
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    for body in ("a", "b"):
+        await engine.send({"destination": "q", "body": body})
+    [first] = await engine.receive("q")
+    [second] = await engine.receive("q")
+    older = "01JOLDFORMRECEIPT000000000"
+    await engine.qdb.write(
+        lambda conn: conn.execute(
+            "UPDATE messages SET receipt = ? WHERE receipt = ?", (older, second.receipt)
+        )
+    )
+    # When acks name the first's receive with the second's row, the second's replaced
+    # receipt, and the older-form one
+    forged = first.receipt.rsplit(".", 1)[0] + "." + second.receipt.rsplit(".", 1)[1]
+    result = await engine.ack("q", [forged, second.receipt, older])
+    # Then only the receipt the row holds acks it
+    assert result == {"acked": 1, "unknown": [forged, second.receipt]}
+    assert (await engine.queue_info("q")).in_flight == 1
+
+
 async def test_a_message_back_from_its_visibility_timeout_keeps_its_place(
     make_engine, clock
 ) -> None:

@@ -27,6 +27,7 @@ from tarry.model.queue_args import Overflow
 from tarry.model.reports import report_message
 from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog
+from tarry.queues.receipts import RECEIPT_SQL, held_by_receipt
 from tarry.queues.sequence import Sequencer
 from tarry.store.sql import SqlConnection, id_column, id_key, row_key, row_lock
 from tarry.store.sqlite.rows import (
@@ -54,8 +55,6 @@ HANDOFF_MS = 200
 QUEUED_STATES = ("ready", "delivered")
 _SEQ = COLUMNS.index("seq")
 _RECEIPT = COLUMNS.index("receipt")
-_QUEUE = COLUMNS.index("queue")
-_STATE = COLUMNS.index("state")
 #: Every column, as ``SELECT_SQL`` reads them (for RETURNING).
 _ALL = ", ".join(COLUMNS)
 
@@ -470,7 +469,7 @@ class QueueTxn:
             where = f"{id_column(self.conn)} IN ({', '.join('?' * len(args))})"
         taken = self.conn.execute(
             "UPDATE messages SET state = 'delivered', "
-            f"receipt = CAST(? AS TEXT) || '.' || {key}, visible_at_ms = ?, "
+            f"receipt = {RECEIPT_SQL.format(key=key)}, visible_at_ms = ?, "
             "delivery_count = delivery_count + 1, "
             "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END, "
             f"updated_at_ms = ? WHERE {where} RETURNING {_ALL}",
@@ -499,7 +498,7 @@ class QueueTxn:
         Acks are written together: one UPDATE per chunk of rows, found by their row key."""
         self.flush()
         now = self.now_ms
-        held = self._held_by_receipt(queue, receipts)
+        held = held_by_receipt(self.conn, queue, receipts)
         unknown: list[str] = []
         settled: dict[Any, Message] = {}
         for receipt in receipts:
@@ -537,28 +536,6 @@ class QueueTxn:
             else:
                 self.dead_letter(message, from_queue=queue, reason=DeathReason.REJECTED)
         return len(settled), unknown
-
-    def _held_by_receipt(
-        self, queue: str, receipts: Sequence[str]
-    ) -> dict[str, tuple[Any, Message]]:
-        """The messages of ``queue`` in flight under ``receipts``, their rows locked, by
-        receipt: (row key, message). Looked up by receipt alone, so that only the receipt index
-        can answer (a planner without statistics would otherwise walk the whole queue); queue
-        and state are checked here."""
-        found: dict[str, tuple[Any, Message]] = {}
-        unique = list(dict.fromkeys(receipts))
-        lock = row_lock(self.conn)
-        for start in range(0, len(unique), 500):
-            chunk = unique[start : start + 500]
-            marks = ", ".join("?" * len(chunk))
-            for row in self.conn.execute(
-                f"SELECT {_ALL}, {row_key(self.conn)} FROM messages WHERE receipt IN ({marks})"
-                + lock,
-                chunk,
-            ):
-                if row[_QUEUE] == queue and row[_STATE] == "delivered":
-                    found[row[_RECEIPT]] = (row[-1], from_row(row[:-1]))
-        return found
 
     def sweep_expired(self, *, limit: int = 1000) -> int:
         """Dead-letter (or drop) messages whose queue expiry has come and that no consumer holds."""
