@@ -161,6 +161,51 @@ async def test_an_unacked_message_comes_back_after_its_visibility_timeout(
     assert (await engine.ack("q", [d.receipt]))["unknown"] == [d.receipt]
 
 
+async def test_one_ack_of_many_receipts_settles_each_message_once(make_engine, clock) -> None:
+    # Given three messages received together, and one received from another queue
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    await engine.declare_queue("other", {})
+    for i in range(3):
+        await engine.send({"destination": "q", "body": str(i)})
+    await engine.send({"destination": "other", "body": "o"})
+    receipts = [d.receipt for d in await engine.receive("q", max_messages=10)]
+    [theirs] = await engine.receive("other")
+    assert len(set(receipts)) == 3
+    # When one ack names each receipt, the first twice, the other queue's, and one never made
+    result = await engine.ack("q", [*receipts, receipts[0], theirs.receipt, "nope"])
+    # Then each message is acked once; the rest are unknown, in the order given
+    assert result == {"acked": 3, "unknown": [receipts[0], theirs.receipt, "nope"]}
+    assert (await engine.queue_info("q")).in_flight == 0
+    assert (await engine.queue_info("other")).in_flight == 1
+    clock.advance(60_000)
+    assert await engine.receive("q") == []
+
+
+async def test_a_receipt_counts_only_while_its_row_holds_it(make_engine) -> None:
+    # Given two messages received one at a time, the second then held under a receipt of the
+    # form made before receipts named their row (an id alone)
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    for body in ("a", "b"):
+        await engine.send({"destination": "q", "body": body})
+    [first] = await engine.receive("q")
+    [second] = await engine.receive("q")
+    older = "01JOLDFORMRECEIPT000000000"
+    await engine.qdb.write(
+        lambda conn: conn.execute(
+            "UPDATE messages SET receipt = ? WHERE receipt = ?", (older, second.receipt)
+        )
+    )
+    # When acks name the first's receive with the second's row, the second's replaced
+    # receipt, and the older-form one
+    forged = first.receipt.rsplit(".", 1)[0] + "." + second.receipt.rsplit(".", 1)[1]
+    result = await engine.ack("q", [forged, second.receipt, older])
+    # Then only the receipt the row holds acks it
+    assert result == {"acked": 1, "unknown": [forged, second.receipt]}
+    assert (await engine.queue_info("q")).in_flight == 1
+
+
 async def test_a_message_back_from_its_visibility_timeout_keeps_its_place(
     make_engine, clock
 ) -> None:

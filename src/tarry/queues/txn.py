@@ -12,7 +12,7 @@ import heapq
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -27,8 +27,9 @@ from tarry.model.queue_args import Overflow
 from tarry.model.reports import report_message
 from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog
+from tarry.queues.receipts import RECEIPT_SQL, held_by_receipt
 from tarry.queues.sequence import Sequencer
-from tarry.store.sql import SqlConnection, id_column, id_key, row_lock
+from tarry.store.sql import SqlConnection, id_column, id_key, row_key, row_lock
 from tarry.store.sqlite.rows import (
     COLUMNS,
     SELECT_SQL,
@@ -53,6 +54,9 @@ HANDOFF_MS = 200
 #: messages runs once per state, with the state written out, so that each finds its index.
 QUEUED_STATES = ("ready", "delivered")
 _SEQ = COLUMNS.index("seq")
+_RECEIPT = COLUMNS.index("receipt")
+#: Every column, as ``SELECT_SQL`` reads them (for RETURNING).
+_ALL = ", ".join(COLUMNS)
 
 
 def _takeable_in(state: str, *, unexpired: bool) -> str:
@@ -446,96 +450,92 @@ class QueueTxn:
     def receive(
         self, queue: str, *, max_messages: int, visibility_ms: int
     ) -> list[tuple[Message, str]]:
+        """Take up to ``max_messages`` of ``queue`` for a consumer, in queue order, with one
+        UPDATE ... RETURNING: the rows are chosen, leased and read back in the same statement.
+        A row's receipt is this call's id and the row's key, so no id is made per row."""
+        self.flush()
         now = self.now_ms
-        rows = self._takeable(queue, max_messages, unexpired=True)
-        taken = []
-        updates: list[tuple[str, str]] = []
-        for row in rows:
-            message = from_row(row)
-            receipt = self.ids.new(now)
-            message.redelivered = message.redelivered or message.delivery_count > 0
-            message.delivery_count += 1
-            message.state = MessageState.DELIVERED
-            message.updated_at_ms = now
-            updates.append((id_key(self.conn, message.id), receipt))
-            self.emit("received", message, queue)
-            taken.append((message, receipt))
-        for start in range(0, len(updates), 256):
-            # One statement a chunk (one round trip where the database is a server; one step,
-            # not one per row, for SQLite: see ``store.sqlite.rows.insert_rows``). The
-            # counts are worked out from each row's own columns, as for ``message`` above.
-            chunk = updates[start : start + 256]
+        key = row_key(self.conn)
+        where = (
+            f"{key} IN (SELECT {key} FROM messages WHERE {_takeable_in('ready', unexpired=True)} "
+            f"ORDER BY seq LIMIT ?{row_lock(self.conn, skip_locked=True)})"
+        )
+        args: list[Any] = [*self._takeable_args(queue, unexpired=True), max_messages]
+        if self._visibility_ended(queue):  # those come back in their old places: merged
+            rows = self._takeable(queue, max_messages, unexpired=True)
+            if not rows:  # all held by other nodes' transactions (SKIP LOCKED)
+                return []
+            args = [id_key(self.conn, row[0]) for row in rows]
+            where = f"{id_column(self.conn)} IN ({', '.join('?' * len(args))})"
+        taken = self.conn.execute(
+            "UPDATE messages SET state = 'delivered', "
+            f"receipt = {RECEIPT_SQL.format(key=key)}, visible_at_ms = ?, "
+            "delivery_count = delivery_count + 1, "
+            "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END, "
+            f"updated_at_ms = ? WHERE {where} RETURNING {_ALL}",
+            [self.ids.new(now), now + visibility_ms, now, *args],
+        ).fetchall()
+        taken.sort(key=itemgetter(_SEQ))  # RETURNING follows no order
+        out = [(from_row(row), row[_RECEIPT]) for row in taken]
+        self.events += [("received", message, now, queue, None) for message, _ in out]
+        return out
+
+    def _visibility_ended(self, queue: str) -> bool:
+        """Whether ``queue`` has messages in flight whose visibility timeout has ended (found
+        through the in-flight index: usually nothing in its range)."""
+        return (
             self.conn.execute(
-                "UPDATE messages SET state = 'delivered', receipt = v.column2, "
-                "visible_at_ms = ?, delivery_count = delivery_count + 1, "
-                "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END, "
-                f"updated_at_ms = ? FROM (VALUES {', '.join(['(?, ?)'] * len(chunk))}) AS v "
-                f"WHERE messages.{id_column(self.conn)} = v.column1",
-                [now + visibility_ms, now, *chain.from_iterable(chunk)],
-            )
-        return taken
+                f"SELECT 1 FROM messages WHERE {_takeable_in('delivered', unexpired=True)} LIMIT 1",
+                self._takeable_args(queue, unexpired=True),
+            ).fetchone()
+            is not None
+        )
 
     def settle(
         self, queue: str, receipts: Sequence[str], *, ack: bool, requeue: bool
     ) -> tuple[int, list[str]]:
-        """Ack, requeue, or reject (dead-letter ``rejected``) in-flight messages by receipt."""
+        """Ack, requeue, or reject (dead-letter ``rejected``) in-flight messages by receipt.
+        Acks are written together: one UPDATE per chunk of rows, found by their row key."""
         self.flush()
-        done, unknown = 0, []
-        held = self._held_by_receipt(receipts)
-        settled: set[str] = set()
-        acked: list[str] = []
+        now = self.now_ms
+        held = held_by_receipt(self.conn, queue, receipts)
+        unknown: list[str] = []
+        settled: dict[Any, Message] = {}
         for receipt in receipts:
-            message = held.get(receipt)
-            if (
-                message is None
-                or message.id in settled  # the same receipt twice: the second finds nothing
-                or message.queue != queue
-                or message.state is not MessageState.DELIVERED
-            ):
+            found = held.get(receipt)
+            # The same receipt twice: the second finds nothing.
+            if found is None or found[0] in settled:
                 unknown.append(receipt)
-                continue
-            settled.add(message.id)
-            if ack:
-                acked.append(id_key(self.conn, message.id))
+            else:
+                settled[found[0]] = found[1]
+        key = row_key(self.conn)
+        if ack:
+            keys = list(settled)
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
+                self.conn.execute(
+                    "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
+                    f"updated_at_ms = ? WHERE {key} IN ({', '.join('?' * len(chunk))})",
+                    [now, *chunk],
+                )
+            for message in settled.values():
                 message.state = MessageState.ACKED
-                self.emit("acked", message, queue)
-            elif requeue:
+            self.events += [("acked", m, now, queue, None) for m in settled.values()]
+            return len(settled), unknown
+        for row, message in settled.items():
+            if requeue:
                 # Back to its old place; it keeps its original expiry.
                 self.conn.execute(
                     "UPDATE messages SET state = 'ready', receipt = NULL, visible_at_ms = ?, "
-                    f"redelivered = 1, updated_at_ms = ? WHERE {id_column(self.conn)} = ?",
-                    (self.now_ms, self.now_ms, id_key(self.conn, message.id)),
+                    f"redelivered = 1, updated_at_ms = ? WHERE {key} = ?",
+                    (now, now, row),
                 )
                 message.state = MessageState.READY
                 self.filled.add(queue)
                 self.emit("nacked", message, queue, "requeued")
             else:
                 self.dead_letter(message, from_queue=queue, reason=DeathReason.REJECTED)
-            done += 1
-        column = id_column(self.conn)
-        for start in range(0, len(acked), 500):  # one statement a chunk, as in ``receive``
-            chunk = acked[start : start + 500]
-            self.conn.execute(
-                "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
-                f"updated_at_ms = ? WHERE {column} IN ({', '.join('?' * len(chunk))})",
-                [self.now_ms, *chunk],
-            )
-        return done, unknown
-
-    def _held_by_receipt(self, receipts: Sequence[str]) -> dict[str, Message]:
-        """The in-flight messages of ``receipts``, their rows locked, by receipt. Looked up by
-        receipt alone, so that only the receipt index can answer (a planner without statistics
-        would otherwise walk the whole queue); queue and state are checked by the caller."""
-        found: dict[str, Message] = {}
-        unique = list(dict.fromkeys(receipts))
-        for start in range(0, len(unique), 500):
-            chunk = unique[start : start + 500]
-            marks = ", ".join("?" for _ in chunk)
-            for row in self.conn.execute(
-                f"{SELECT_SQL} WHERE receipt IN ({marks})" + row_lock(self.conn), chunk
-            ):
-                found[row[COLUMNS.index("receipt")]] = from_row(row)
-        return found
+        return len(settled), unknown
 
     def sweep_expired(self, *, limit: int = 1000) -> int:
         """Dead-letter (or drop) messages whose queue expiry has come and that no consumer holds."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-__all__ = ["SqlConnection", "SqlCursor", "id_column", "id_key", "row_lock"]
+__all__ = ["SqlConnection", "SqlCursor", "id_column", "id_key", "row_key", "row_lock"]
 
 
 class SqlCursor(Protocol):
@@ -34,6 +34,13 @@ def row_lock(conn: object, *, skip_locked: bool = False) -> str:
     process owns the database and every write transaction is exclusive."""
     dialect = getattr(conn, "dialect", None)
     return "" if dialect is None else str(dialect.row_lock(skip_locked=skip_locked))
+
+
+def row_key(conn: object) -> str:
+    """The column that names a row within one statement (``... WHERE k IN (SELECT k ...)``):
+    SQLite's ``rowid`` (no index look-up), PostgreSQL's ``id``."""
+    dialect = getattr(conn, "dialect", None)
+    return "rowid" if dialect is None else str(dialect.row_key)
 
 
 def id_column(conn: object) -> str:

@@ -52,6 +52,8 @@ class PgDialect:
     """How PostgreSQL differs for the shared SQL."""
 
     name = "postgres"
+    #: The column that names a row within one statement (``tarry.store.sql.row_key``).
+    row_key = "id"
 
     @staticmethod
     def row_lock(*, skip_locked: bool) -> str:

@@ -1,0 +1,86 @@
+"""A local queue's share of a message's life (issue 23): release into the queue, receive and
+ack, in-process through the engine on the log store (the default); prints JSON.
+
+    .venv/bin/python bench/queuelife.py [--messages 50000] [--receive 1000] [--listeners]
+
+``--messages`` messages of 100 bytes, due at once, are stored first (not measured); then the
+dispatcher releases them all (``release``), and one consumer receives up to ``--receive`` at a
+time and acks each batch (``receive_ack``). Per phase: CPU µs per message of the whole process
+(every thread: the queue database's and the log writer's too, which is steadier than wall
+time on a shared machine) and of the queue database thread alone. ``--listeners`` attaches
+the metrics and the journal as ``tarry serve`` does; without, the queue path alone is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from foundation import thread_cpu_s  # noqa: E402
+from logstore import _bench_engine, _store_all, messages  # noqa: E402
+
+from tarry.server.app import tune_runtime  # noqa: E402
+
+
+def _db_thread_ids() -> set[int]:
+    return {t.native_id for t in threading.enumerate() if t.name.startswith("tarry-db_")}
+
+
+def _db_cpu_s() -> float:
+    spent = thread_cpu_s(os.getpid())
+    return sum(spent.get(tid, 0.0) for tid in _db_thread_ids() if tid is not None)
+
+
+async def _life(tmp: Path, count: int, receive: int, listeners: bool) -> dict[str, Any]:
+    engine = await _bench_engine(tmp / "life", "log", listeners=listeners)
+    try:
+        await engine.store.next_due_time()
+        await _store_all(engine.store, messages(count, lambda i, now: now - 1000 + i % 500))
+        tune_runtime()
+        out: dict[str, Any] = {"messages": count, "receive_max": receive}
+        cpu, db = time.process_time(), _db_cpu_s()
+        await engine.dispatcher.release_all_due()
+        out["release_cpu_us_per_message"] = round((time.process_time() - cpu) / count * 1e6, 2)
+        out["release_db_thread_us_per_message"] = round((_db_cpu_s() - db) / count * 1e6, 2)
+        assert (await engine.queue_info("bench")).ready == count
+        cpu, db, done = time.process_time(), _db_cpu_s(), 0
+        while done < count:
+            got = await engine.receive("bench", max_messages=receive)
+            result = await engine.ack("bench", [d.receipt for d in got])
+            assert result["acked"] == len(got), result
+            done += len(got)
+        out["receive_ack_cpu_us_per_message"] = round((time.process_time() - cpu) / count * 1e6, 2)
+        out["receive_ack_db_thread_us_per_message"] = round((_db_cpu_s() - db) / count * 1e6, 2)
+        out["life_cpu_us_per_message"] = round(
+            out["release_cpu_us_per_message"] + out["receive_ack_cpu_us_per_message"], 2
+        )
+        return out
+    finally:
+        await engine.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--receive", type=int, default=1000)
+    parser.add_argument("--listeners", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tarry-queuelife-") as tmp:
+        result = asyncio.run(_life(Path(tmp), args.messages, args.receive, args.listeners))
+    result["listeners"] = args.listeners
+    result["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
