@@ -42,7 +42,7 @@ from tarry.errors import (
     NotFound,
     TarryError,
 )
-from tarry.model.events import Event, EventBatchListener, EventListener
+from tarry.model.events import Event, EventBatchListener, EventListener, EventRun
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
@@ -279,7 +279,7 @@ class Engine:
     # --- events -------------------------------------------------------------------------------
     def _emit_each(self, event: str, messages: Sequence[Message], time_ms: int) -> None:
         """``_emit_all`` of ``event`` for every message (a batch's thousands of events)."""
-        self._emit_all([(event, message, time_ms, None, None) for message in messages])
+        self._emit_all(EventRun(event, messages, time_ms))
 
     def _emit_all(self, events: Sequence[Event]) -> None:
         emit_all(self._listeners, events)
