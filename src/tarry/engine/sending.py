@@ -146,18 +146,16 @@ async def send_many(
         txn, outcomes = stored
         earliest = None
         scheduled: list[Message] = []
+        transports = engine.transports
         for (index, plan, messages), (result, created) in zip(accepted, outcomes, strict=True):
             results[index] = result
             if created:
                 scheduled += messages
-                if plan.deliver_at_ms > now or any(
-                    m.destination in engine.transports for m in messages
+                due = plan.deliver_at_ms
+                if (earliest is None or due < earliest) and (
+                    due > now or (transports and any(m.destination in transports for m in messages))
                 ):
-                    earliest = (
-                        plan.deliver_at_ms
-                        if earliest is None
-                        else min(earliest, plan.deliver_at_ms)
-                    )
+                    earliest = due
         engine._emit_each("scheduled", scheduled, now)
         if txn is not None:
             engine._after(txn)

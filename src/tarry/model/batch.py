@@ -12,16 +12,17 @@ rules that need them run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import repeat
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 
 from tarry.errors import TarryError
-from tarry.model.columns import ParsedColumns, parse_columns, validate_columns
+from tarry.model.columns import ParsedColumns, PlannedColumns, parse_columns, validate_columns
 from tarry.model.fields import COLUMN_FIELDS
-from tarry.model.message import SendPlan, SendRequest
+from tarry.model.message import SendPlan, SendRequest, Undeliverable
 from tarry.model.rules import Rule, destination_rules
 from tarry.model.validate import DestinationView, SendLimits, parse_send, validate_send
 
@@ -178,38 +179,50 @@ class BatchCheck:
                 strict=True,
             )
         )
-        errors = self._columns.errors.tolist()
-        due = when.deliver_at_ms.tolist()
-        expires = when.expires_at_ms.tolist()
-        planned: list[Planned] = []
-        append = planned.append
-        for i, data in enumerate(self.items):
-            error = errors[i]
-            if error is not None:
-                append(error)
-            elif i in one:
-                append(one[i])
-            else:  # every field is known good: what parse_send would have made of it
-                get = data.get
-                body = get("body")
-                # Positional (in field order): keywords go through a dict, once per send here;
-                # tests/model/test_batch.py holds these to parse_send's requests.
-                request = SendRequest(
-                    data["destination"],
-                    b"" if body is None else body.encode("utf-8"),
-                    {},
-                    get("delay_ms"),
-                    get("deliver_at"),
-                    get("ttl_ms"),
-                    get("message_id"),
-                    get("correlation_id"),
-                    group_id=get("group_id"),
-                )
-                expires_at_ms = expires[i]
-                append(
-                    SendPlan(request, now_ms, due[i], None if expires_at_ms < 0 else expires_at_ms)
-                )
-        return planned
+        errors: list[Planned | None] = self._columns.errors.tolist()
+        # Every field of the other rows is known good: their requests are what parse_send
+        # would make of them, built a column at a time (tests/model/test_batch.py holds them
+        # to parse_send's).
+        rows = [i for i, error in enumerate(errors) if error is None and i not in one]
+        planned = errors
+        for i, plan in one.items():
+            planned[i] = plan
+        if rows:
+            for i, plan in zip(rows, self._plans(rows, when, now_ms), strict=True):
+                planned[i] = plan
+        return cast(list[Planned], planned)
+
+    def _plans(self, rows: list[int], when: PlannedColumns, now_ms: int) -> Iterator[SendPlan]:
+        """The plans of ``rows`` (column-checked, accepted), in order."""
+        items = self.items
+        data = [items[i] for i in rows]
+        n = len(rows)
+        bodies = [d.get("body") for d in data]
+        # Positional (in field order): keywords go through a dict, once per send here.
+        requests = map(
+            SendRequest,
+            [d["destination"] for d in data],
+            [b"" if body is None else body.encode("utf-8") for body in bodies],
+            [{} for _ in range(n)],
+            [d.get("delay_ms") for d in data],
+            [d.get("deliver_at") for d in data],
+            [d.get("ttl_ms") for d in data],
+            [d.get("message_id") for d in data],
+            [d.get("correlation_id") for d in data],
+            repeat(None, n),
+            repeat(frozenset(), n),
+            repeat(Undeliverable.DEAD_LETTER, n),
+            [d.get("group_id") for d in data],
+        )
+        taken = np.asarray(rows)
+        expires: list[int] = when.expires_at_ms[taken].tolist()
+        return map(
+            SendPlan,
+            requests,
+            repeat(now_ms, n),
+            when.deliver_at_ms[taken].tolist(),
+            [None if e < 0 else e for e in expires],
+        )
 
 
 def _parse_columns(items: Sequence[Any]) -> ParsedColumns | None:
