@@ -125,8 +125,10 @@ class BatchCheck:
         self._columns: ParsedColumns | None = None
         self._one: dict[int, Parsed] = {}
         self._names: list[str | None] | None = None
+        #: Each column field's value per send (None: absent, or the send goes one at a time).
+        self._values: dict[str, list[Any]] = {}
         if len(items) >= COLUMN_MIN:
-            self._columns = _parse_columns(items)
+            self._columns, self._values = _parse_columns(items)
         if self._columns is None:
             self._parsed = parse_batch(items)
         else:
@@ -193,26 +195,32 @@ class BatchCheck:
         return cast(list[Planned], planned)
 
     def _plans(self, rows: list[int], when: PlannedColumns, now_ms: int) -> Iterator[SendPlan]:
-        """The plans of ``rows`` (column-checked, accepted), in order."""
-        items = self.items
-        data = [items[i] for i in rows]
+        """The plans of ``rows`` (column-checked, accepted), in order, from the field values
+        the columns were made of."""
         n = len(rows)
-        bodies = [d.get("body") for d in data]
+        every = n == len(self.items)
+
+        def column(name: str) -> Iterable[Any]:
+            values = self._values.get(name)
+            if values is None:
+                return repeat(None, n)
+            return values if every else [values[i] for i in rows]
+
         # Positional (in field order): keywords go through a dict, once per send here.
         requests = map(
             SendRequest,
-            [d["destination"] for d in data],
-            [b"" if body is None else body.encode("utf-8") for body in bodies],
+            column("destination"),
+            [b"" if body is None else body.encode("utf-8") for body in column("body")],
             [{} for _ in range(n)],
-            [d.get("delay_ms") for d in data],
-            [d.get("deliver_at") for d in data],
-            [d.get("ttl_ms") for d in data],
-            [d.get("message_id") for d in data],
-            [d.get("correlation_id") for d in data],
+            column("delay_ms"),
+            column("deliver_at"),
+            column("ttl_ms"),
+            column("message_id"),
+            column("correlation_id"),
             repeat(None, n),
             repeat(frozenset(), n),
             repeat(Undeliverable.DEAD_LETTER, n),
-            [d.get("group_id") for d in data],
+            column("group_id"),
         )
         taken = np.asarray(rows)
         expires: list[int] = when.expires_at_ms[taken].tolist()
@@ -225,10 +233,11 @@ class BatchCheck:
         )
 
 
-def _parse_columns(items: Sequence[Any]) -> ParsedColumns | None:
+def _parse_columns(items: Sequence[Any]) -> tuple[ParsedColumns | None, dict[str, list[Any]]]:
     """Rule 1 over ``items`` column-wise; a send with a field the columns do not decide, or a
     value Arrow cannot hold in one column with the others (mixed types, huge ints, bad text),
-    is flagged to go one at a time. None when no column could be made."""
+    is flagged to go one at a time. None when no column could be made; and each present
+    field's values, send by send (None for a send flagged)."""
     n = len(items)
     rows: list[Mapping[str, Any]] = []
     by_row = np.zeros(n, bool)
@@ -241,10 +250,11 @@ def _parse_columns(items: Sequence[Any]) -> ParsedColumns | None:
     present = set().union(*rows)
     arrays: list[pa.Array] = []
     names: list[str] = []
+    fields: dict[str, list[Any]] = {}
     for name in _COLUMN_FIELDS:
         if name not in present:
             continue
-        values = [data.get(name) for data in rows]
+        values = fields[name] = [data.get(name) for data in rows]
         try:
             arrays.append(pa.array(values))
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
@@ -252,5 +262,5 @@ def _parse_columns(items: Sequence[Any]) -> ParsedColumns | None:
             continue
         names.append(name)
     if not arrays:
-        return None
-    return parse_columns(pa.RecordBatch.from_arrays(arrays, names=names), by_row=by_row)
+        return None, fields
+    return parse_columns(pa.RecordBatch.from_arrays(arrays, names=names), by_row=by_row), fields
