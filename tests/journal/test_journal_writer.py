@@ -7,9 +7,10 @@ from pathlib import Path
 import orjson
 
 from tarry.config import JournalConfig
+from tarry.journal.lines import encode_lines
 from tarry.journal.writer import Journal
-from tarry.model.events import Event
-from tarry.model.message import Message, plain_message
+from tarry.model.events import Event, EventRun
+from tarry.model.message import DeathReason, Message, plain_message
 from tarry.model.time import ManualClock
 
 
@@ -63,3 +64,82 @@ def test_a_batch_writes_the_lines_its_events_one_by_one_would(tmp_path: Path) ->
     assert lines[1]["lateness_ms"] == 2 and lines[0]["lateness_ms"] is None
     assert lines[2]["message_id"] == 'a "quoted" id\n' and lines[2]["reason"] == "expired"
     assert many.written == 4 and many.dropped == 0
+
+
+def _as_dict_line(event: Event, node: str) -> bytes:
+    """A line as the format defines it: ``orjson.dumps`` of the keys in order."""
+    name, m, time_ms, queue, reason = event
+    late = name in ("released", "delivered", "received", "expired")
+    return orjson.dumps(
+        {
+            "event": name,
+            "time": time_ms,
+            "node": node,
+            "id": m.id,
+            "destination": m.destination,
+            "topic": m.topic,
+            "queue": queue,
+            "message_id": m.message_id,
+            "correlation_id": m.correlation_id,
+            "sent_at": m.sent_at_ms,
+            "deliver_at": m.deliver_at_ms,
+            "expires_at": m.expires_at_ms,
+            "size": len(m.body),
+            "failures": m.failures,
+            "reason": reason,
+            "lateness_ms": time_ms - m.deliver_at_ms if late else None,
+        },
+        None,
+        orjson.OPT_APPEND_NEWLINE,
+    )
+
+
+def test_each_line_is_byte_for_byte_the_dict_form_whatever_the_text_holds() -> None:
+    # Given events whose texts need escaping, hold % signs and non-ASCII, and an enum reason
+    odd = Message(
+        id="m3",
+        destination="q.%d",
+        body=b"xyz",
+        headers={},
+        sent_at_ms=3,
+        deliver_at_ms=30,
+        expires_at_ms=None,
+        message_id="naïve \\ %s \u2028",
+        correlation_id="",
+        topic="t",
+        failures=2,
+    )
+    events = [
+        *_events(),
+        ("dead_lettered", odd, 40, "q.%d", DeathReason.EXPIRED),
+        ("expired", odd, 41, None, "ttl %"),
+    ]
+    # When they are encoded as one batch
+    data, lines, dropped = encode_lines(events, "node-ü")
+    # Then every line is what orjson makes of the line's dict, in order
+    assert data == b"".join(_as_dict_line(event, "node-ü") for event in events)
+    assert (lines, dropped) == (len(events), 0)
+
+
+def test_an_event_that_cannot_be_encoded_is_dropped_alone(tmp_path: Path) -> None:
+    # Given a batch where one message id is not valid Unicode (a lone surrogate)
+    bad = plain_message("\ud800", "q", b"", 1, 10, None)
+    events = [*_events()[:2], ("scheduled", bad, 1, None, None), *_events()[2:]]
+    journal = Journal(tmp_path, JournalConfig(), clock=ManualClock(), node="n")
+    # When the journal records the batch
+    journal.record_many(events)
+    journal.close()
+    # Then the other events are written and the bad one counted as dropped
+    assert [line["id"] for line in _lines(tmp_path)] == ["m1", "m1", "m2", "m2"]
+    assert journal.written == 4 and journal.dropped == 1
+
+
+def test_a_run_of_one_event_writes_the_lines_of_its_events() -> None:
+    # Given the same change for many messages, as one run and as separate events
+    messages = [plain_message(f"m{i}", "q", b"a" * i, 1, 10 + i, 99) for i in range(5)]
+    run = EventRun("released", messages, 20, "q")
+    # When both are encoded
+    # Then they give the same lines, and a slice of the run is a run of the same change
+    assert encode_lines(run, "n") == encode_lines(list(run), "n")
+    assert list(run[1:3]) == [("released", m, 20, "q", None) for m in messages[1:3]]
+    assert run[4] == ("released", messages[4], 20, "q", None) and len(run) == 5

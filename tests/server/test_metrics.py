@@ -7,6 +7,7 @@ import random
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from tarry.model.events import EventRun
 from tarry.model.message import Message
 from tarry.server.metrics import _LATENESS_BUCKETS, Metrics
 
@@ -60,3 +61,21 @@ def test_lateness_matches_a_prometheus_histogram() -> None:
     assert metrics.lateness.sum_ms == 2 * sum(max(0, late) for late in late_ms)
     assert batch._counts == metrics._counts == {"released": 509, "received": 509, "delivered": 509}
     assert any('le="1.0"} ' in line for line in _lateness_lines(metrics.registry))
+
+
+def test_a_run_of_one_event_counts_as_its_events_one_by_one() -> None:
+    # Given released messages 0..99 ms late, and a few scheduled ones
+    messages = [Message(f"m{i}", "q", b"", {}, 0, 1_000 - i, None) for i in range(100)]
+    one, runs = Metrics(), Metrics()
+    # When one listener gets them event by event and the other as runs
+    for message in messages:
+        one.record("released", message, 1_000, "q", None)
+    for message in messages[:3]:
+        one.record("scheduled", message, 5, None, None)
+    runs.record_many(EventRun("released", messages[:60], 1_000, "q"))
+    runs.record_many(EventRun("released", messages[60:], 1_000, "q"))
+    runs.record_many(EventRun("scheduled", messages[:3], 5))
+    # Then the counts and the lateness histogram are the same
+    assert runs._counts == one._counts == {"released": 100, "scheduled": 3}
+    assert _lateness_lines(runs.registry) == _lateness_lines(one.registry)
+    assert runs.lateness.sum_ms == sum(range(100))

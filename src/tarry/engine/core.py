@@ -28,7 +28,7 @@ from tarry.engine.schedules import Schedules
 from tarry.engine.stores import build_stores
 from tarry.engine.types import Delivery, MayAccess, QueueInfo, SendResult
 from tarry.errors import TarryError
-from tarry.model.events import Event, EventBatchListener, EventListener
+from tarry.model.events import Event, EventBatchListener, EventListener, EventRun
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
@@ -220,7 +220,7 @@ class Engine:
     # --- events -------------------------------------------------------------------------------
     def _emit_each(self, event: str, messages: Sequence[Message], time_ms: int) -> None:
         """``_emit_all`` of ``event`` for every message (a batch's thousands of events)."""
-        self._emit_all([(event, message, time_ms, None, None) for message in messages])
+        self._emit_all(EventRun(event, messages, time_ms))
 
     def _emit_all(self, events: Sequence[Event]) -> None:
         emit_all(self._listeners, events)

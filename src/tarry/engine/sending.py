@@ -21,6 +21,7 @@ from tarry.model.batch import BatchCheck
 from tarry.model.fanout import fan_out_many
 from tarry.model.message import Message, SendPlan
 from tarry.model.queue_args import Overflow
+from tarry.model.state import MessageState
 from tarry.model.validate import DestinationView, TargetView
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import SharedDelayedStore, StoreOutcome
@@ -35,6 +36,8 @@ __all__ = ["check_many", "send_many"]
 YIELD_MAX_MS = 50
 #: A send batch this big or bigger lets the event loop run between its steps (``_pause``).
 PAUSE_MIN = 100
+#: Each state's text: an enum's ``.value`` is a Python-level descriptor call, once per send.
+_STATE_TEXT = {state: state.value for state in MessageState}
 
 
 async def _pause(items: int) -> None:
@@ -153,18 +156,16 @@ async def send_many(
         txn, outcomes = stored
         earliest = None
         scheduled: list[Message] = []
+        transports = engine.transports
         for (index, plan, messages), (result, created) in zip(accepted, outcomes, strict=True):
             results[index] = result
             if created:
                 scheduled += messages
-                if plan.deliver_at_ms > now or any(
-                    m.destination in engine.transports for m in messages
+                due = plan.deliver_at_ms
+                if (earliest is None or due < earliest) and (
+                    due > now or (transports and any(m.destination in transports for m in messages))
                 ):
-                    earliest = (
-                        plan.deliver_at_ms
-                        if earliest is None
-                        else min(earliest, plan.deliver_at_ms)
-                    )
+                    earliest = due
         engine._emit_each("scheduled", scheduled, now)
         engine.waiters.lag.accepted(scheduled, now)
         if txn is not None:
@@ -207,7 +208,11 @@ def _results(
 ) -> list[tuple[SendResult, bool]]:
     """One (result, created) per accepted plan from the outcomes of all its messages."""
     outcomes: list[tuple[SendResult, bool]] = []
-    topics: dict[str, bool] = {}  # per destination, not per send
+    # Per destination, not per send.
+    topics = {
+        name: engine.catalog.kind(name) == "topic"
+        for name in {plan.request.destination for _, plan, _ in accepted}
+    }
     per_send = release.per_send(accepted, everything)
     for (_, plan, _), stored in zip(accepted, per_send, strict=True):
         if len(stored) == 1:  # a queue's one message (no generator for the common case)
@@ -216,9 +221,7 @@ def _results(
             created = all(o.created for o in stored) if stored else True
         first = stored[0].message if stored else None
         destination = plan.request.destination
-        topic = topics.get(destination)
-        if topic is None:
-            topic = topics[destination] = engine.catalog.kind(destination) == "topic"
+        topic = topics[destination]
         if first is None:
             result = SendResult(
                 id=engine.ids.new(now),
@@ -230,7 +233,7 @@ def _results(
         else:  # positional, in field order: a batch makes thousands
             result = SendResult(
                 first.id,
-                first.state.value,
+                _STATE_TEXT[first.state],
                 first.deliver_at_ms,
                 first.expires_at_ms,
                 created,

@@ -33,9 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-import orjson
-
 from tarry.config import JournalConfig
+from tarry.journal.lines import encode_lines
 from tarry.model.events import Event
 from tarry.model.message import Message
 from tarry.model.time import Clock
@@ -43,7 +42,6 @@ from tarry.model.time import Clock
 __all__ = ["Journal"]
 
 log = logging.getLogger(__name__)
-_LATE_EVENTS = frozenset({"released", "delivered", "received", "expired"})
 
 
 class Journal:
@@ -54,9 +52,8 @@ class Journal:
         self.node = node
         self.dropped = 0
         self.written = 0
-        # One growing bytearray, not a list of lines: each line's bytes are freed as soon as
-        # they are copied in, so the allocator reuses one warm block. Thousands of small
-        # orjson results kept alive until the flush would cost more than encoding them.
+        # One growing bytearray, not a list of batches: each batch's lines are freed as soon
+        # as they are copied in, so the allocator reuses one warm block.
         self._buffer = bytearray()
         self._lines = 0
         self._file: IO[bytes] | None = None
@@ -74,36 +71,10 @@ class Journal:
 
     def record_many(self, events: Sequence[Event]) -> None:
         """The engine's event listener for a batch: buffer a line for each (no I/O here)."""
-        buffer, dumps, node = self._buffer, orjson.dumps, self.node
-        for event, message, time_ms, queue, reason in events:
-            try:
-                buffer += dumps(
-                    {
-                        "event": event,
-                        "time": time_ms,
-                        "node": node,
-                        "id": message.id,
-                        "destination": message.destination,
-                        "topic": message.topic,
-                        "queue": queue,
-                        "message_id": message.message_id,
-                        "correlation_id": message.correlation_id,
-                        "sent_at": message.sent_at_ms,
-                        "deliver_at": message.deliver_at_ms,
-                        "expires_at": message.expires_at_ms,
-                        "size": len(message.body),
-                        "failures": message.failures,
-                        "reason": reason,
-                        "lateness_ms": time_ms - message.deliver_at_ms
-                        if event in _LATE_EVENTS
-                        else None,
-                    },
-                    None,
-                    orjson.OPT_APPEND_NEWLINE,
-                )
-                self._lines += 1
-            except Exception:
-                self.dropped += 1
+        data, lines, dropped = encode_lines(events, self.node)
+        self._buffer += data
+        self._lines += lines
+        self.dropped += dropped
 
     def flush(self) -> None:
         """Write buffered lines to the current file, rotating first when it is due."""

@@ -12,16 +12,17 @@ rules that need them run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import repeat
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 
 from tarry.errors import TarryError
-from tarry.model.columns import ParsedColumns, parse_columns, validate_columns
+from tarry.model.columns import ParsedColumns, PlannedColumns, parse_columns, validate_columns
 from tarry.model.fields import COLUMN_FIELDS
-from tarry.model.message import SendPlan, SendRequest
+from tarry.model.message import SendPlan, SendRequest, Undeliverable
 from tarry.model.rules import Rule, destination_rules
 from tarry.model.validate import DestinationView, SendLimits, parse_send, validate_send
 
@@ -124,8 +125,10 @@ class BatchCheck:
         self._columns: ParsedColumns | None = None
         self._one: dict[int, Parsed] = {}
         self._names: list[str | None] | None = None
+        #: Each column field's value per send (None: absent, or the send goes one at a time).
+        self._values: dict[str, list[Any]] = {}
         if len(items) >= COLUMN_MIN:
-            self._columns = _parse_columns(items)
+            self._columns, self._values = _parse_columns(items)
         if self._columns is None:
             self._parsed = parse_batch(items)
         else:
@@ -178,44 +181,63 @@ class BatchCheck:
                 strict=True,
             )
         )
-        errors = self._columns.errors.tolist()
-        due = when.deliver_at_ms.tolist()
-        expires = when.expires_at_ms.tolist()
-        planned: list[Planned] = []
-        append = planned.append
-        for i, data in enumerate(self.items):
-            error = errors[i]
-            if error is not None:
-                append(error)
-            elif i in one:
-                append(one[i])
-            else:  # every field is known good: what parse_send would have made of it
-                get = data.get
-                body = get("body")
-                # Positional (in field order): keywords go through a dict, once per send here;
-                # tests/model/test_batch.py holds these to parse_send's requests.
-                request = SendRequest(
-                    data["destination"],
-                    b"" if body is None else body.encode("utf-8"),
-                    {},
-                    get("delay_ms"),
-                    get("deliver_at"),
-                    get("ttl_ms"),
-                    get("message_id"),
-                    get("correlation_id"),
-                    group_id=get("group_id"),
-                )
-                expires_at_ms = expires[i]
-                append(
-                    SendPlan(request, now_ms, due[i], None if expires_at_ms < 0 else expires_at_ms)
-                )
-        return planned
+        errors: list[Planned | None] = self._columns.errors.tolist()
+        # Every field of the other rows is known good: their requests are what parse_send
+        # would make of them, built a column at a time (tests/model/test_batch.py holds them
+        # to parse_send's).
+        rows = [i for i, error in enumerate(errors) if error is None and i not in one]
+        planned = errors
+        for i, plan in one.items():
+            planned[i] = plan
+        if rows:
+            for i, plan in zip(rows, self._plans(rows, when, now_ms), strict=True):
+                planned[i] = plan
+        return cast(list[Planned], planned)
+
+    def _plans(self, rows: list[int], when: PlannedColumns, now_ms: int) -> Iterator[SendPlan]:
+        """The plans of ``rows`` (column-checked, accepted), in order, from the field values
+        the columns were made of."""
+        n = len(rows)
+        every = n == len(self.items)
+
+        def column(name: str) -> Iterable[Any]:
+            values = self._values.get(name)
+            if values is None:
+                return repeat(None, n)
+            return values if every else [values[i] for i in rows]
+
+        # Positional (in field order): keywords go through a dict, once per send here.
+        requests = map(
+            SendRequest,
+            column("destination"),
+            [b"" if body is None else body.encode("utf-8") for body in column("body")],
+            [{} for _ in range(n)],
+            column("delay_ms"),
+            column("deliver_at"),
+            column("ttl_ms"),
+            column("message_id"),
+            column("correlation_id"),
+            repeat(None, n),
+            repeat(frozenset(), n),
+            repeat(Undeliverable.DEAD_LETTER, n),
+            column("group_id"),
+        )
+        taken = np.asarray(rows)
+        expires: list[int] = when.expires_at_ms[taken].tolist()
+        return map(
+            SendPlan,
+            requests,
+            repeat(now_ms, n),
+            when.deliver_at_ms[taken].tolist(),
+            [None if e < 0 else e for e in expires],
+        )
 
 
-def _parse_columns(items: Sequence[Any]) -> ParsedColumns | None:
+def _parse_columns(items: Sequence[Any]) -> tuple[ParsedColumns | None, dict[str, list[Any]]]:
     """Rule 1 over ``items`` column-wise; a send with a field the columns do not decide, or a
     value Arrow cannot hold in one column with the others (mixed types, huge ints, bad text),
-    is flagged to go one at a time. None when no column could be made."""
+    is flagged to go one at a time. None when no column could be made; and each present
+    field's values, send by send (None for a send flagged)."""
     n = len(items)
     rows: list[Mapping[str, Any]] = []
     by_row = np.zeros(n, bool)
@@ -228,10 +250,11 @@ def _parse_columns(items: Sequence[Any]) -> ParsedColumns | None:
     present = set().union(*rows)
     arrays: list[pa.Array] = []
     names: list[str] = []
+    fields: dict[str, list[Any]] = {}
     for name in _COLUMN_FIELDS:
         if name not in present:
             continue
-        values = [data.get(name) for data in rows]
+        values = fields[name] = [data.get(name) for data in rows]
         try:
             arrays.append(pa.array(values))
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
@@ -239,5 +262,5 @@ def _parse_columns(items: Sequence[Any]) -> ParsedColumns | None:
             continue
         names.append(name)
     if not arrays:
-        return None
-    return parse_columns(pa.RecordBatch.from_arrays(arrays, names=names), by_row=by_row)
+        return None, fields
+    return parse_columns(pa.RecordBatch.from_arrays(arrays, names=names), by_row=by_row), fields

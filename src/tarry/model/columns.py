@@ -122,6 +122,8 @@ class _Marks:
 
     def apply(self, rule: Rule, where: np.ndarray | bool, **facts: Any) -> None:
         """Refuse the undecided rows of ``where`` that ``rule`` fails on ``facts``."""
+        if where is not True and not np.any(where):
+            return  # a field no send of the batch has: its rules need not run
         hit = np.broadcast_to(np.asarray(rule.fails(**facts), dtype=bool), (self.n,))
         hit = hit & where & ~self.decided
         if not hit.any():

@@ -3,11 +3,12 @@ queues, the dispatcher and the engine make them; listeners take them a batch at 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import overload
 
 from tarry.model.message import Message
 
-__all__ = ["Event", "EventBatchListener", "EventListener"]
+__all__ = ["Event", "EventBatchListener", "EventListener", "EventRun"]
 
 #: Called synchronously for every state change, after it is durable:
 #: ``listener(event, message, time_ms, queue, reason)``. Events: ``scheduled``, ``released``,
@@ -20,3 +21,47 @@ EventListener = Callable[[str, Message, int, "str | None", "str | None"], None]
 Event = tuple[str, Message, int, "str | None", "str | None"]
 #: A listener's form for many events at once, in order (a batch makes one event a message).
 EventBatchListener = Callable[[Sequence[Event]], None]
+
+
+class EventRun(Sequence[Event]):
+    """The same event at the same time (same queue, same reason) for many messages: a batch's
+    change told as one object. It is a sequence of ``Event``s for any listener; one that knows
+    the form counts a run at once (``len``) and reads ``messages`` without a tuple per event."""
+
+    __slots__ = ("event", "messages", "queue", "reason", "time_ms")
+
+    def __init__(
+        self,
+        event: str,
+        messages: Sequence[Message],
+        time_ms: int,
+        queue: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self.event = event
+        self.messages = messages
+        self.time_ms = time_ms
+        self.queue = queue
+        self.reason = reason
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> EventRun: ...
+
+    def __getitem__(self, index: int | slice) -> Event | EventRun:
+        if isinstance(index, slice):
+            return EventRun(self.event, self.messages[index], self.time_ms, self.queue, self.reason)
+        return (self.event, self.messages[index], self.time_ms, self.queue, self.reason)
+
+    def __iter__(self) -> Iterator[Event]:
+        event, time_ms, queue, reason = self.event, self.time_ms, self.queue, self.reason
+        for message in self.messages:
+            yield (event, message, time_ms, queue, reason)
+
+    def __repr__(self) -> str:
+        return f"EventRun({self.event!r}, {len(self)} messages, time_ms={self.time_ms})"

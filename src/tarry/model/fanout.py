@@ -7,7 +7,7 @@ both build their messages here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -33,7 +33,9 @@ def fan_out(
     deliver_at_ms)`` names each (``IdGenerator.new_due``)."""
     targets = targets_of(plan.request.destination, view)
     ids = [new_id(plan.sent_at_ms, plan.deliver_at_ms) for _ in targets]
-    return _copies([(plan, name, topic) for name, topic in targets], ids)
+    return _copies(
+        [plan] * len(targets), [name for name, _ in targets], [t for _, t in targets], ids
+    )
 
 
 def fan_out_many(
@@ -47,7 +49,19 @@ def fan_out_many(
     sent_at_ms = batch[0][0].sent_at_ms
     if len(batch) < 32 or any(plan.sent_at_ms != sent_at_ms for plan, _ in batch):
         return [fan_out(plan, view, ids.new_due) for plan, view in batch]
+    plans = [plan for plan, _ in batch]
     # A batch names few destinations: their targets once each, not once per send.
+    views = {id(view): view for _, view in batch}
+    if not any(view is not None and view.kind == "topic" for view in views.values()):
+        # One message a send, to its destination: columns of the plans, no copy list.
+        dues = np.fromiter((plan.deliver_at_ms for plan in plans), np.int64, len(plans))
+        messages = _copies(
+            plans,
+            [plan.request.destination for plan in plans],
+            [None] * len(plans),
+            _names(ids, sent_at_ms, dues),
+        )
+        return [[m] for m in messages]
     known: dict[tuple[str, int], list[tuple[str, str | None]]] = {}
     counts: list[int] = []
     copies: list[tuple[SendPlan, str, str | None]] = []
@@ -59,10 +73,12 @@ def fan_out_many(
         counts.append(len(pairs))
         copies += [(plan, name, topic) for name, topic in pairs]
     dues = np.array([plan.deliver_at_ms for plan, _, _ in copies], np.int64)
-    names = [b.decode("ascii") for b in ids.new_due_many(sent_at_ms, dues).tolist()]
-    messages = _copies(copies, names)
-    if counts.count(1) == len(counts):  # one message a send (no topic in the batch)
-        return [[m] for m in messages]
+    messages = _copies(
+        [plan for plan, _, _ in copies],
+        [name for _, name, _ in copies],
+        [topic for _, _, topic in copies],
+        _names(ids, sent_at_ms, dues),
+    )
     out = []
     start = 0
     for count in counts:
@@ -71,11 +87,21 @@ def fan_out_many(
     return out
 
 
+def _names(ids: IdGenerator, sent_at_ms: int, dues: np.ndarray) -> list[str]:
+    return [b.decode("ascii") for b in ids.new_due_many(sent_at_ms, dues).tolist()]
+
+
 _SCHEDULED = MessageState.SCHEDULED
 
 
-def _copies(copies: list[tuple[SendPlan, str, str | None]], ids: list[str]) -> list[Message]:
-    """The message of each (plan, queue, topic), named by ``ids`` in the same order."""
+def _copies(
+    plans: Sequence[SendPlan],
+    queues: Iterable[str],
+    topics: Iterable[str | None],
+    ids: Sequence[str],
+) -> list[Message]:
+    """The message of each plan to its queue (and topic, for a subscriber's copy), named by
+    ``ids``, all in the same order."""
     # Positional up to ``topic``, in the field order of ``Message``: a batch makes thousands,
     # and sixteen keywords cost twice the call (tests/model/test_fanout.py pins every field).
     return [
@@ -97,5 +123,5 @@ def _copies(copies: list[tuple[SendPlan, str, str | None]], ids: list[str]) -> l
             topic,
             updated_at_ms=plan.sent_at_ms,
         )
-        for (plan, name, topic), message_id in zip(copies, ids, strict=True)
+        for plan, name, topic, message_id in zip(plans, queues, topics, ids, strict=True)
     ]

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import uvicorn
 from fastapi import FastAPI
 
@@ -184,6 +185,9 @@ def event_loop_and_parser(loop: str, parser: str) -> tuple[str, str]:
 def tune_runtime() -> None:
     """The interpreter settings ``tarry serve`` runs with (the benches too, to measure what
     the server does), once its start-up objects exist."""
+    # pyarrow's first conversion of a Python list imports pandas (to look for its types in
+    # it): here, at start-up, and frozen with the rest, not inside the first big send batch.
+    pa.array([0])
     # Fewer, later collections: a server holding many short-lived message objects otherwise
     # pays for frequent full collections as tail latency. Start-up objects are frozen out.
     gc.collect()

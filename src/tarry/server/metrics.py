@@ -13,7 +13,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from tarry.engine.api import EngineAPI
-from tarry.model.events import Event
+from tarry.model.events import Event, EventRun
 from tarry.model.message import Message
 
 __all__ = ["Metrics"]
@@ -72,8 +72,14 @@ class Metrics:
     def record_many(self, events: Sequence[Event]) -> None:
         """The engine's event listener for a batch. Counts are kept as plain ints and added to
         the counters at scrape time: a batch send makes thousands of events, and a counter's
-        ``inc`` takes a lock each time."""
+        ``inc`` takes a lock each time. A run of one event is counted at once."""
         counts = self._counts
+        if isinstance(events, EventRun):
+            event, time_ms = events.event, events.time_ms
+            counts[event] = counts.get(event, 0) + len(events)
+            if event in _TIMED and events.messages:
+                self.lateness.observe_ms([time_ms - m.deliver_at_ms for m in events.messages])
+            return
         late_ms = []
         for event, message, time_ms, _, _ in events:
             counts[event] = counts.get(event, 0) + 1

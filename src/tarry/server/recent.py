@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tarry.model.events import Event
+from tarry.model.events import Event, EventRun
 
 __all__ = ["RecentActivity"]
 
@@ -26,15 +26,25 @@ class _Window:
     late_max_ms: int = 0
     samples: list[int] = field(default_factory=list)
 
-    def observe(self, late_ms: int, rng: random.Random) -> None:
-        self.out += 1
-        self.late_max_ms = max(self.late_max_ms, late_ms)
-        if len(self.samples) < SAMPLES_PER_WINDOW:
-            self.samples.append(late_ms)
-            return
-        slot = rng.randrange(self.out)  # reservoir sampling: each value kept alike
-        if slot < SAMPLES_PER_WINDOW:
-            self.samples[slot] = late_ms
+    def observe(self, late_ms: Sequence[int], rng: random.Random) -> None:
+        """Count each lateness of a batch (below 0 counts as 0); keep a uniform sample of every
+        lateness this window saw (reservoir sampling: the n-th replaces a random slot with
+        probability SAMPLES_PER_WINDOW / n)."""
+        late_ms = [late if late > 0 else 0 for late in late_ms]
+        self.late_max_ms = max(self.late_max_ms, max(late_ms, default=0))
+        samples = self.samples
+        room = SAMPLES_PER_WINDOW - len(samples)
+        if room > 0:
+            samples += late_ms[:room]
+            self.out += min(room, len(late_ms))
+            late_ms = late_ms[room:]
+        seen, draw = self.out, rng.random
+        for late in late_ms:
+            seen += 1
+            slot = int(draw() * seen)
+            if slot < SAMPLES_PER_WINDOW:
+                samples[slot] = late
+        self.out = seen
 
 
 def _percentile(ordered: Sequence[int], fraction: float) -> int | None:
@@ -60,12 +70,27 @@ class RecentActivity:
         return window
 
     def record_many(self, events: Sequence[Event]) -> None:
-        """The engine's event listener for a batch (fast: a dict look-up and a few adds each)."""
+        """The engine's event listener for a batch: its counts and lateness added per window
+        (a run of one event at once)."""
+        if isinstance(events, EventRun):
+            time_ms = events.time_ms
+            if events.event == "scheduled":
+                self._window(time_ms).into += len(events)
+            elif events.event in _OUT and events.messages:
+                late = [time_ms - m.deliver_at_ms for m in events.messages]
+                self._window(time_ms).observe(late, self._rng)
+            return
+        into: dict[int, int] = {}
+        out: dict[int, list[int]] = {}
         for event, message, time_ms, _, _ in events:
             if event == "scheduled":
-                self._window(time_ms).into += 1
+                into[time_ms] = into.get(time_ms, 0) + 1
             elif event in _OUT:
-                self._window(time_ms).observe(max(0, time_ms - message.deliver_at_ms), self._rng)
+                out.setdefault(time_ms, []).append(time_ms - message.deliver_at_ms)
+        for time_ms, count in into.items():
+            self._window(time_ms).into += count
+        for time_ms, late in out.items():
+            self._window(time_ms).observe(late, self._rng)
 
     def record(
         self, event: str, message: Any, time_ms: int, queue: str | None, reason: str | None
