@@ -365,6 +365,8 @@ def test_another_tenants_name_inside_a_route_queue_or_policy_is_shown_as_hidden(
     assert root.put("/v1/queues/billing.dl", json={"dead_letter_to": "orders.q"}).status_code == 201
     policy = {"pattern": "^billing\\.dl$", "definition": {"dead_letter_to": "orders.q"}}
     assert root.put("/v1/policies/billing.p", json=policy).status_code == 200
+    limit = {"pattern": "^billing\\.dl$", "operator": True, "definition": {"max_length": 5}}
+    assert root.put("/v1/policies/orders.limit", json=limit).status_code == 200
     # Then billing sees them with the other tenant's name as ***
     shown = [
         billing.get("/v1/routes/billing.r").json()["on_failure_report_to"],
@@ -373,8 +375,10 @@ def test_another_tenants_name_inside_a_route_queue_or_policy_is_shown_as_hidden(
         billing.get("/v1/queues/billing.dl").json()["effective"]["dead_letter_to"],
         *[q["arguments"]["dead_letter_to"] for q in billing.get("/v1/queues").json()["items"]],
         billing.get("/v1/policies").json()["items"][0]["definition"]["dead_letter_to"],
+        billing.get("/v1/queues/billing.dl").json()["effective"]["operator_policy"],
     ]
-    assert [s for s in shown if s is not None] == ["***"] * 6, shown
+    assert [s for s in shown if s is not None] == ["***"] * 7, shown
+    assert billing.get("/v1/queues/billing.dl").json()["effective"]["policy"] == "billing.p"
     # while its own names and the admin's view stay as they are
     assert root.get("/v1/routes/billing.r").json()["on_failure_report_to"] == "orders.q"
     own = {**route, "on_failure_report_to": "billing.q"}

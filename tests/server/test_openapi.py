@@ -188,6 +188,7 @@ def test_every_operation_that_reads_a_body_documents_and_sends_413_over_its_limi
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # the run's own bound is 240 s (about 125 s on a loaded machine)
 def test_finding_12_schemathesis_finds_nothing_over_every_operation(
     make_server: Any, tmp_path: Path
 ) -> None:

@@ -173,9 +173,14 @@ class Principal:
         return name if name is None or self.may_describe(name) else HIDDEN
 
     def queue_view(self, info: dict[str, Any]) -> dict[str, Any]:
-        """A queue's public form (``QueueInfo.to_public``) as this token sees it."""
+        """A queue's public form (``QueueInfo.to_public``) as this token sees it: its
+        dead-letter target and the policies in force on it (an admin of all may name a policy
+        after another tenant)."""
         for part in ("arguments", "effective"):
             info[part] = {**info[part], "dead_letter_to": self.shown(info[part]["dead_letter_to"])}
+        effective = info["effective"]
+        for key in ("policy", "operator_policy"):
+            effective[key] = self.shown(effective.get(key))
         return info
 
     def policy_view(self, policy: dict[str, Any]) -> dict[str, Any]:
