@@ -91,4 +91,4 @@ async def sample_delivery_lag(ctx: EngineContext) -> None:
             log.warning("could not sample the queues' delivery lag: %s", exc)
             await asyncio.sleep(1.0)
             continue
-        lag.sampled(ctx.clock.now_ms(), heads)
+        lag.sampled(ctx.clock.now_ms(), heads, limit_ms=dispatch.overload_lag_ms)
