@@ -10,7 +10,13 @@ import pytest
 from tarry.errors import Overloaded
 from tarry.model.message import Message, SendRequest
 from tarry.model.validate import DestinationView, TargetView, validate_send
-from tarry.queues.lag import RATE_MIN_SPAN_MS, DeliveryLag, QueueHead, read_head
+from tarry.queues.lag import (
+    RATE_MIN_SPAN_MS,
+    DeliveryLag,
+    QueueHead,
+    read_head,
+    refusal_limit_ms,
+)
 
 NOW = 1_000_000
 LIMIT = 1_000
@@ -166,3 +172,7 @@ def test_read_head_finds_the_oldest_ready_message_and_counts_up_to_the_cap() -> 
     # A requeued message counts from its requeue (it was received once already).
     conn.execute("UPDATE messages SET redelivered = 1 WHERE seq = 1 AND queue = 'q'")
     assert read_head(conn, "q", 10) == QueueHead(501, 5)
+
+
+def test_sends_are_refused_at_half_the_limit_and_never_with_none() -> None:
+    assert [refusal_limit_ms(ms) for ms in (1_000, 301, 1, 0)] == [500, 150, 1, 0]

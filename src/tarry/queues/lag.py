@@ -16,6 +16,10 @@ the last. Per queue, the delivery lag is the longer of:
   the arrival rate: a producer that more than doubles its rate within the limit is refused
   until they take more (a faster pace the server cannot see before it happens).
 
+Sends to a queue are refused when its delivery lag is over half of ``[dispatch]
+overload_lag_ms`` (``refusal_limit_ms``), so that what was accepted before the refusal began
+is still received within it.
+
 Only a queue being consumed counts: one that a consumer received from within ``window_ms``
 (``[dispatch] delivery_lag_window_ms``). A queue nobody reads is storage, not a delivery: it
 never makes the server refuse anything. Its lag is 0.
@@ -41,6 +45,7 @@ from tarry.store.sql import SqlConnection
 
 __all__ = [
     "RATE_WINDOW_MS",
+    "refusal_limit_ms",
     "SAMPLE_MS",
     "DeliveryLag",
     "QueueHead",
@@ -60,6 +65,13 @@ RATE_MIN_SPAN_MS = 1_000
 _BUCKET_MS = 100
 #: Ready messages counted when no refusal limit is set (the drain time is exact to there).
 _COUNT_CAP_FLOOR = 1_000
+
+
+def refusal_limit_ms(overload_lag_ms: int) -> int:
+    """The delivery lag above which sends to a queue are refused: half of ``overload_lag_ms``
+    (0: never). The other half is headroom for what no refusal can take back: messages accepted
+    before it began, still falling due, and a receive's way to its consumer."""
+    return 0 if overload_lag_ms <= 0 else max(1, overload_lag_ms // 2)
 
 
 @dataclass(frozen=True, slots=True)
