@@ -150,6 +150,9 @@ class DeliveryLag:
 
     def __init__(self) -> None:
         self._queues: dict[str, _Consumed] = {}
+        #: At least the largest lag (set by each sample; a receive only lowers a lag): a send
+        #: finds nothing behind without looking at every queue.
+        self._worst_ms = 0
 
     # --- fed by consumers and the sampler -----------------------------------------------------
     def received(self, queue: str, *, taken: int, asked: int, now_ms: int) -> None:
@@ -199,6 +202,7 @@ class DeliveryLag:
             # No pace yet: only the head's age counts, so nothing is counted.
             cap = max(math.ceil(pace * 2 * counted_ms / 1000), _COUNT_CAP_FLOOR) if pace else 0
             wanted[queue] = cap
+        self._worst_ms = self.worst_ms()
         return wanted
 
     def sampled(
@@ -215,6 +219,7 @@ class DeliveryLag:
             pace = entry.pace_per_s(now_ms)
             ahead = entry.forecast_ms(now_ms, head.ready, pace, horizon_ms) if pace else 0
             entry.lag_ms = max(age, ahead)
+        self._worst_ms = self.worst_ms()
 
     # --- read by intake, /healthz, /v1/stats and /metrics -------------------------------------
     def lag_ms(self, queue: str) -> int:
@@ -228,7 +233,7 @@ class DeliveryLag:
 
     def behind(self, limit_ms: int) -> dict[str, int]:
         """Queues whose lag is over ``limit_ms`` (0: none ever is), with their lag."""
-        if limit_ms <= 0:
+        if limit_ms <= 0 or self._worst_ms <= limit_ms:
             return {}
         return {q: e.lag_ms for q, e in self._queues.items() if e.lag_ms > limit_ms}
 
