@@ -26,7 +26,7 @@ from tarry.engine import (
 )
 from tarry.engine.context import EngineContext
 from tarry.engine.handover import refuse_if_handed_over
-from tarry.engine.housekeeping import housekeeping, sample_delivery_lag, sweep
+from tarry.engine.housekeeping import housekeeping, sweep
 from tarry.engine.lifecycle import lock_data_dir, supervise
 from tarry.engine.listeners import emit_all, one_by_one
 from tarry.engine.overview import ForecastCache, dead_letter_groups
@@ -233,7 +233,6 @@ class Engine:
         if background:
             self._spawn(self.dispatcher.run)
             self._spawn(self._housekeeping)
-            self._spawn(lambda: sample_delivery_lag(self.ctx))
             self._spawn(self.schedules.run)
         log.info(
             "engine started: %d queues, %d topics",
