@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 CONFIG = """
 [dispatch]
@@ -35,8 +36,18 @@ def _drain(client: httpx.Client, queue: str) -> list[str]:
 
 
 def test_a_slow_consumer_makes_sends_to_its_queue_refused_and_no_other(make_server) -> None:
-    server = make_server(CONFIG)
-    with httpx.Client(base_url=server.url, timeout=30) as client:
+    _slow_consumer_case(make_server(CONFIG).url)
+
+
+@pytest.mark.postgres
+def test_the_same_on_postgresql(make_server, pg_dsn: str) -> None:
+    # The sampler's look at a queue is the PostgreSQL queue table's, in the same words.
+    store = f'[store]\nengine = "postgres"\ndsn = "{pg_dsn}"\n[journal]\nenabled = false\n'
+    _slow_consumer_case(make_server(store + CONFIG).url)
+
+
+def _slow_consumer_case(url: str) -> None:
+    with httpx.Client(base_url=url, timeout=30) as client:
         for queue in ("slow", "unread"):
             client.put(f"/v1/queues/{queue}", json={}).raise_for_status()
         accepted: list[str] = []
