@@ -1,7 +1,7 @@
 """Overload: a producer twice as fast as the server delivers; prints JSON.
 
     .venv/bin/python bench/overload.py [--seconds 20] [--threshold-ms 1000] [--producers 3]
-                                       [--baseline-src DIR]
+                                       [--baseline-src DIR] [--rate MSG_PER_S]
 
 Two phases, each on a fresh `tarry serve` (its own data directory), over HTTP: producers
 send batches to ``POST /v1/messages/batch`` due 0 to ``--delay-max-ms`` later; one consumer
@@ -13,6 +13,9 @@ process long-polls ``receive`` for up to 1,000 and acks each batch:
 2. ``overload``: ``--producers`` (3) processes offer ``--factor`` (2) times that rate between
    them with the refusal on (``overload_lag_ms = --threshold-ms``). They do not slow down when
    refused (no honouring of ``Retry-After``): the pressure stays on.
+
+``--rate`` offers that many messages a second in the overload phase instead, and skips the
+capacity phase (on a busy machine the capacity phase's figure swings from run to run).
 
 With ``--baseline-src`` (another source tree's ``src/``, e.g. main's) the overload phase runs
 for that tree's server too, first, at the same offered rate (``baseline_overload``).
@@ -244,13 +247,18 @@ def main() -> None:
     parser.add_argument("--drain-s", type=float, default=60.0)
     parser.add_argument("--producers", type=int, default=3)
     parser.add_argument("--baseline-src", type=Path, help="another tarry source tree's src/")
+    parser.add_argument("--rate", type=float, help="msg/s offered in overload (no capacity phase)")
     args = parser.parse_args()
     baseline: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="tarry-overload-") as tmp:
         root = Path(tmp)
-        print("capacity phase ...", file=sys.stderr)
-        capacity = phase(args.store, 0, 0, args, root, producers=1, seconds=args.seconds)
-        rate = capacity["delivered_per_s"] * args.factor
+        capacity: dict[str, Any] | None = None
+        if args.rate:
+            rate = args.rate
+        else:
+            print("capacity phase ...", file=sys.stderr)
+            capacity = phase(args.store, 0, 0, args, root, producers=1, seconds=args.seconds)
+            rate = capacity["delivered_per_s"] * args.factor
         overload_phase = {"producers": args.producers, "seconds": args.seconds}
         if args.baseline_src:
             print(f"baseline overload phase at {rate:.0f} msg/s ...", file=sys.stderr)

@@ -181,9 +181,10 @@ class DispatchConfig(_Section):
     overload_lag_ms: int = Field(1_000, ge=0)
     """Release lag (how far behind due time the oldest due, unreleased message is, or how late
     the dispatcher is to wake) above which sends are refused with ``429 overloaded`` and a
-    ``Retry-After``, rather than accepted to be delivered late; and the delivery lag (how late
-    a queue's consumers would receive a message entering it now) above which sends to that
-    queue are refused the same way. 0 never refuses."""
+    ``Retry-After``, rather than accepted to be delivered late. Sends to a queue are refused the
+    same way once its delivery lag (how late its consumers would receive a message entering it
+    now) passes half of it: the other half is kept for what was accepted already. 0 never
+    refuses."""
     delivery_lag_window_ms: int = Field(10_000, gt=0)
     """A queue's delivery lag counts while a consumer received from it within this window; a
     queue nobody reads (storage, not a delivery) never makes the server refuse sends."""

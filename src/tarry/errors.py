@@ -204,12 +204,13 @@ class Overloaded(TarryError):
 
     @classmethod
     def consumers_behind(cls, queue: str, lag_ms: int, limit_ms: int) -> Overloaded:
-        """The refusal of a send to ``queue``, whose delivery lag is ``lag_ms``."""
+        """The refusal of a send to ``queue``, whose delivery lag ``lag_ms`` is over
+        ``limit_ms`` (half of ``[dispatch] overload_lag_ms``)."""
         after_s = cls.retry_after_for(lag_ms, limit_ms)
         return cls(
-            f"queue {queue!r}'s consumers are {lag_ms} ms behind (more than [dispatch] "
-            f"overload_lag_ms = {limit_ms}); nothing was stored: retry after {after_s} s, "
-            "or consume faster",
+            f"queue {queue!r}'s consumers are {lag_ms} ms behind (more than {limit_ms} ms, "
+            "half of [dispatch] overload_lag_ms: the other half is kept for what was accepted "
+            f"already); nothing was stored: retry after {after_s} s, or consume faster",
             retry_after_s=after_s,
             delivery_lag_ms=lag_ms,
             queue=queue,

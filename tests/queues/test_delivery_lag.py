@@ -10,19 +10,25 @@ import pytest
 from tarry.errors import Overloaded
 from tarry.model.message import Message, SendRequest
 from tarry.model.validate import DestinationView, TargetView, validate_send
-from tarry.queues.lag import RATE_MIN_SPAN_MS, DeliveryLag, QueueHead, read_head
+from tarry.queues.lag import (
+    RATE_MIN_SPAN_MS,
+    DeliveryLag,
+    QueueHead,
+    read_head,
+    refusal_limit_ms,
+)
 
 NOW = 1_000_000
 LIMIT = 1_000
 
 
 def _consumed_at_pace(lag: DeliveryLag, queue: str, *, per_s: int, full: bool = True) -> int:
-    """A consumer that took ``per_s`` a second for ``RATE_MIN_SPAN_MS`` (each receive full:
-    it takes all it asks for); returns the time of its last receive."""
+    """A consumer that took ``per_s`` a second for ``RATE_MIN_SPAN_MS``, each receive full
+    (``full``: it takes all it asks for) or short; returns the time of its last receive."""
     now = NOW
     for _ in range(RATE_MIN_SPAN_MS // 100 + 1):
-        asked = per_s // 10
-        lag.received(queue, taken=asked if full else 0, asked=asked, now_ms=now)
+        taken = per_s // 10
+        lag.received(queue, taken=taken, asked=taken if full else taken + 1, now_ms=now)
         now += 100
     return now
 
@@ -54,7 +60,7 @@ def test_the_head_age_counts_once_a_consumer_received() -> None:
     lag.received("q", taken=10, asked=10, now_ms=NOW)
     # The first second: no pace yet, so nothing is counted, only the head is looked at.
     assert lag.to_sample(NOW + 10, window_ms=10_000, waiting={}, limit_ms=LIMIT) == {"q": 0}
-    lag.sampled(NOW + 10, [("q", QueueHead(oldest_due_ms=NOW - 1_490, ready=40))])
+    lag.sampled(NOW + 10, [("q", QueueHead(oldest_due_ms=NOW - 1_490, ready=40))], limit_ms=LIMIT)
     assert lag.lag_ms("q") == 1_500
     assert lag.behind(LIMIT) == {"q": 1_500}
     assert lag.behind(0) == {}  # 0 never refuses
@@ -69,7 +75,7 @@ def test_the_head_age_counts_once_a_consumer_received() -> None:
 def test_a_receive_that_came_back_short_clears_the_lag_at_once() -> None:
     lag = DeliveryLag()
     lag.received("q", taken=10, asked=10, now_ms=NOW)
-    lag.sampled(NOW, [("q", QueueHead(NOW - 5_000, 100))])
+    lag.sampled(NOW, [("q", QueueHead(NOW - 5_000, 100))], limit_ms=LIMIT)
     assert lag.lag_ms("q") == 5_000
     lag.received("q", taken=3, asked=10, now_ms=NOW + 50)
     assert lag.lag_ms("q") == 0
@@ -86,27 +92,36 @@ def test_the_forecast_counts_ready_and_accepted_messages_at_the_consumers_pace()
     lag.accepted([_message("q", now + 60_000)], now)  # beyond the forecast: not counted
     wanted = lag.to_sample(now, window_ms=10_000, waiting={}, limit_ms=LIMIT)
     assert wanted["q"] >= 2_000  # twice what the consumers take within the limit
-    lag.sampled(now, [("q", QueueHead(oldest_due_ms=now - 10, ready=500))])
+    lag.sampled(now, [("q", QueueHead(oldest_due_ms=now - 10, ready=500))], limit_ms=LIMIT)
     assert lag.lag_ms("q") == 1_500
     assert lag.worst_ms() == 1_500
     # Once their due times passed (released, so among the ready), they no longer count twice.
-    lag.sampled(now + 600, [("q", QueueHead(oldest_due_ms=now + 500, ready=0))])
+    lag.sampled(now + 600, [("q", QueueHead(oldest_due_ms=now + 500, ready=0))], limit_ms=LIMIT)
     assert lag.lag_ms("q") == 100
 
 
-def test_consumers_that_take_less_than_they_ask_for_are_paced_by_what_they_ask() -> None:
+def test_arrivals_at_the_consumers_pace_forecast_no_lag_and_twice_as_many_do() -> None:
     lag = DeliveryLag()
-    # They asked for 1,000 a second and found nothing: they could take that much at least.
-    now = _consumed_at_pace(lag, "q", per_s=1_000, full=False)
-    lag.accepted([_message("q", now + 900) for _ in range(500)], now)
-    lag.sampled(now, [("q", QueueHead(None, 0))])
-    assert lag.lag_ms("q") == 0  # 500 at 1,000 a second: taken in 0.5 s, before they are due
+    # They took 100 a second, all there was (receives came back short).
+    now = _consumed_at_pace(lag, "q", per_s=100, full=False)
+    assert lag.lag_ms("q") == 0
+    due = [now + 100 * k + 50 for k in range(10)]
+    lag.accepted([_message("q", at) for at in due for _ in range(10)], now)
+    lag.sampled(now, [("q", QueueHead(None, 0))], limit_ms=LIMIT)
+    assert lag.lag_ms("q") == 0  # 100 in the next second, at 100 a second: each on time
+    lag.accepted([_message("q", at) for at in due for _ in range(10)], now)
+    lag.sampled(now, [("q", QueueHead(None, 0))], limit_ms=LIMIT)
+    assert lag.lag_ms("q") == 1_000  # 200: the last taken a second after it is due
+    # What falls due beyond the limit is not looked at yet.
+    lag.accepted([_message("q", now + 5_000) for _ in range(1_000)], now)
+    lag.sampled(now, [("q", QueueHead(None, 0))], limit_ms=LIMIT)
+    assert lag.lag_ms("q") == 1_000
 
 
 def test_a_queue_not_received_from_within_the_window_is_forgotten() -> None:
     lag = DeliveryLag()
     lag.received("q", taken=10, asked=10, now_ms=NOW)
-    lag.sampled(NOW, [("q", QueueHead(NOW - 5_000, 100))])
+    lag.sampled(NOW, [("q", QueueHead(NOW - 5_000, 100))], limit_ms=LIMIT)
     assert lag.to_sample(NOW + 10_001, window_ms=10_000, waiting={}, limit_ms=LIMIT) == {}
     assert lag.lag_ms("q") == 0 and lag.snapshot() == {}
 
@@ -114,7 +129,7 @@ def test_a_queue_not_received_from_within_the_window_is_forgotten() -> None:
 def test_a_request_is_refused_whole_only_when_every_destination_is_behind() -> None:
     lag = DeliveryLag()
     lag.received("slow", taken=10, asked=10, now_ms=NOW)
-    lag.sampled(NOW, [("slow", QueueHead(NOW - 3_000, 100))])
+    lag.sampled(NOW, [("slow", QueueHead(NOW - 3_000, 100))], limit_ms=LIMIT)
     topics = {"news": ("slow", "fast")}
 
     def queues_of(name: str) -> tuple[str, ...]:
@@ -157,3 +172,7 @@ def test_read_head_finds_the_oldest_ready_message_and_counts_up_to_the_cap() -> 
     # A requeued message counts from its requeue (it was received once already).
     conn.execute("UPDATE messages SET redelivered = 1 WHERE seq = 1 AND queue = 'q'")
     assert read_head(conn, "q", 10) == QueueHead(501, 5)
+
+
+def test_sends_are_refused_at_half_the_limit_and_never_with_none() -> None:
+    assert [refusal_limit_ms(ms) for ms in (1_000, 301, 1, 0)] == [500, 150, 1, 0]

@@ -16,7 +16,7 @@ from tarry.dispatch.dispatcher import Dispatcher
 from tarry.engine import catalog_admin, cluster, consuming, operations, queue_admin, sending
 from tarry.engine.cluster import ClusterLink
 from tarry.engine.context import EngineContext
-from tarry.engine.housekeeping import StoreProbe, housekeeping, sample_delivery_lag, sweep
+from tarry.engine.housekeeping import StoreProbe, housekeeping, sweep
 from tarry.engine.lifecycle import lock_data_dir, open_journal, start_ingress, supervise
 from tarry.engine.listeners import emit_all, one_by_one
 from tarry.engine.messages import Messages
@@ -187,7 +187,6 @@ class Engine:
         if background:
             self._spawn(self.dispatcher.run)
             self._spawn(self._housekeeping)
-            self._spawn(lambda: sample_delivery_lag(self.ctx))
             self._spawn(self.schedules.run)
         log.info(
             "engine started: %d queues, %d topics",

@@ -26,7 +26,16 @@ log = logging.getLogger(__name__)
 async def housekeeping(
     ctx: EngineContext, *, breakers: Breakers, probe: Callable[[], Awaitable[bool]]
 ) -> None:
-    """Sweep expired messages out of queues, delete unused queues, forget old messages."""
+    """Sweep expired messages out of queues, delete unused queues, forget old messages; and,
+    beside it, sample the delivery lag (one task group: a failure restarts both)."""
+    async with asyncio.TaskGroup() as loops:
+        loops.create_task(_tidy(ctx, breakers=breakers, probe=probe))
+        loops.create_task(sample_delivery_lag(ctx))
+
+
+async def _tidy(
+    ctx: EngineContext, *, breakers: Breakers, probe: Callable[[], Awaitable[bool]]
+) -> None:
     interval = ctx.config.dispatch.expiry_sweep_ms / 1000
     purge_every, since_purge = 60.0, 0.0
     while True:
@@ -117,4 +126,4 @@ async def sample_delivery_lag(ctx: EngineContext) -> None:
             log.warning("could not sample the queues' delivery lag: %s", exc)
             await asyncio.sleep(1.0)
             continue
-        lag.sampled(ctx.clock.now_ms(), heads)
+        lag.sampled(ctx.clock.now_ms(), heads, limit_ms=dispatch.overload_lag_ms)

@@ -10,6 +10,7 @@ from tarry.dispatch.dispatcher import DispatchStats
 from tarry.engine.context import EngineContext
 from tarry.model.state import MessageState
 from tarry.queues import counts
+from tarry.queues.lag import refusal_limit_ms
 
 __all__ = ["health", "stats"]
 
@@ -27,7 +28,7 @@ def health(
         open_names.append("overload")
         reasons["overload"] = f"releases are {lag_ms} ms behind (limit {threshold} ms)"
     # Queues by count only: /healthz is open to every caller, and names belong to tenants.
-    behind = ctx.waiters.lag.behind(threshold)
+    behind = ctx.waiters.lag.behind(refusal_limit_ms(threshold))
     # Files a store found damaged (it serves the rest): named until an operator acts.
     damaged = list(getattr(ctx.store, "damaged", []))
     return {

@@ -23,6 +23,7 @@ from tarry.model.message import Message, SendPlan
 from tarry.model.queue_args import Overflow
 from tarry.model.state import MessageState
 from tarry.model.validate import DestinationView, TargetView
+from tarry.queues.lag import refusal_limit_ms
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import SharedDelayedStore, StoreOutcome
 
@@ -105,7 +106,7 @@ async def send_many(
     # else is refused whole here, before the work of checking it.
     engine.waiters.lag.refuse_if_all_behind(
         (item.get("destination") if isinstance(item, Mapping) else None for item in items),
-        engine.config.dispatch.overload_lag_ms,
+        refusal_limit_ms(engine.config.dispatch.overload_lag_ms),
         queues_of=lambda name: engine.catalog.topics.get(name) or (name,),
         may_send=may_send,
     )
@@ -269,5 +270,5 @@ async def _target(engine: Engine, queue: str) -> TargetView:
         max_message_bytes=args.max_message_bytes,
         full=full,
         lag_ms=engine.waiters.lag.lag_ms(queue),
-        lag_limit_ms=engine.config.dispatch.overload_lag_ms,
+        lag_limit_ms=refusal_limit_ms(engine.config.dispatch.overload_lag_ms),
     )

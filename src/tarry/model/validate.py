@@ -96,7 +96,7 @@ class TargetView:
     #: True when the queue is at ``max_length`` and its overflow is ``reject_publish``.
     full: bool = False
     #: Its delivery lag (``tarry.queues.lag``), and the limit above which sends to it are
-    #: refused (``[dispatch] overload_lag_ms``; 0: never).
+    #: refused (``tarry.queues.lag.refusal_limit_ms``; 0: never).
     lag_ms: int = 0
     lag_limit_ms: int = 0
 

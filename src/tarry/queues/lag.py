@@ -8,13 +8,17 @@ the last. Per queue, the delivery lag is the longer of:
 - the age of its head: now minus the due time of the oldest ready message (a requeued one
   counts from its requeue: it was received once already); it is the lateness the next
   receive gives;
-- its forecast: how late a message entering it within the next ``FORECAST_MS`` will be
+- its forecast: how late a message entering it within the refusal limit from now will be
   taken, in arrival order, at the pace its consumers keep: for each time ``d`` ahead, (ready
   messages + messages accepted for it due by then) ÷ that pace − ``d``, the worst of them.
-  The pace is what they received per second over the last ``RATE_WINDOW_MS`` while each
-  receive came back full (they take all they can: the queue is waiting on them), or what they
-  asked for per second while receives come back short (they could take more than arrives: the
-  pace is at least that). It counts once they have received for ``RATE_MIN_SPAN_MS``.
+  The pace is what they received per second over the last ``RATE_WINDOW_MS``, once they have
+  received for ``RATE_MIN_SPAN_MS``. Consumers keeping up take what arrives, so their pace is
+  the arrival rate: a producer that more than doubles its rate within the limit is refused
+  until they take more (a faster pace the server cannot see before it happens).
+
+Sends to a queue are refused when its delivery lag is over half of ``[dispatch]
+overload_lag_ms`` (``refusal_limit_ms``), so that what was accepted before the refusal began
+is still received within it.
 
 Only a queue being consumed counts: one that a consumer received from within ``window_ms``
 (``[dispatch] delivery_lag_window_ms``). A queue nobody reads is storage, not a delivery: it
@@ -41,6 +45,7 @@ from tarry.store.sql import SqlConnection
 
 __all__ = [
     "RATE_WINDOW_MS",
+    "refusal_limit_ms",
     "SAMPLE_MS",
     "DeliveryLag",
     "QueueHead",
@@ -49,7 +54,8 @@ __all__ = [
 
 #: How often the engine samples the queues being consumed.
 SAMPLE_MS = 100
-#: How far ahead messages accepted for a queue count in its forecast.
+#: How far ahead messages accepted for a queue are kept for its forecast (the limit, which
+#: is how far the forecast looks, may grow up to it).
 FORECAST_MS = 10_000
 #: The span the consumers' receive rate is measured over, in buckets of ``_BUCKET_MS``.
 RATE_WINDOW_MS = 2_000
@@ -59,6 +65,13 @@ RATE_MIN_SPAN_MS = 1_000
 _BUCKET_MS = 100
 #: Ready messages counted when no refusal limit is set (the drain time is exact to there).
 _COUNT_CAP_FLOOR = 1_000
+
+
+def refusal_limit_ms(overload_lag_ms: int) -> int:
+    """The delivery lag above which sends to a queue are refused: half of ``overload_lag_ms``
+    (0: never). The other half is headroom for what no refusal can take back: messages accepted
+    before it began, still falling due, and a receive's way to its consumer."""
+    return 0 if overload_lag_ms <= 0 else max(1, overload_lag_ms // 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +116,7 @@ class _Consumed:
     since_ms: int
     #: Whether the last receive came back with less than it asked for (the queue was empty).
     emptied: bool = False
-    #: [bucket start ms, messages received, messages asked for] for the last
-    #: ``RATE_WINDOW_MS``.
+    #: [bucket start ms, messages received] for the last ``RATE_WINDOW_MS``.
     buckets: list[list[int]] = field(default_factory=list)
     #: Messages accepted for the queue, by due-time bucket (due ms // ``_BUCKET_MS``).
     due: dict[int, int] = field(default_factory=dict)
@@ -118,17 +130,16 @@ class _Consumed:
         span = min(now_ms - self.since_ms, RATE_WINDOW_MS)
         if span < RATE_MIN_SPAN_MS:
             return 0.0
-        column = 2 if self.emptied else 1
-        return sum(b[column] for b in self.buckets) * 1000 / span
+        return sum(b[1] for b in self.buckets) * 1000 / span
 
-    def forecast_ms(self, now_ms: int, ready: int, pace: float) -> int:
-        """The worst lateness of a message entering within ``FORECAST_MS`` (module docstring)."""
-        here = now_ms // _BUCKET_MS
+    def forecast_ms(self, now_ms: int, ready: int, pace: float, horizon_ms: int) -> int:
+        """The worst lateness of a message entering within ``horizon_ms`` (module docstring)."""
+        here, last = now_ms // _BUCKET_MS, (now_ms + horizon_ms) // _BUCKET_MS
         for bucket in [b for b in self.due if b < here]:
             del self.due[bucket]
         worst = ready * 1000 / pace
         waiting = ready
-        for bucket in sorted(self.due):
+        for bucket in sorted(b for b in self.due if b <= last):
             waiting += self.due[bucket]
             worst = max(worst, waiting * 1000 / pace - ((bucket + 1) * _BUCKET_MS - now_ms))
         return round(worst)
@@ -139,6 +150,9 @@ class DeliveryLag:
 
     def __init__(self) -> None:
         self._queues: dict[str, _Consumed] = {}
+        #: At least the largest lag (set by each sample; a receive only lowers a lag): a send
+        #: finds nothing behind without looking at every queue.
+        self._worst_ms = 0
 
     # --- fed by consumers and the sampler -----------------------------------------------------
     def received(self, queue: str, *, taken: int, asked: int, now_ms: int) -> None:
@@ -150,12 +164,12 @@ class DeliveryLag:
         entry.emptied = taken < asked
         if entry.emptied:
             entry.lag_ms = 0  # it took everything ready: nothing waits now
-        bucket = now_ms - now_ms % _BUCKET_MS
-        if entry.buckets and entry.buckets[-1][0] == bucket:
-            entry.buckets[-1][1] += taken
-            entry.buckets[-1][2] += asked
-        else:
-            entry.buckets.append([bucket, taken, asked])
+        if taken:
+            bucket = now_ms - now_ms % _BUCKET_MS
+            if entry.buckets and entry.buckets[-1][0] == bucket:
+                entry.buckets[-1][1] += taken
+            else:
+                entry.buckets.append([bucket, taken])
 
     def accepted(self, messages: Iterable[Message], now_ms: int) -> None:
         """``messages`` were stored, each for the queue it names (``destination``)."""
@@ -183,23 +197,29 @@ class DeliveryLag:
         for queue, entry in self._queues.items():
             pace = entry.pace_per_s(now_ms)
             if entry.emptied and waiting.get(queue):  # nothing ready: no need to look
-                entry.lag_ms = entry.forecast_ms(now_ms, 0, pace) if pace else 0
+                entry.lag_ms = entry.forecast_ms(now_ms, 0, pace, counted_ms) if pace else 0
                 continue
             # No pace yet: only the head's age counts, so nothing is counted.
             cap = max(math.ceil(pace * 2 * counted_ms / 1000), _COUNT_CAP_FLOOR) if pace else 0
             wanted[queue] = cap
+        self._worst_ms = self.worst_ms()
         return wanted
 
-    def sampled(self, now_ms: int, heads: Iterable[tuple[str, QueueHead]]) -> None:
-        """What a sample read (``read_head`` per queue of ``to_sample``)."""
+    def sampled(
+        self, now_ms: int, heads: Iterable[tuple[str, QueueHead]], *, limit_ms: int
+    ) -> None:
+        """What a sample read (``read_head`` per queue of ``to_sample``); the forecast looks
+        ``limit_ms`` ahead (0: 1 s)."""
+        horizon_ms = limit_ms or 1_000
         for queue, head in heads:
             entry = self._queues.get(queue)
             if entry is None:  # forgotten meanwhile
                 continue
             age = 0 if head.oldest_due_ms is None else max(0, now_ms - head.oldest_due_ms)
             pace = entry.pace_per_s(now_ms)
-            ahead = entry.forecast_ms(now_ms, head.ready, pace) if pace else 0
+            ahead = entry.forecast_ms(now_ms, head.ready, pace, horizon_ms) if pace else 0
             entry.lag_ms = max(age, ahead)
+        self._worst_ms = self.worst_ms()
 
     # --- read by intake, /healthz, /v1/stats and /metrics -------------------------------------
     def lag_ms(self, queue: str) -> int:
@@ -213,7 +233,7 @@ class DeliveryLag:
 
     def behind(self, limit_ms: int) -> dict[str, int]:
         """Queues whose lag is over ``limit_ms`` (0: none ever is), with their lag."""
-        if limit_ms <= 0:
+        if limit_ms <= 0 or self._worst_ms <= limit_ms:
             return {}
         return {q: e.lag_ms for q, e in self._queues.items() if e.lag_ms > limit_ms}
 
