@@ -4,14 +4,20 @@ reads back from there."""
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
+
+import pytest
 
 from tarry.model.state import MessageState
 from tarry.store.log import LogStore
 from tarry.store.log.batch import place
+from tarry.store.log.fs import OsFiles
 from tarry.store.log.layout import Layout
 from tarry.store.log.partition import Partition
 from tarry.store.log.record import MESSAGE, Record, encode_messages
+from tarry.store.log.segment import SegmentFiles
 from tests.store.test_log_recovery import NOW, G, message
 
 
@@ -94,3 +100,39 @@ def test_a_batch_over_many_partitions_is_laid_out_in_one_blob_a_run_per_partitio
             batch[i].deliver_at_ms for i in rows
         ]
     assert len(placed.partitions) > len(set(keys))  # some runs were split at segment size
+
+
+class _FailingOnce(OsFiles):
+    """The real files, but the next ``write`` fails part-way (a full disk) once ``fail`` is
+    set, after writing some of its bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = False
+
+    def write(self, fd: int, data: bytes | bytearray) -> None:
+        if self.fail:
+            self.fail = False
+            view = memoryview(data)
+            os.write(fd, view[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().write(fd, data)
+
+
+def test_bytes_held_for_a_partition_survive_a_failed_write_and_more_appends(tmp_path: Path) -> None:
+    # Given bytes held for a partition, and a write of them that fails part-way, its error kept
+    # (with its traceback, as a failed future would keep it)
+    fs = _FailingOnce()
+    files = SegmentFiles(fs)
+    partition = Partition(tmp_path, Layout.level0(1), Layout(G))
+    files.write(partition, 0, b"a" * 100)
+    fs.fail = True
+    with pytest.raises(OSError) as failed:
+        files.flush()
+    # When more is appended, and written out
+    files.write(partition, 0, b"b" * 50)
+    files.flush()
+    # Then the file holds everything once, in order, without the failed write's partial bytes
+    assert failed.value.errno == errno.ENOSPC
+    assert partition.segment_path(0).read_bytes() == b"a" * 100 + b"b" * 50
+    files.close()

@@ -15,6 +15,8 @@ from operator import itemgetter
 import numpy as np
 import numpy.typing as npt
 
+from tarry.model.message import Message
+from tarry.store.log.held import Held
 from tarry.store.log.layout import Layout
 from tarry.store.log.partition import Partition
 
@@ -45,6 +47,29 @@ class Placed:
         view = memoryview(self.data)
         bounds = self.bounds
         return [(p, view[bounds[r] : bounds[r + 1]]) for r, p in enumerate(self.partitions)]
+
+    def index(
+        self, run: int, base: int, messages: Sequence[Message], latest_sent: int
+    ) -> dict[str, Held]:
+        """Run ``run``, appended at ``base``, into its partition's index (it has one). Returns
+        its messages sent without delay by id (none when every due time is past
+        ``latest_sent``, the batch's latest ``sent_at_ms``): released at once, by id."""
+        partition = self.partitions[run]
+        assert partition.index is not None
+        a, b = self.rows[run], self.rows[run + 1]
+        dues, positions = self.dues[a:b], self.positions(run, base)
+        partition.index.add(dues, positions)
+        if int(dues.min()) > latest_sent:
+            return {}  # a delayed batch: no loop over its messages
+        rows = range(a, b) if self.order is None else self.order[a:b].tolist()
+        now = {}
+        for i, row in enumerate(rows):
+            m = messages[row]
+            if m.deliver_at_ms <= m.sent_at_ms:
+                now[m.id] = Held(
+                    partition.number, int(positions[i]), m.deliver_at_ms, m.destination
+                )
+        return now
 
     def positions(self, run: int, base: int) -> I64:
         """The positions of run ``run``'s records, appended at position ``base``."""

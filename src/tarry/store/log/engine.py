@@ -34,7 +34,7 @@ from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.log import clean, cleanup
-from tarry.store.log.batch import Placed, place
+from tarry.store.log.batch import place
 from tarry.store.log.checkpoint import Checkpoints
 from tarry.store.log.dedupe import admit
 from tarry.store.log.forecast import due_counts
@@ -251,11 +251,14 @@ class LogStore:
                 self.state.scheduled[destination] += len(accepted)
             else:
                 self.state.scheduled.update(m.destination for m in accepted)
-            rows = placed.rows
+            rows, latest_sent = placed.rows, None
             for run, partition in enumerate(placed.partitions):
                 partition.total += rows[run + 1] - rows[run]
                 if partition.index is not None:
-                    self._indexed(placed, run, positions[run], accepted)
+                    if latest_sent is None:
+                        latest_sent = max(map(_sent_at, accepted))
+                    base = positions[run]
+                    self.table.recent.update(placed.index(run, base, accepted, latest_sent))
             if len(self.table.recent) > RECENT_MAX:
                 self.table.recent.clear()
             self.table.changes += len(accepted)
@@ -269,24 +272,6 @@ class LogStore:
                     del self._unwritten[key]
             raise
         return outcomes
-
-    def _indexed(self, placed: Placed, run: int, base: int, messages: Sequence[Message]) -> None:
-        """Run ``run`` of a stored batch, written at ``base``, into its partition's index; its
-        messages sent without delay remembered for their release at once (``table.recent``)."""
-        partition = placed.partitions[run]
-        assert partition.index is not None
-        a, b = placed.rows[run], placed.rows[run + 1]
-        dues, poss = placed.dues[a:b], placed.positions(run, base)
-        partition.index.add(dues, poss)
-        if int(dues.min()) > max(map(_sent_at, messages)):
-            return  # none sent without delay (a delayed batch: the check costs no loop)
-        rows = range(a, b) if placed.order is None else placed.order[a:b].tolist()
-        for i, row in enumerate(rows):
-            m = messages[row]
-            if m.deliver_at_ms <= m.sent_at_ms:  # sent without delay: released at once
-                self.table.recent[m.id] = Held(
-                    partition.number, int(poss[i]), m.deliver_at_ms, m.destination
-                )
 
     # --- due messages -----------------------------------------------------------------------
     async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:

@@ -136,6 +136,9 @@ class SegmentFiles:
         try:
             self.fs.write(fd, data)
         except OSError:
+            # A fresh buffer: the failure's traceback may keep a view of this one alive, and a
+            # buffer with a view cannot grow (the next append would fail).
+            self._pending[path] = bytearray(data)
             self.fs.truncate(fd, before)  # no partial record before the next try
             raise
         self._forget(path)
