@@ -11,7 +11,7 @@ from tarry.config import load_config
 from tarry.errors import InvalidArgument
 from tarry.store.postgres.database import redact_dsn
 from tarry.store.postgres.dialect import PgConnection, translate
-from tarry.store.sql import id_column, id_key, row_lock
+from tarry.store.sql import id_column, id_key, row_key, row_lock
 from tarry.store.sqlite.database import Connection
 from tarry.store.sqlite.schema import SCHEMA_VERSION, is_keyed, migrate
 
@@ -37,6 +37,12 @@ def test_row_locks_exist_only_where_several_nodes_share_the_database() -> None:
     assert row_lock(PgConnection.__new__(PgConnection), skip_locked=True) == (
         " FOR UPDATE SKIP LOCKED"
     )
+
+
+def test_a_row_is_named_within_a_statement_by_rowid_or_by_id() -> None:
+    # SQLite's rowid needs no index look-up; PostgreSQL has none, its key is the id
+    assert row_key(sqlite3.connect(":memory:")) == "rowid"
+    assert row_key(PgConnection.__new__(PgConnection)) == "id"
 
 
 def test_the_postgres_engine_without_a_dsn_is_refused_with_what_to_set() -> None:

@@ -17,9 +17,10 @@ from tarry.model.message import Message
 from tarry.store.sql import SqlConnection, row_key, row_lock
 from tarry.store.sqlite.rows import COLUMNS, from_row
 
-__all__ = ["RECEIPT_SQL", "held_by_receipt"]
+__all__ = ["RECEIPT_SQL", "held_by_receipt", "receipt_of"]
 
-#: The SQL of a row's receipt, ``?`` being the receive's id and ``{key}`` ``row_key``.
+#: The SQL of a row's receipt, ``?`` being the receive's id and ``{key}`` ``row_key``; the same
+#: text as ``receipt_of``.
 RECEIPT_SQL = "CAST(? AS TEXT) || '.' || {key}"
 
 _ALL = ", ".join(COLUMNS)
@@ -28,6 +29,11 @@ _STATE = COLUMNS.index("state")
 _RECEIPT = COLUMNS.index("receipt")
 #: Values per look-up statement (well under SQLite's bound on parameters).
 _CHUNK = 500
+
+
+def receipt_of(receive_id: str, key: object) -> str:
+    """The receipt ``RECEIPT_SQL`` gives the row of ``key`` (an int or an id) in a receive."""
+    return f"{receive_id}.{key}"
 
 
 def held_by_receipt(

@@ -12,7 +12,6 @@ import heapq
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -27,7 +26,7 @@ from tarry.model.queue_args import Overflow
 from tarry.model.reports import report_message
 from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog
-from tarry.queues.receipts import RECEIPT_SQL, held_by_receipt
+from tarry.queues.receipts import RECEIPT_SQL, held_by_receipt, receipt_of
 from tarry.queues.sequence import Sequencer
 from tarry.store.sql import SqlConnection, id_column, id_key, row_key, row_lock
 from tarry.store.sqlite.rows import (
@@ -54,7 +53,6 @@ HANDOFF_MS = 200
 #: messages runs once per state, with the state written out, so that each finds its index.
 QUEUED_STATES = ("ready", "delivered")
 _SEQ = COLUMNS.index("seq")
-_RECEIPT = COLUMNS.index("receipt")
 #: Every column, as ``SELECT_SQL`` reads them (for RETURNING).
 _ALL = ", ".join(COLUMNS)
 
@@ -309,15 +307,17 @@ class QueueTxn:
         return (queue, self.now_ms, self.now_ms) if unexpired else (queue, self.now_ms)
 
     def _takeable(self, queue: str, limit: int, *, unexpired: bool) -> list[Any]:
-        """The first ``limit`` rows (``SELECT_SQL``) of ``queue`` a consumer may take now, in
-        queue order, rows locked: ready ones and in-flight ones whose visibility timeout ended
-        (usually none: that query finds nothing in the in-flight index's range)."""
+        """The first ``limit`` rows (``SELECT_SQL``'s columns, then the row key) of ``queue`` a
+        consumer may take now, in queue order, rows locked: ready ones and in-flight ones whose
+        visibility timeout ended (usually none: that query finds nothing in the in-flight
+        index's range)."""
         self.flush()
         lock = row_lock(self.conn, skip_locked=True)
         args = (*self._takeable_args(queue, unexpired=unexpired), limit)
         found: list[list[Any]] = [
             self.conn.execute(
-                f"{SELECT_SQL} WHERE {_takeable_in(state, unexpired=unexpired)} "
+                f"SELECT {_ALL}, {row_key(self.conn)} FROM messages "
+                f"WHERE {_takeable_in(state, unexpired=unexpired)} "
                 f"ORDER BY seq LIMIT ?{lock}",
                 args,
             ).fetchall()
@@ -330,7 +330,7 @@ class QueueTxn:
 
     def _drop_head(self, queue: str, count: int) -> None:
         for row in self._takeable(queue, count, unexpired=False):
-            self.dead_letter(from_row(row), from_queue=queue, reason=DeathReason.MAXLEN)
+            self.dead_letter(from_row(row[:-1]), from_queue=queue, reason=DeathReason.MAXLEN)
 
     # --- leaving ----------------------------------------------------------------------------------
     def dead_letter(
@@ -450,46 +450,34 @@ class QueueTxn:
     def receive(
         self, queue: str, *, max_messages: int, visibility_ms: int
     ) -> list[tuple[Message, str]]:
-        """Take up to ``max_messages`` of ``queue`` for a consumer, in queue order, with one
-        UPDATE ... RETURNING: the rows are chosen, leased and read back in the same statement.
-        A row's receipt is this call's id and the row's key, so no id is made per row."""
-        self.flush()
+        """Take up to ``max_messages`` of ``queue`` for a consumer, in queue order: one read of
+        the rows, then one UPDATE of them all by row key. A row's receipt is this call's id and
+        the row's key (``queues.receipts``), so no id is made per row."""
         now = self.now_ms
-        key = row_key(self.conn)
-        where = (
-            f"{key} IN (SELECT {key} FROM messages WHERE {_takeable_in('ready', unexpired=True)} "
-            f"ORDER BY seq LIMIT ?{row_lock(self.conn, skip_locked=True)})"
-        )
-        args: list[Any] = [*self._takeable_args(queue, unexpired=True), max_messages]
-        if self._visibility_ended(queue):  # those come back in their old places: merged
-            rows = self._takeable(queue, max_messages, unexpired=True)
-            if not rows:  # all held by other nodes' transactions (SKIP LOCKED)
-                return []
-            args = [id_key(self.conn, row[0]) for row in rows]
-            where = f"{id_column(self.conn)} IN ({', '.join('?' * len(args))})"
-        taken = self.conn.execute(
+        rows = self._takeable(queue, max_messages, unexpired=True)
+        if not rows:
+            return []
+        keys = [row[-1] for row in rows]
+        prefix = self.ids.new(now)
+        self.conn.execute(
             "UPDATE messages SET state = 'delivered', "
-            f"receipt = {RECEIPT_SQL.format(key=key)}, visible_at_ms = ?, "
+            f"receipt = {RECEIPT_SQL.format(key=row_key(self.conn))}, visible_at_ms = ?, "
             "delivery_count = delivery_count + 1, "
             "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END, "
-            f"updated_at_ms = ? WHERE {where} RETURNING {_ALL}",
-            [self.ids.new(now), now + visibility_ms, now, *args],
-        ).fetchall()
-        taken.sort(key=itemgetter(_SEQ))  # RETURNING follows no order
-        out = [(from_row(row), row[_RECEIPT]) for row in taken]
-        self.events += [("received", message, now, queue, None) for message, _ in out]
-        return out
-
-    def _visibility_ended(self, queue: str) -> bool:
-        """Whether ``queue`` has messages in flight whose visibility timeout has ended (found
-        through the in-flight index: usually nothing in its range)."""
-        return (
-            self.conn.execute(
-                f"SELECT 1 FROM messages WHERE {_takeable_in('delivered', unexpired=True)} LIMIT 1",
-                self._takeable_args(queue, unexpired=True),
-            ).fetchone()
-            is not None
+            f"updated_at_ms = ? WHERE {row_key(self.conn)} IN ({', '.join('?' * len(keys))})",
+            [prefix, now + visibility_ms, now, *keys],
         )
+        taken = []
+        for row in rows:
+            # As the UPDATE set them, from the row as it was.
+            message = from_row(row[:-1])
+            message.redelivered = message.redelivered or message.delivery_count > 0
+            message.delivery_count += 1
+            message.state = MessageState.DELIVERED
+            message.updated_at_ms = now
+            taken.append((message, receipt_of(prefix, row[-1])))
+        self.events += [("received", message, now, queue, None) for message, _ in taken]
+        return taken
 
     def settle(
         self, queue: str, receipts: Sequence[str], *, ack: bool, requeue: bool
