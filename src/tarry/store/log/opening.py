@@ -1,6 +1,6 @@
 """Opening a log store directory: the latest checkpoint, then the write-ahead log's tail after it,
 then the partitions' records past the checkpoint's sizes (``recovery.replay``), then adopting
-finished offline imports (``adopt.py``).
+finished offline imports (``adopt.py``; the store checkpoints after adopting: ``Opened.adopted``).
 
 1. load the newest complete snapshot (``recovery.load_snapshot``): partition sizes and counts,
    indexes, de-duplication keys, failures, forwards, and the WAL position it covers;
