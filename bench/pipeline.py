@@ -62,7 +62,7 @@ HERE = Path(__file__).resolve().parent
 
 
 # --- data -----------------------------------------------------------------------------------------
-def generate_input(path: Path, rows: int, seed: int = 7) -> None:
+def generate_input(path: Path, rows: int, seed: int = 7, spread_ms: int = 48 * 3_600_000) -> None:
     rng = np.random.default_rng(seed)
     schema = pa.schema(
         [
@@ -89,7 +89,7 @@ def generate_input(path: Path, rows: int, seed: int = 7) -> None:
             dest = names[dest_index]
             dest[dup] = names[np.where(np.isin(names[dest_index], names[:21]), dest_index, 0)][dup]
             at = rng.random(n) < 0.5
-            spread = rng.integers(0, 48 * 3_600_000, n)
+            spread = rng.integers(0, spread_ms, n)
             deliver_at = np.where(at, NOW_MS + spread, 0)
             delay = np.where(at, 0, spread)
             both = (bad >= 0.01) & (bad < 0.02)  # deliver_at and delay_ms: invalid_argument
@@ -562,6 +562,12 @@ def main() -> None:
     )
     parser.add_argument("--keep", help="keep the data in this directory (and reuse its input)")
     parser.add_argument(
+        "--spread-hours",
+        type=float,
+        default=48,
+        help="due times uniform over this many hours from now (8760: a year)",
+    )
+    parser.add_argument(
         "--only",
         default="baseline,offline,online,report",
         help="comma-separated parts to run: baseline, offline, online, report (the default), "
@@ -590,13 +596,23 @@ def main() -> None:
     result: dict[str, Any] = {"rows": args.rows, "cpus": os.cpu_count()}
     parts = set(args.only.split(","))
     t = time.perf_counter()
+    spread_ms = int(args.spread_hours * 3_600_000)
+    result["spread_hours"] = args.spread_hours
+    made_input = (
+        root / "input.spread"
+    )  # a kept input is reused when it has the same rows and spread
     if (
         not (root / "input.parquet").exists()
         or pq.ParquetFile(root / "input.parquet").metadata.num_rows != args.rows
+        or not made_input.exists()
+        or made_input.read_text() != str(spread_ms)
     ):
-        generate_input(root / "input.parquet", args.rows)
+        generate_input(root / "input.parquet", args.rows, spread_ms=spread_ms)
+        made_input.write_text(str(spread_ms))
     if "online" in parts:
-        generate_input(root / "online.parquet", min(args.online_rows, args.rows), seed=8)
+        generate_input(
+            root / "online.parquet", min(args.online_rows, args.rows), seed=8, spread_ms=spread_ms
+        )
     events = args.events or args.rows
     made = root / "journal" / "events.txt"  # a kept journal is reused when it has as many events
     if "report" in parts and not (made.exists() and made.read_text() == str(events)):
@@ -646,6 +662,9 @@ def main() -> None:
     t = time.perf_counter()
     server, url = start_server(root / "data")
     result["restart_adopting_both_imports_s"] = round(time.perf_counter() - t, 2)
+    result["partition_dirs_after_adoption"] = sum(
+        1 for d in (root / "data" / "log").iterdir() if d.is_dir() and d.name.startswith("p")
+    )
     with Client(url) as client:
         result["scheduled_after_adoption"] = client.stats()["messages"]["scheduled"]
     server.terminate()

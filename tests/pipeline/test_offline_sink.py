@@ -266,3 +266,97 @@ def test_offline_import_without_a_message_id_column_drops_identical_rows(
     [reject] = pq.read_table(tmp_path / "rejects").to_pylist()
     assert reject["code"] == "duplicate" and reject["message_id"].startswith("imp-")
     assert json.loads(reject["record"])["body"] == "x"
+
+
+def test_a_year_of_due_times_imported_offline_fills_the_store_s_own_few_partitions(
+    spark: Any, tmp_path: Path
+) -> None:
+    import asyncio
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tarry.model.state import MessageState
+    from tarry.model.validate import DestinationView, TargetView
+    from tarry.pipeline.bulk_import import ImportOptions, run_import
+    from tarry.pipeline.sink_log import LogSinkSettings
+    from tarry.store.log import LogStore
+    from tarry.store.log.layout import Layout
+    from tarry.store.log.record import Record, decode_message, scan
+
+    # Given 3,000 rows due over a year (and a few within minutes), read by several tasks, for
+    # a store of 5-minute partitions (105,120 of them for a year, one each)
+    now, width, year = 1_800_000_000_000, 300_000, 365 * 86_400_000
+    n = 3_000
+    delays = np.random.default_rng(5).integers(1_000, year, n)
+    delays[:5] = [1_000, 2_000, 60_000, 600_000, 7_200_000]
+    table = pa.table(
+        {
+            "destination": ["q"] * n,
+            "message_id": [f"y{i}" for i in range(n)],
+            "delay_ms": pa.array(delays, pa.int64()),
+        }
+    )
+    pq.write_table(table, tmp_path / "in.parquet", row_group_size=n // 4)
+    root = tmp_path / "data" / "log"
+    area = root / "imports" / "import-year"
+    options = ImportOptions(
+        input=tmp_path / "in.parquet",
+        rejects_dir=tmp_path / "rejects",
+        log_sink=LogSinkSettings(area=area, granularity_ms=width, now_ms=now),
+        partition_ms=width,
+    )
+    view = {"q": DestinationView("q", "queue", (TargetView("q"),))}
+    split = (tmp_path / "in.parquet").stat().st_size // 4
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(split))
+    try:
+        # When imported offline
+        summary = run_import(spark, options, now_ms=now, resolve_views=lambda _: view)
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    # Then the files fill the partitions the store's write path gives them, a few hundred
+    layout = Layout(width)
+    want = {layout.key_for(now + int(d), now) for d in delays}
+    assert summary.accepted == n and summary.partitions == len(want) < 250
+    assert {Layout.parse_dir(d.name) for d in area.iterdir() if d.is_dir()} == want
+    written = {
+        m.id: m.deliver_at_ms
+        for path in area.rglob("*.log")
+        for m in (
+            decode_message(r.payload)[0] for r in scan(path.read_bytes()) if isinstance(r, Record)
+        )
+    }
+    assert len(written) == n
+
+    async def adopted_and_released() -> None:
+        # And a store adopts them: every message found, counted once
+        store = LogStore(root, granularity_ms=width)
+        await store.open()
+        assert not area.exists() and set(store.partitions) == want
+        assert await store.count_scheduled() == n
+        for message_id, due in written.items():
+            found = await store.get(message_id)
+            assert found is not None and found.deliver_at_ms == due
+        # And a kill -9 after the adoption loses none and doubles none (a checkpoint has them)
+        store._opened = False
+        store.files.close()
+        store._executor.shutdown(wait=True)
+        store = LogStore(root, granularity_ms=width)
+        await store.open()
+        assert store.state.replayed_records == 0 and await store.count_scheduled() == n
+        # And each is released once as time passes over the year, when due and not before
+        released: dict[str, int] = {}
+        previous = now
+        for step in range(1, 101):
+            at = now + step * (year + 2_000) // 100
+            while batch := await store.fetch_due(at, limit=1_000, lease_ms=year):
+                assert all(previous < m.deliver_at_ms <= at for m in batch)
+                released.update((m.message_id or "", m.deliver_at_ms) for m in batch)
+                await store.remove([m.id for m in batch], state=MessageState.DELIVERED, now_ms=at)
+            previous = at
+        assert released == {f"y{i}": now + int(d) for i, d in enumerate(delays)}
+        assert await store.check() == []
+        await store.close()
+
+    asyncio.run(adopted_and_released())

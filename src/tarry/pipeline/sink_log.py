@@ -4,14 +4,16 @@ import area, ``<data_dir>/log/imports/<import>/``, that the store adopts at its 
 (``tarry.store.log.adopt``: all or nothing, every file verified against the import manifest,
 whose layout is described there).
 
-The writer is map-only and the one pass of the rules over every row: each executor task reads
-its own share of the input and screens it (``screen.Screen``: the rules, the rejects and the
-later repeats as reject rows, the counts by verdict), encodes the copies of the kept rows
-column-wise (``tarry.store.log.record_columns``: the same bytes as ``encode_message``) and keeps
-them in memory until ``flush_bytes``; then it sorts them by (time partition, due time) and writes
-one file per time partition it holds. So a partition gets several files (one per task and
-flush), each sorted by due time. Each file is reported with its name, size, CRC32C and record
-count; the driver writes ``IMPORT`` from those reports, so files of a failed task attempt are
+The writer is map-only and the one pass of the rules over every row: each executor task reads its
+own share of the input and screens it (``screen.Screen``: the rules, the rejects and the later
+repeats as reject rows, the counts by verdict), encodes the copies of the kept rows column-wise
+(``tarry.store.log.record_columns``: the same bytes as ``encode_message``) and keeps them in memory
+until ``flush_bytes``; then it sorts them by (time partition, due time) and writes one file per time
+partition it holds. The partitions are the store's own (``store/log/layout.py``, the function its
+write path calls, applied to the import's now): a year of due times makes about 200 partitions,
+coarser far ahead, not 105,120 of the store's granularity. A partition gets several files (one
+per task and flush), each sorted by due time. Each file is reported with its name, size, CRC32C and
+record count; the driver writes ``IMPORT`` from those reports, so files of a failed task attempt are
 never named (and adoption deletes the whole area afterwards).
 """
 
@@ -34,6 +36,7 @@ from tarry.pipeline.dedupe import Repeats
 from tarry.pipeline.screen import VERDICTS, Screen, kind_rows, spark_ddl
 from tarry.pipeline.sources import ROW
 from tarry.pipeline.validation import ImportRules
+from tarry.store.log.layout import Layout
 from tarry.store.log.record_columns import MessageColumns, dedupe_hashes, encode_message_columns
 
 __all__ = [
@@ -46,10 +49,10 @@ __all__ = [
     "import_writer",
 ]
 
-#: What the writer yields, one row each: a ``FILE`` written (name, partition number, bytes,
-#: crc, records), a ``SPAN`` (``partition``: the start of an import partition, ``partition_ms``
-#: wide, that a kept row falls into), and the screen's rows (``screen``: ``REJECT`` and
-#: ``DUPLICATE_ROW`` with the reject fields, ``VERDICTS`` with the count in ``records``).
+#: What the writer yields, one row each: a ``FILE`` written (name, partition key (``Layout``),
+#: bytes, crc, records), a ``SPAN`` (``partition``: the start of an import partition,
+#: ``partition_ms`` wide, that a kept row falls into), and the screen's rows (``screen``: ``REJECT``
+#: and ``DUPLICATE_ROW`` with the reject fields, ``VERDICTS`` with the count in ``records``).
 FILE, SPAN = "file", "span"
 WRITTEN_SCHEMA = pa.schema(
     [
@@ -144,6 +147,7 @@ class _Held:
 
     def __init__(self, settings: LogSinkSettings, task: str) -> None:
         self.settings = settings
+        self.layout = Layout(settings.granularity_ms)
         self.task = task
         self.records: list[pa.Array] = []
         self.due: list[np.ndarray] = []
@@ -157,11 +161,12 @@ class _Held:
 
     def flush(self) -> list[dict[str, Any]]:
         """Sort what is held by (partition, due time), write one file per partition, forget
-        it; the files' reports."""
+        it; the files' reports. A copy's partition is the one the store's own write path would
+        give it, sent at the import's now (``Layout.keys_for``: coarser partitions far ahead)."""
         if not self.records:
             return []
         due = np.concatenate(self.due)
-        numbers = due // self.settings.granularity_ms
+        numbers = self.layout.keys_for(due, self.settings.now_ms)
         order = np.lexsort((due, numbers))  # stable: equal due times keep their input order
         records = pa.concat_arrays(self.records).take(pa.array(order))
         numbers = numbers[order]
@@ -176,7 +181,7 @@ class _Held:
         reports = []
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             number = int(numbers[a])
-            name = f"p-{number:010d}/{self.task}-{self.files}.log"
+            name = f"{Layout.dir_name(number)}/{self.task}-{self.files}.log"
             self.files += 1
             written = _write(self.settings.area / name, bytes(view[bounds[a] : bounds[b]]))
             reports.append({"name": name, "partition": number, "records": b - a, **written})

@@ -3,23 +3,31 @@
 An import area ``<root>/imports/<import>/`` holds segment files written by the pipeline
 (``tarry.pipeline.sink_log``) in this store's record format, and the import manifest::
 
-    p-<number>/<task>-<n>.log   MESSAGE records of time partition <number>, sorted by due time
-                                (a partition may get several files, from several tasks)
+    p-<n>/<task>-<i>.log        MESSAGE records of one time partition, sorted by due time (a
+    p<level>-<n>/<task>-<i>.log partition may get several files, from several tasks); the
+                                directory is the store's own for that partition (``layout.py``)
     IMPORT                      written last (temp, fsync, rename):
                                 MAGIC · version:u32 · crc32c:u32 of the body · body (JSON)
                                 {"import", "created_ms", "granularity_ms", "files":
                                  [{"name", "partition", "bytes", "crc", "records"}]}
 
+``partition`` is the partition's key (``Layout``: its level and start), the one the store's
+write path gives a message sent at ``created_ms``. Version 1 (written before the layout) gave
+``due // granularity_ms``, a level-0 partition: still adopted, as those keys.
+
 After recovery, for each area with a valid manifest:
 
 1. verify: the manifest's magic, version and checksum; its partition width equals the store's;
-   every file it names has the stated size and CRC32C, and scans as whole records. Any failure
+   every file it names lies in its partition's directory, has the stated size and CRC32C, scans
+   as whole records, and holds only messages due within its partition's window. Any failure
    refuses the whole import (nothing is adopted; the reason is logged and reported as damage);
 2. drop MESSAGE records whose (destination, message_id) the store already holds (a rerun of
    the same import delivers each message once), writing the survivors to ``*.adopt`` files;
-3. write ``ADOPTING``, the plan (file → ``p-<number>/seg-<next>.log``), as temp, fsync, rename;
+3. write ``ADOPTING``, the plan (file → ``<partition dir>/seg-<next>.log``), as temp, fsync,
+   rename;
 4. move the files in, fsync the directories, replay the new segments (counts, de-duplication,
-   the index of due partitions), then delete the area.
+   the index of due partitions), then delete the area. The store then writes a checkpoint
+   (``Opened.adopted``), so a restart reads the adopted partitions from it, not again.
 
 A crash after step 3 is finished at the next start (the plan is rolled forward: files already
 moved are replayed by recovery, the rest are moved now). An area without ``IMPORT`` is an import
@@ -38,7 +46,8 @@ import google_crc32c
 import orjson
 
 from tarry.store.log.fs import Files, OsFiles
-from tarry.store.log.manifest import frame, unframe, write_last
+from tarry.store.log.layout import Layout
+from tarry.store.log.manifest import frame, framed_version, unframe, write_last
 from tarry.store.log.partition import Partition
 from tarry.store.log.record import MESSAGE, Damage, scan
 from tarry.store.log.recovery import Recovered, replay
@@ -48,7 +57,9 @@ __all__ = ["IMPORT_MAGIC", "ImportManifest", "adopt_imports", "write_manifest"]
 log = logging.getLogger(__name__)
 PLAN = "ADOPTING"
 IMPORT_MAGIC = b"TARRYIM1"
-IMPORT_VERSION = 1
+IMPORT_VERSION = 2
+#: Written before ``layout.py``: ``partition`` numbers ``due // granularity_ms`` (still adopted).
+IMPORT_LEGACY_VERSION = 1
 
 
 @dataclass(slots=True)
@@ -74,11 +85,14 @@ class ImportManifest:
     @classmethod
     def decode(cls, data: bytes) -> ImportManifest:
         """Check magic, then version, then checksum; raises ``ManifestError`` (a ``ValueError``)
-        naming the first that fails."""
-        fields = orjson.loads(unframe(data, magic=IMPORT_MAGIC, version=IMPORT_VERSION))
-        return cls(
-            fields["import"], fields["created_ms"], fields["granularity_ms"], fields["files"]
-        )
+        naming the first that fails. A version-1 manifest's partitions come back as keys."""
+        legacy = framed_version(data, IMPORT_VERSION) == IMPORT_LEGACY_VERSION
+        version = IMPORT_LEGACY_VERSION if legacy else IMPORT_VERSION
+        fields = orjson.loads(unframe(data, magic=IMPORT_MAGIC, version=version))
+        files: list[dict[str, Any]] = fields["files"]
+        if legacy:
+            files = [{**f, "partition": Layout.level0(int(f["partition"]))} for f in files]
+        return cls(fields["import"], fields["created_ms"], fields["granularity_ms"], files)
 
 
 def write_manifest(area: Path, manifest: ImportManifest) -> Path:
@@ -89,6 +103,15 @@ def write_manifest(area: Path, manifest: ImportManifest) -> Path:
 
 class ImportRefused(Exception):
     """Raised when an import area fails verification; nothing of it is adopted."""
+
+
+def _key_of(name: str) -> int:
+    """The partition key of ``<partition dir>/<file>`` (nothing else: no other directory)."""
+    parts = Path(name).parts
+    key = Layout.parse_dir(parts[0]) if len(parts) == 2 else None
+    if key is None:
+        raise ImportRefused(f"{name}: not a file of a partition directory")
+    return key
 
 
 def _verify(area: Path, granularity_ms: int) -> ImportManifest:
@@ -102,6 +125,10 @@ def _verify(area: Path, granularity_ms: int) -> ImportManifest:
             f"{granularity_ms} ms (run the import again with --partition {granularity_ms}ms)"
         )
     for entry in manifest.files:
+        if _key_of(entry["name"]) != entry["partition"]:
+            raise ImportRefused(
+                f"{entry['name']}: not in partition {entry['partition']}'s directory"
+            )
         path = area / entry["name"]
         try:
             data = path.read_bytes()
@@ -112,16 +139,26 @@ def _verify(area: Path, granularity_ms: int) -> ImportManifest:
     return manifest
 
 
-def _survivors(path: Path, state: Recovered, fs: Files) -> tuple[Path | None, int]:
-    """The file to move in (filtered when some records are already stored) and its count."""
+def _survivors(
+    path: Path, window: tuple[int, int], state: Recovered, fs: Files
+) -> tuple[Path | None, int]:
+    """The file to move in (filtered when some records are already stored) and its count.
+    A message due outside its partition's ``window`` refuses the import: the store would index
+    it with the wrong partition and release it at the wrong time."""
     data = path.read_bytes()
     kept: list[bytes] = []
     dropped = 0
+    start, end = window
     for item in scan(data):
         if isinstance(item, Damage):
             raise ImportRefused(f"{path.name} at byte {item.offset}: {item.reason}")
         if item.kind == MESSAGE:
-            _, _, key = item.meta()
+            due, _, key = item.meta()
+            if not start <= due < end:
+                raise ImportRefused(
+                    f"{path.parent.name}/{path.name} at byte {item.offset}: due at {due}, "
+                    f"outside its partition [{start}, {end})"
+                )
             if key and key in state.dedupe:
                 dropped += 1
                 continue
@@ -148,7 +185,9 @@ def _carry_out(
     fs: Files,
 ) -> int:
     touched: dict[int, Partition] = {}
-    for source, target, number in moves:
+    for source, target, _ in moves:
+        # the key from the target's directory: a plan of any version names it the same way
+        number = _key_of(target)
         partition = touched.setdefault(number, partition_of(number))
         src, dst = area / source, root / target
         if src.exists():
@@ -170,7 +209,7 @@ def _carry_out(
 def _adopt(
     area: Path,
     root: Path,
-    granularity_ms: int,
+    layout: Layout,
     partition_of: Callable[[int], Partition],
     state: Recovered,
     fs: Files,
@@ -179,11 +218,11 @@ def _adopt(
     if (area / PLAN).exists():  # a crash during a previous adoption: roll it forward
         moves = [(str(a), str(b), int(n)) for a, b, n in orjson.loads((area / PLAN).read_bytes())]
         return _carry_out(area, root, moves, partition_of, state, fs)
-    manifest = _verify(area, granularity_ms)
+    manifest = _verify(area, layout.granularity_ms)
     planned: dict[int, int] = {}
     for entry in sorted(manifest.files, key=lambda e: (e["partition"], e["name"])):
         number = int(entry["partition"])
-        source, _ = _survivors(area / entry["name"], state, fs)
+        source, _ = _survivors(area / entry["name"], layout.window(number), state, fs)
         if source is None:
             continue
         partition = partition_of(number)
@@ -199,12 +238,13 @@ def _adopt(
 def adopt_imports(
     root: Path,
     *,
-    granularity_ms: int,
+    layout: Layout,
     partition_of: Callable[[int], Partition],
     state: Recovered,
     fs: Files,
 ) -> int:
-    """Adopt every complete import area under ``root/imports``; the records adopted."""
+    """Adopt every complete import area under ``root/imports`` into the partitions
+    ``partition_of(key)`` gives; the records adopted."""
     imports = root / "imports"
     if not imports.is_dir():
         return 0
@@ -214,7 +254,7 @@ def adopt_imports(
             log.info("import area %s has no IMPORT manifest yet; left alone", area.name)
             continue
         try:
-            count = _adopt(area, root, granularity_ms, partition_of, state, fs)
+            count = _adopt(area, root, layout, partition_of, state, fs)
         except ImportRefused as exc:
             log.error("import %s refused, nothing of it adopted: %s", area.name, exc)
             state.damaged.append(f"{area}: import refused: {exc}")

@@ -145,7 +145,7 @@ class LogStore:
         await loop.run_in_executor(self._executor, wal.start, opened.next_wal_seq)
         self.writer.wal_end = wal.position
         self._opened = True
-        if opened.migrated:  # a directory of an older tarry: in this version's format now
+        if opened.migrated or opened.adopted:  # an older tarry's directory; imports adopted
             await self.snapshot()
         self._scrubbing = loop.create_task(self._scrub(), name="tarry-log-scrub")
 

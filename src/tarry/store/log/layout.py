@@ -15,13 +15,15 @@ not split when it comes near: it is indexed whole once its start is within ``pre
 bytes per pending message; at most 3.6 days of messages), and deleted once its window is over
 and every message in it is released.
 
-A partition's key orders partitions by start: ``start // granularity << 3 | level``. Level 0
-keys are ``number << 3`` where ``number = due // granularity`` names the directory ``p-<number>``,
-as in the stores written before the layout (and the offline import's areas); coarser partitions
-live in ``p<level>-<start // granularity>``. Partitions of different levels may overlap in time
-(a message due next month was placed at level 5 a month ago; one sent today for the same
-moment goes to a finer level): finding a message by id looks at each level's partition covering
-its due time (``candidates``: at most ``MAX_LEVEL + 1`` dictionary lookups).
+A partition's key orders partitions by start: ``start // granularity << 3 | level``. Level 0 keys
+are ``number << 3`` where ``number = due // granularity`` names the directory ``p-<number>``, as in
+the stores written before the layout; coarser partitions live in
+``p<level>-<start // granularity>``. The offline import (``pipeline/sink_log.py``) places its
+copies with ``keys_for``, the vectorised ``key_for``, so its areas hold the same partitions.
+Partitions of different levels
+may overlap in time (a message due next month was placed at level 5 a month ago; one sent today for
+the same moment goes to a finer level): finding a message by id looks at each level's partition
+covering its due time (``candidates``: at most ``MAX_LEVEL + 1`` dictionary lookups).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class Layout:
     @staticmethod
     def level0(number: int) -> int:
         """The key of fine partition ``number`` (``due // granularity``: a directory of a store
-        written before the layout, an offline import's partition)."""
+        written before the layout, or of a version-1 offline import)."""
         return number << _LEVEL_BITS
 
     @staticmethod

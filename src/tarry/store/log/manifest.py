@@ -24,7 +24,15 @@ import orjson
 from tarry.store.log.fs import Files
 from tarry.store.log.layout import Layout
 
-__all__ = ["MAGIC", "Manifest", "ManifestError", "frame", "unframe", "write_last"]
+__all__ = [
+    "MAGIC",
+    "Manifest",
+    "ManifestError",
+    "frame",
+    "framed_version",
+    "unframe",
+    "write_last",
+]
 
 MAGIC = b"TARRYMF1"
 VERSION = 2
@@ -55,6 +63,12 @@ def unframe(data: bytes, *, magic: bytes, version: int) -> bytes:
     if google_crc32c.value(body) != crc:
         raise ManifestError("checksum mismatch")
     return body
+
+
+def framed_version(data: bytes, default: int) -> int:
+    """The version a framed record's header states (``default`` when it is too short to say:
+    ``unframe`` then names what is wrong)."""
+    return int(_HEAD.unpack_from(data)[1]) if len(data) >= _HEAD.size else default
 
 
 def write_last(final: Path, data: bytes, *, fs: Files) -> Path:
@@ -88,10 +102,10 @@ class Manifest:
     def validate(cls, data: bytes) -> Manifest:
         """Check magic, then version, then checksum; raises ``ManifestError`` naming the first
         that fails."""
-        found = _HEAD.unpack_from(data)[1] if len(data) >= _HEAD.size else VERSION
-        version = LEGACY_VERSION if found == LEGACY_VERSION else VERSION
+        legacy = framed_version(data, VERSION) == LEGACY_VERSION
+        version = LEGACY_VERSION if legacy else VERSION
         manifest = cls(**orjson.loads(unframe(data, magic=MAGIC, version=version)))
-        if version == LEGACY_VERSION:
+        if legacy:
             manifest.partitions = {
                 str(Layout.level0(int(n))): v for n, v in manifest.partitions.items()
             }

@@ -1,6 +1,6 @@
 """Opening a log store directory: the latest checkpoint, then the write-ahead log's tail after it,
 then the partitions' records past the checkpoint's sizes (``recovery.replay``), then adopting
-finished offline imports (``adopt.py``).
+finished offline imports (``adopt.py``; the store checkpoints after adopting: ``Opened.adopted``).
 
 1. load the newest complete snapshot (``recovery.load_snapshot``): partition sizes and counts,
    indexes, de-duplication keys, failures, forwards, and the WAL position it covers;
@@ -45,6 +45,9 @@ class Opened:
     wal_rewritten: int
     #: The directory was written before the WAL: write a checkpoint now.
     migrated: bool
+    #: Records adopted from offline imports: write a checkpoint now, so that the next start
+    #: finds them in it rather than reading the adopted segments again.
+    adopted: int
     #: The WAL segment the store writes next.
     next_wal_seq: int
     seconds: float
@@ -104,12 +107,8 @@ def recover(root: Path, *, table: PartitionTable, files: SegmentFiles) -> Opened
         log.info("clean-close record %s does not match the snapshot loaded; checking", record)
     for partition in table.partitions.values():
         replay(partition, state, build_index=partition.index is not None, trusted=trusted, fs=fs)
-    adopt_imports(  # bulk imports (tarry pipeline import --into), all or nothing
-        root,
-        granularity_ms=table.layout.granularity_ms,
-        partition_of=lambda number: table.partition(Layout.level0(number)),
-        state=state,
-        fs=fs,
+    adopted = adopt_imports(  # bulk imports (tarry pipeline import --into), all or nothing
+        root, layout=table.layout, partition_of=table.partition, state=state, fs=fs
     )
     seconds = time.perf_counter() - started
     log.info(
@@ -129,6 +128,7 @@ def recover(root: Path, *, table: PartitionTable, files: SegmentFiles) -> Opened
         clean_start=trusted,
         wal_rewritten=rewritten,
         migrated=migrated,
+        adopted=adopted,
         next_wal_seq=max(segments(wal_root(root)), default=0) + 1,
         seconds=seconds,
     )
