@@ -100,11 +100,10 @@ def test_the_forecast_counts_ready_and_accepted_messages_at_the_consumers_pace()
     assert lag.lag_ms("q") == 100
 
 
-def test_arrivals_at_the_consumers_pace_forecast_no_lag_and_twice_as_many_do() -> None:
+def test_arrivals_beyond_full_consumers_pace_forecast_lag_and_within_it_none() -> None:
     lag = DeliveryLag()
-    # They took 100 a second, all there was (receives came back short).
-    now = _consumed_at_pace(lag, "q", per_s=100, full=False)
-    assert lag.lag_ms("q") == 0
+    # They took 100 a second, each receive full: all they can.
+    now = _consumed_at_pace(lag, "q", per_s=100, full=True)
     due = [now + 100 * k + 50 for k in range(10)]
     lag.accepted([_message("q", at) for at in due for _ in range(10)], now)
     lag.sampled(now, [("q", QueueHead(None, 0))], limit_ms=LIMIT)
@@ -116,6 +115,22 @@ def test_arrivals_at_the_consumers_pace_forecast_no_lag_and_twice_as_many_do() -
     lag.accepted([_message("q", now + 5_000) for _ in range(1_000)], now)
     lag.sampled(now, [("q", QueueHead(None, 0))], limit_ms=LIMIT)
     assert lag.lag_ms("q") == 1_000
+
+
+def test_a_burst_for_consumers_with_room_is_not_refused_on_a_forecast() -> None:
+    lag = DeliveryLag()
+    # They took 100 a second, all there was (receives came back short): their pace is the
+    # arrival rate, not what they could take, so a burst ten times that is no lag.
+    now = _consumed_at_pace(lag, "q", per_s=100, full=False)
+    due = [now + 100 * k + 50 for k in range(10)]
+    lag.accepted([_message("q", at) for at in due for _ in range(100)], now)
+    lag.sampled(now, [("q", QueueHead(None, 0))], limit_ms=LIMIT)
+    assert lag.lag_ms("q") == 0
+    assert lag.to_sample(now, window_ms=10_000, waiting={"q": 1}, limit_ms=LIMIT) == {}
+    assert lag.lag_ms("q") == 0
+    # The head's age still counts: a message ready and untaken for 2 s is 2 s late.
+    lag.sampled(now, [("q", QueueHead(now - 2_000, 1))], limit_ms=LIMIT)
+    assert lag.lag_ms("q") == 2_000
 
 
 def test_a_queue_not_received_from_within_the_window_is_forgotten() -> None:

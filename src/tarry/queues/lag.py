@@ -12,9 +12,10 @@ the last. Per queue, the delivery lag is the longer of:
   taken, in arrival order, at the pace its consumers keep: for each time ``d`` ahead, (ready
   messages + messages accepted for it due by then) ÷ that pace − ``d``, the worst of them.
   The pace is what they received per second over the last ``RATE_WINDOW_MS``, once they have
-  received for ``RATE_MIN_SPAN_MS``. Consumers keeping up take what arrives, so their pace is
-  the arrival rate: a producer that more than doubles its rate within the limit is refused
-  until they take more (a faster pace the server cannot see before it happens).
+  received for ``RATE_MIN_SPAN_MS``. It counts only while their receives come back full:
+  consumers keeping up take what arrives, so their pace is the arrival rate, not what they
+  could take; a receive that came back with less than it asked for says they have room, and
+  a burst for such a queue is not refused on a forecast (only the head's age counts).
 
 Sends to a queue are refused when its delivery lag is over half of ``[dispatch]
 overload_lag_ms`` (``refusal_limit_ms``), so that what was accepted before the refusal began
@@ -196,8 +197,8 @@ class DeliveryLag:
         wanted: dict[str, int] = {}
         for queue, entry in self._queues.items():
             pace = entry.pace_per_s(now_ms)
-            if entry.emptied and waiting.get(queue):  # nothing ready: no need to look
-                entry.lag_ms = entry.forecast_ms(now_ms, 0, pace, counted_ms) if pace else 0
+            if entry.emptied and waiting.get(queue):  # nothing ready, consumers have room
+                entry.lag_ms = 0
                 continue
             # No pace yet: only the head's age counts, so nothing is counted.
             cap = max(math.ceil(pace * 2 * counted_ms / 1000), _COUNT_CAP_FLOOR) if pace else 0
@@ -217,7 +218,9 @@ class DeliveryLag:
                 continue
             age = 0 if head.oldest_due_ms is None else max(0, now_ms - head.oldest_due_ms)
             pace = entry.pace_per_s(now_ms)
-            ahead = entry.forecast_ms(now_ms, head.ready, pace, horizon_ms) if pace else 0
+            # A pace is a capacity only while receives come back full (the module docstring).
+            full = pace and not entry.emptied
+            ahead = entry.forecast_ms(now_ms, head.ready, pace, horizon_ms) if full else 0
             entry.lag_ms = max(age, ahead)
         self._worst_ms = self.worst_ms()
 
