@@ -18,9 +18,12 @@ from typing import Protocol
 
 from tarry.engine import release, shared_release
 from tarry.engine.context import EngineContext
+from tarry.engine.release import Accepted
 from tarry.errors import DeliveryFailed
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
+from tarry.queues.txn import QueueTxn
+from tarry.store.base import StoreOutcome
 
 __all__ = ["ReleasePath", "SeparatePath", "SharedPath", "pick"]
 
@@ -54,6 +57,14 @@ class ReleasePath(Protocol):
         """Dead-letter (or discard) a claimed message that cannot be delivered."""
         ...
 
+    async def keep_sends(
+        self, accepted: Accepted, now_ms: int
+    ) -> tuple[QueueTxn | None, list[StoreOutcome]]:
+        """Keep accepted sends durably and release at once those not delayed to a local queue.
+        Returns the release's transaction (its events are told after "scheduled") and one
+        outcome per message, in order."""
+        ...
+
 
 class SharedPath:
     def __init__(self, ctx: EngineContext) -> None:
@@ -80,6 +91,11 @@ class SharedPath:
     async def give_up(self, message: Message, error: DeliveryFailed) -> None:
         await shared_release.give_up(self._ctx, message, error)
 
+    async def keep_sends(
+        self, accepted: Accepted, now_ms: int
+    ) -> tuple[QueueTxn | None, list[StoreOutcome]]:
+        return await shared_release.store_sends(self._ctx, accepted, now_ms)
+
 
 class SeparatePath:
     def __init__(self, ctx: EngineContext) -> None:
@@ -105,6 +121,13 @@ class SeparatePath:
 
     async def give_up(self, message: Message, error: DeliveryFailed) -> None:
         await release.give_up(self._ctx, message, error)
+
+    async def keep_sends(
+        self, accepted: Accepted, now_ms: int
+    ) -> tuple[QueueTxn | None, list[StoreOutcome]]:
+        kept = await release.store_sends(self._ctx, accepted, now_ms)
+        # Released before the results are built (they show "ready").
+        return await release.release_now(self._ctx, accepted, kept, now_ms), kept
 
 
 def pick(ctx: EngineContext) -> ReleasePath:

@@ -9,14 +9,13 @@ HTTP; its offline sink writes the log store's segment files with the same rules,
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from tarry.engine import cluster, release
 from tarry.engine.handover import hand_over
 from tarry.engine.types import MayAccess, SendResult
-from tarry.errors import DeliveryFailed, TarryError, Unavailable
+from tarry.errors import TarryError, Unavailable
 from tarry.model.batch import BatchCheck
 from tarry.model.fanout import fan_out_many
 from tarry.model.message import Message, SendPlan
@@ -24,8 +23,7 @@ from tarry.model.queue_args import Overflow
 from tarry.model.state import MessageState
 from tarry.model.validate import DestinationView, TargetView
 from tarry.queues.lag import refusal_limit_ms
-from tarry.queues.txn import QueueTxn
-from tarry.store.base import SharedDelayedStore, StoreOutcome
+from tarry.store.base import StoreOutcome
 
 if TYPE_CHECKING:
     from tarry.engine.core import Engine
@@ -136,25 +134,15 @@ async def send_many(
             accepted, results, transports=engine.transports, find=engine.list_messages
         )
     if accepted:
-        stored: tuple[QueueTxn | None, list[tuple[SendResult, bool]]]
         try:
-            if engine.shared:
-                stored = await engine.qdb.write(
-                    lambda conn: _store_work(engine, conn, accepted, now), durable=True
-                )
-            else:
-                kept = await release.store_sends(engine.ctx, accepted, now)
-                # Released before the results are built (they show "ready"); its events
-                # are told after the "scheduled" ones below.
-                released = await release.release_now(engine.ctx, accepted, kept, now)
-                stored = (released, _results(engine, accepted, kept, now))
+            txn, kept = await engine.path.keep_sends(accepted, now)
         except TarryError as exc:
             engine.breakers.store.failure(exc)
             for index, _, _ in accepted:
                 results[index] = exc
             return [r for r in results if r is not None]
         engine.breakers.store.success()
-        txn, outcomes = stored
+        outcomes = _results(engine, accepted, kept, now)
         earliest = None
         scheduled: list[Message] = []
         transports = engine.transports
@@ -175,30 +163,6 @@ async def send_many(
             engine.dispatcher.notify_due(earliest)
             cluster.announce_due(engine.ctx, earliest, now)
     return [r for r in results if r is not None]
-
-
-def _store_work(
-    engine: Engine,
-    conn: sqlite3.Connection,
-    accepted: list[tuple[int, SendPlan, list[Message]]],
-    now: int,
-) -> tuple[QueueTxn, list[tuple[SendResult, bool]]]:
-    txn = engine._txn(conn, now)
-    # One insert for the whole batch; then each plan takes back its own rows.
-    store = cast(SharedDelayedStore, engine.store)  # the shared path (``engine.shared``)
-    everything = store.store_in(conn, [m for _, _, messages in accepted for m in messages])
-    start = 0
-    for _, plan, messages in accepted:
-        stored = everything[start : start + len(messages)]
-        start += len(messages)
-        if not plan.delayed:
-            for outcome in stored:
-                if outcome.created and outcome.message.destination not in engine.transports:
-                    try:
-                        txn.enqueue(outcome.message, outcome.message.destination)
-                    except DeliveryFailed:
-                        pass  # stays scheduled and due now: the dispatcher handles the failure
-    return txn, _results(engine, accepted, everything, now)
 
 
 def _results(

@@ -11,12 +11,37 @@ from typing import cast
 
 from tarry.engine.cluster import still_held
 from tarry.engine.context import EngineContext
+from tarry.engine.release import Accepted, per_send
 from tarry.errors import DeliveryFailed
 from tarry.model.message import DeathReason, Message
 from tarry.queues.txn import QueueTxn
-from tarry.store.base import SharedDelayedStore
+from tarry.store.base import SharedDelayedStore, StoreOutcome
 
-__all__ = ["give_up", "release"]
+__all__ = ["give_up", "release", "store_sends"]
+
+
+async def store_sends(
+    ctx: EngineContext, accepted: Accepted, now_ms: int
+) -> tuple[QueueTxn, list[StoreOutcome]]:
+    """Keep every accepted message and release the ones not delayed, in one transaction.
+    Returns it (its events are told after "scheduled") and one outcome per message, in order."""
+    store = cast(SharedDelayedStore, ctx.store)  # this path runs only for one (``ctx.shared``)
+
+    def work(conn: sqlite3.Connection) -> tuple[QueueTxn, list[StoreOutcome]]:
+        txn = ctx.txn(conn, now_ms)
+        # One insert for the whole batch; then each plan takes back its own rows.
+        everything = store.store_in(conn, [m for _, _, messages in accepted for m in messages])
+        for (_, plan, _), stored in zip(accepted, per_send(accepted, everything), strict=True):
+            if not plan.delayed:
+                for outcome in stored:
+                    if outcome.created and outcome.message.destination not in ctx.transports:
+                        try:
+                            txn.enqueue(outcome.message, outcome.message.destination)
+                        except DeliveryFailed:
+                            pass  # stays scheduled and due now: the dispatcher handles it
+        return txn, everything
+
+    return await ctx.qdb.write(work, durable=True)
 
 
 async def release(
