@@ -389,5 +389,9 @@ class Engine:
 
     async def stats(self) -> dict[str, Any]:
         return await operations.stats(
-            self.ctx, dispatch=self.dispatcher.stats, journal=self.journal, health=self.health()
+            self.ctx,
+            self.path,
+            dispatch=self.dispatcher.stats,
+            journal=self.journal,
+            health=self.health(),
         )

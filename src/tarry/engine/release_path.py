@@ -22,6 +22,8 @@ from tarry.engine.release import Accepted
 from tarry.errors import DeliveryFailed
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
+from tarry.model.state import MessageState
+from tarry.queues import counts
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import StoreOutcome
 
@@ -65,6 +67,10 @@ class ReleasePath(Protocol):
         outcome per message, in order."""
         ...
 
+    async def counts_by_state(self) -> dict[str, int]:
+        """How many messages are in each state (by ``MessageState`` value), for ``/v1/stats``."""
+        ...
+
 
 class SharedPath:
     def __init__(self, ctx: EngineContext) -> None:
@@ -95,6 +101,9 @@ class SharedPath:
         self, accepted: Accepted, now_ms: int
     ) -> tuple[QueueTxn | None, list[StoreOutcome]]:
         return await shared_release.store_sends(self._ctx, accepted, now_ms)
+
+    async def counts_by_state(self) -> dict[str, int]:
+        return await self._ctx.qdb.read(counts.by_state)  # scheduled rows included
 
 
 class SeparatePath:
@@ -128,6 +137,11 @@ class SeparatePath:
         kept = await release.store_sends(self._ctx, accepted, now_ms)
         # Released before the results are built (they show "ready").
         return await release.release_now(self._ctx, accepted, kept, now_ms), kept
+
+    async def counts_by_state(self) -> dict[str, int]:
+        by_state = await self._ctx.qdb.read(counts.by_state)
+        by_state[MessageState.SCHEDULED.value] = await self._ctx.store.count_scheduled()
+        return by_state
 
 
 def pick(ctx: EngineContext) -> ReleasePath:
