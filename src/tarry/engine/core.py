@@ -13,7 +13,7 @@ from typing import IO, Any, cast
 from tarry.config import TarryConfig
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
-from tarry.engine import catalog_admin, cluster, consuming, operations, queue_admin
+from tarry.engine import catalog_admin, consuming, operations, queue_admin
 from tarry.engine.cluster import ClusterLink
 from tarry.engine.context import EngineContext
 from tarry.engine.housekeeping import StoreProbe, housekeeping, sweep
@@ -78,7 +78,7 @@ class Engine:
         #: Every listener in its form for many events (``add_listener``).
         self._listeners: list[EventBatchListener] = []
         # What differs where nodes share the store, chosen once (``tarry.engine.cluster``).
-        link = ClusterLink(store, self.clock)
+        self._link = link = ClusterLink(store, self.clock)
         self._seq = link.sequencer
         self.waiters = link.waiters
         #: What the engine's parts get of it.
@@ -96,7 +96,7 @@ class Engine:
             emit=self._emit_all,
             due=self._due,
         )
-        self.path = pick(self.ctx)
+        self.path = pick(self.ctx, still_held=link.still_held)
         self.routes = RouteBook(
             configured=config.routes,
             transports=self.transports,
@@ -246,7 +246,7 @@ class Engine:
 
     def _due(self, deliver_at_ms: int, now_ms: int) -> None:
         self.dispatcher.notify_due(deliver_at_ms)
-        cluster.announce_due(self.ctx, deliver_at_ms, now_ms)
+        self._link.announce_due(deliver_at_ms, now_ms)
 
     # --- sending ------------------------------------------------------------------------------
     async def send(

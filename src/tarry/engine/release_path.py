@@ -73,8 +73,9 @@ class ReleasePath(Protocol):
 
 
 class SharedPath:
-    def __init__(self, ctx: EngineContext) -> None:
+    def __init__(self, ctx: EngineContext, still_held: shared_release.StillHeld) -> None:
         self._ctx = ctx
+        self._still_held = still_held
 
     async def open(self) -> None:
         """Nothing: the store is the queue database."""
@@ -92,7 +93,7 @@ class SharedPath:
         return await self._ctx.store.list(query)
 
     async def release(self, batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
-        return await shared_release.release(self._ctx, batch)
+        return await shared_release.release(self._ctx, batch, self._still_held)
 
     async def give_up(self, message: Message, error: DeliveryFailed) -> None:
         await shared_release.give_up(self._ctx, message, error)
@@ -144,6 +145,7 @@ class SeparatePath:
         return by_state
 
 
-def pick(ctx: EngineContext) -> ReleasePath:
-    """The path for the engine's store (``EngineContext.shared``)."""
-    return SharedPath(ctx) if ctx.shared else SeparatePath(ctx)
+def pick(ctx: EngineContext, *, still_held: shared_release.StillHeld) -> ReleasePath:
+    """The path for the engine's store (``EngineContext.shared``); ``still_held`` is the
+    cluster's (``ClusterLink.still_held``)."""
+    return SharedPath(ctx, still_held) if ctx.shared else SeparatePath(ctx)

@@ -6,10 +6,9 @@ for a store kept apart from the queue database."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
-from tarry.engine.cluster import still_held
 from tarry.engine.context import EngineContext
 from tarry.engine.release import Accepted, per_send
 from tarry.errors import DeliveryFailed
@@ -17,7 +16,10 @@ from tarry.model.message import DeathReason, Message
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import SharedDelayedStore, StoreOutcome
 
-__all__ = ["give_up", "release", "store_sends"]
+__all__ = ["StillHeld", "give_up", "release", "store_sends"]
+
+#: Inside the release transaction: the messages of a batch this node still holds.
+StillHeld = Callable[[sqlite3.Connection, Sequence[Message]], Sequence[Message]]
 
 
 async def store_sends(
@@ -45,15 +47,16 @@ async def store_sends(
 
 
 async def release(
-    ctx: EngineContext, batch: Sequence[Message]
+    ctx: EngineContext, batch: Sequence[Message], still_held: StillHeld
 ) -> list[tuple[Message, DeliveryFailed]]:
-    """Release claimed messages into their local queues; returns those their queue refused."""
+    """Release claimed messages into their local queues; returns those their queue refused.
+    ``still_held`` keeps those this node still holds, their rows locked (``ClusterLink``)."""
 
     def work(conn: sqlite3.Connection) -> tuple[QueueTxn, list[tuple[Message, DeliveryFailed]]]:
         txn = ctx.txn(conn, ctx.clock.now_ms())  # when it runs (see ``release._release``)
         refused = []
         # Claim check, enqueue and leaving the store commit together (exactly-once).
-        for message in still_held(ctx.store, conn, batch):
+        for message in still_held(conn, batch):
             try:
                 txn.enqueue(message, message.destination)
             except DeliveryFailed as exc:
