@@ -1,7 +1,8 @@
 """What a node must hear from, and guard against, the other nodes sharing its store.
 
-With the embedded store one process owns everything, so none of this applies (every function
-here is a no-op for a store without these capabilities). With a shared PostgreSQL store:
+With the embedded store one process owns everything, so none of this applies (every part here
+is a no-op for a store that is no ``ClusterStore``, decided once when the engine is built).
+With a shared PostgreSQL store:
 
 - wake-ups: another node stored a message due earlier than this dispatcher planned to look
   (``tarry_due``); a queue received messages, so consumers waiting here look now
@@ -32,9 +33,9 @@ from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
 from tarry.queues.sequence import ClockSequencer, Sequencer
 from tarry.queues.txn import QueueTxn
-from tarry.store.base import DelayedStore
+from tarry.store.base import ClusterStore, DelayedStore
 
-__all__ = ["ClusterLink", "announce_due", "still_held"]
+__all__ = ["ClusterLink"]
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +43,22 @@ log = logging.getLogger(__name__)
 class ClusterLink:
     """The parts of an engine that differ where nodes share its store, chosen once from the
     store when the engine is built: the sequencer, the waiters, the dispatcher's one-transaction
-    release (``release_due``), and what the store's notifications are wired to (``listen``)."""
+    release (``release_due``), what the store's notifications are wired to (``listen``), and
+    what a release and a send tell the store (``still_held``, ``announce_due``)."""
 
     def __init__(self, store: DelayedStore, clock: Clock) -> None:
-        self._store: Any = store
         #: The store tells of other nodes' changes (PostgreSQL).
-        self.notifies = hasattr(store, "on_due")
+        self._cluster = store if isinstance(store, ClusterStore) else None
         #: The nodes share the queues too (``exactly_once``; with ``at_least_once`` each
         #: node's queues are its own).
-        self.shares_queues = self.notifies and store.shares_queue_database
+        self._shared = self._cluster if store.shares_queue_database else None
+        self.shares_queues = self._shared is not None
         self.sequencer = ClockSequencer(clock) if self.shares_queues else Sequencer()
-        self.waiters = _ClusterWaiters(store) if self.shares_queues else Waiters()
+        self.waiters = _ClusterWaiters(self._shared) if self._shared is not None else Waiters()
 
     def release_due(self, ctx: EngineContext) -> ReleaseDue | None:
         """The dispatcher's fetch-and-release in one transaction, where the queues are shared."""
-        return partial(_release_due, ctx) if self.shares_queues else None
+        return partial(_release_due, ctx, self._shared) if self._shared is not None else None
 
     def listen(
         self,
@@ -67,33 +69,41 @@ class ClusterLink:
     ) -> None:
         """Wire the store's notifications: another node's due times to ``notify_due``, its
         fills to the consumers waiting here, its catalog changes to a reload."""
-        if not self.notifies:
+        if self._cluster is None:
             return
-        store = self._store
-        store.on_due(notify_due)
-        if not self.shares_queues:
+        self._cluster.on_due(notify_due)
+        store = self._shared
+        if store is None:
             return
         waiters = cast(_ClusterWaiters, self.waiters)
         store.on_filled(lambda queue: waiters.wake_here({queue}))
         reloader = _CatalogReloader(ctx, apply_routes)
         store.on_catalog_change(reloader.request)
 
+    def announce_due(self, deliver_at_ms: int, now_ms: int) -> None:
+        """After a send committed: wake the other nodes for a message due at ``deliver_at_ms``
+        (in the background: the producer does not wait for it)."""
+        # Where the queues are not shared, ``store.store`` announces by itself.
+        if self._shared is not None:
+            self._shared.announce_due(deliver_at_ms, now_ms=now_ms)
 
-def announce_due(ctx: EngineContext, deliver_at_ms: int, now_ms: int) -> None:
-    """After a send committed: wake the other nodes for a message due at ``deliver_at_ms``
-    (in the background: the producer does not wait for it)."""
-    announce = getattr(ctx.store, "announce_due", None)
-    if announce is not None and ctx.shared:  # else ``store.store`` announces by itself
-        announce(deliver_at_ms, now_ms=now_ms)
+    def still_held(self, conn: Any, batch: Sequence[Message]) -> Sequence[Message]:
+        """Inside the release transaction: the messages of ``batch`` this node still holds,
+        their rows locked until commit (all of them for a store that only one process uses)."""
+        if self._cluster is None:
+            return batch
+        held = self._cluster.release_claimed(conn, [m.id for m in batch])
+        return [m for m in batch if m.id in held]
 
 
-async def _release_due(ctx: EngineContext, now_ms: int, limit: int, lease_ms: int) -> DueRelease:
+async def _release_due(
+    ctx: EngineContext, store: ClusterStore, now_ms: int, limit: int, lease_ms: int
+) -> DueRelease:
     """Fetch, enqueue and remove in ONE transaction (exactly_once): the due rows are locked
     (``SKIP LOCKED``: other nodes take the next ones), each local message goes through its
     queue's rules, and only what must outlive the transaction (refused messages, messages for
     transports) is claimed with a lease. A node killed inside it leaves nothing behind: its
     transaction rolls back and the messages are due again at once for every node."""
-    store: Any = ctx.store
 
     def work(conn: Any) -> tuple[QueueTxn, DueRelease]:
         due = store.claim_due(conn, now_ms=now_ms, limit=limit)
@@ -118,21 +128,11 @@ async def _release_due(ctx: EngineContext, now_ms: int, limit: int, lease_ms: in
     return outcome
 
 
-def still_held(store: Any, conn: Any, batch: Sequence[Message]) -> Sequence[Message]:
-    """Inside the release transaction: the messages of ``batch`` this node still holds, their
-    rows locked until commit (all of them for a store that only one process uses)."""
-    lock = getattr(store, "release_claimed", None)
-    if lock is None:
-        return batch
-    held = lock(conn, [m.id for m in batch])
-    return [m for m in batch if m.id in held]
-
-
 class _ClusterWaiters(Waiters):
     """Waking the consumers of a queue wakes those waiting on the other nodes too: one NOTIFY
     per queue and flush, sent after the commit that filled it (coalesced while one is sent)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: ClusterStore) -> None:
         super().__init__()
         self._store = store
         self._pending: set[str] = set()

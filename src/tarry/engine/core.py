@@ -13,7 +13,7 @@ from typing import IO, Any, cast
 from tarry.config import TarryConfig
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
-from tarry.engine import catalog_admin, cluster, consuming, operations, queue_admin, sending
+from tarry.engine import catalog_admin, consuming, operations, queue_admin
 from tarry.engine.cluster import ClusterLink
 from tarry.engine.context import EngineContext
 from tarry.engine.housekeeping import StoreProbe, housekeeping, sweep
@@ -25,17 +25,18 @@ from tarry.engine.redrive import Redriver
 from tarry.engine.release_path import pick
 from tarry.engine.routes import RouteBook, RouteEntry, RouteHooks
 from tarry.engine.schedules import Schedules
+from tarry.engine.sending import Sender
 from tarry.engine.stores import build_stores
 from tarry.engine.types import Delivery, MayAccess, QueueInfo, SendResult
 from tarry.errors import TarryError
-from tarry.model.events import Event, EventBatchListener, EventListener, EventRun
+from tarry.model.events import Event, EventBatchListener, EventListener
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
 from tarry.model.queue_args import Policy
 from tarry.model.redrive import parse_redrive
 from tarry.model.time import Clock, SystemClock
-from tarry.model.validate import SendLimits, check_batch_size
+from tarry.model.validate import check_batch_size
 from tarry.queues.catalog import Catalog
 from tarry.queues.sequence import last_seq
 from tarry.queues.txn import QueueTxn
@@ -74,11 +75,10 @@ class Engine:
         self.catalog = Catalog()
         self.transports: dict[str, Transport] = dict(transports or {})
         self.breakers = Breakers.from_config(config.dispatch, self.clock)
-        self.limits = SendLimits(max_message_bytes=config.server.max_message_bytes)
         #: Every listener in its form for many events (``add_listener``).
         self._listeners: list[EventBatchListener] = []
         # What differs where nodes share the store, chosen once (``tarry.engine.cluster``).
-        link = ClusterLink(store, self.clock)
+        self._link = link = ClusterLink(store, self.clock)
         self._seq = link.sequencer
         self.waiters = link.waiters
         #: What the engine's parts get of it.
@@ -96,7 +96,7 @@ class Engine:
             emit=self._emit_all,
             due=self._due,
         )
-        self.path = pick(self.ctx)
+        self.path = pick(self.ctx, still_held=link.still_held)
         self.routes = RouteBook(
             configured=config.routes,
             transports=self.transports,
@@ -121,7 +121,7 @@ class Engine:
             give_up=self.path.give_up,
             notify=self._emit_all,
             policy_for=self.routes.policy_for,
-            report_failure=self._report_failure,
+            report_failure=lambda request: self.sender.report_failure(request),
             release_due=link.release_due(self.ctx),
         )
         self.messages = Messages(self.ctx, self.path, notify_due=self.dispatcher.notify_due)
@@ -131,13 +131,22 @@ class Engine:
             qdb=self.qdb,
             # One process owns an embedded store (its lock file): a restart is the same node.
             node=getattr(store, "node", None) or "local",
-            send_many=lambda items: sending.send_many(self, items, None),
-            check_many=lambda items, may: sending.check_many(self, items, may),
+            send_many=lambda items: self.sender.send_many(items, None),
+            check_many=lambda items, may: self.sender.check_many(items, may),
             list_messages=self.list_messages,
             cancel=self.cancel,
         )
         self.redriver = Redriver(self.ctx, is_route=lambda name: name in self.transports)
         self.probe_store = StoreProbe(store)
+        self.sender = Sender(
+            self.ctx,
+            self.path,
+            ids=self.ids,
+            lag=self.dispatcher.lag,
+            breakers=self.breakers,
+            probe=self.probe_store,
+            find=self.list_messages,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._forecasts = ForecastCache()
         self._lock_file: IO[str] | None = None
@@ -217,10 +226,6 @@ class Engine:
         self._tasks.append(supervise(loop_fn))
 
     # --- events -------------------------------------------------------------------------------
-    def _emit_each(self, event: str, messages: Sequence[Message], time_ms: int) -> None:
-        """``_emit_all`` of ``event`` for every message (a batch's thousands of events)."""
-        self._emit_all(EventRun(event, messages, time_ms))
-
     def _emit_all(self, events: Sequence[Event]) -> None:
         emit_all(self._listeners, events)
 
@@ -241,22 +246,19 @@ class Engine:
 
     def _due(self, deliver_at_ms: int, now_ms: int) -> None:
         self.dispatcher.notify_due(deliver_at_ms)
-        cluster.announce_due(self.ctx, deliver_at_ms, now_ms)
+        self._link.announce_due(deliver_at_ms, now_ms)
 
     # --- sending ------------------------------------------------------------------------------
     async def send(
         self, data: Mapping[str, Any], *, may_send: MayAccess | None = None
     ) -> SendResult:
-        result = (await sending.send_many(self, [data], may_send))[0]
-        if isinstance(result, TarryError):
-            raise result
-        return result
+        return await self.sender.send_one(data, may_send)
 
     async def send_batch(
         self, items: Sequence[Mapping[str, Any]], *, may_send: MayAccess | None = None
     ) -> list[SendResult | TarryError]:
         check_batch_size(items, limit=self.config.server.max_batch)
-        return await sending.send_many(self, items, may_send)
+        return await self.sender.send_many(items, may_send)
 
     # --- one message ----------------------------------------------------------------------------
     async def get_message(self, message_id: str) -> Message:
@@ -278,12 +280,6 @@ class Engine:
     ) -> dict[str, Any]:
         """Move dead letters of ``queue`` back where they came from (``tarry.engine.redrive``)."""
         return await self.redriver.redrive(queue, parse_redrive(data), may_send=may_send)
-
-    # --- dispatch hooks -------------------------------------------------------------------------
-    async def _report_failure(self, request: dict[str, Any]) -> None:
-        """A route's failure report, sent as tarry itself (the route's settings were authorised
-        to name its destination when they were given)."""
-        await self.send(request, may_send=None)
 
     # --- queues ---------------------------------------------------------------------------------
     async def declare_queue(self, name: str, args: Mapping[str, Any]) -> tuple[QueueInfo, bool]:
@@ -393,5 +389,9 @@ class Engine:
 
     async def stats(self) -> dict[str, Any]:
         return await operations.stats(
-            self.ctx, dispatch=self.dispatcher.stats, journal=self.journal, health=self.health()
+            self.ctx,
+            self.path,
+            dispatch=self.dispatcher.stats,
+            journal=self.journal,
+            health=self.health(),
         )

@@ -8,8 +8,8 @@ from typing import Any
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import DispatchStats
 from tarry.engine.context import EngineContext
+from tarry.engine.release_path import ReleasePath
 from tarry.model.state import MessageState
-from tarry.queues import counts
 from tarry.queues.lag import refusal_limit_ms
 
 __all__ = ["health", "stats"]
@@ -45,13 +45,16 @@ def health(
 
 
 async def stats(
-    ctx: EngineContext, *, dispatch: DispatchStats, journal: Any, health: dict[str, Any]
+    ctx: EngineContext,
+    path: ReleasePath,
+    *,
+    dispatch: DispatchStats,
+    journal: Any,
+    health: dict[str, Any],
 ) -> dict[str, Any]:
     """``/v1/stats``: counts by state, the catalog's sizes, the dispatcher's figures."""
 
-    by_state = await ctx.qdb.read(counts.by_state)
-    if not ctx.shared:
-        by_state[MessageState.SCHEDULED.value] = await ctx.store.count_scheduled()
+    by_state = await path.counts_by_state()
     d = dispatch
     return {
         "messages": {s.value: by_state.get(s.value, 0) for s in MessageState},

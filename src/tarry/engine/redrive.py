@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from tarry.engine.context import EngineContext
 from tarry.engine.types import MayAccess
@@ -58,13 +58,15 @@ class Redriver:
 
     def __post_init__(self) -> None:
         self._lock = asyncio.Lock()
+        # Picked once: where the store keeps scheduled messages decides whether a chunk that
+        # schedules needs an outbox.
+        self._outbox: _Outbox = _NoOutbox() if self.ctx.shared else _StoreOutbox(self.ctx)
 
     async def open(self) -> None:
         """Finish what a crash interrupted (before the dispatcher starts)."""
-        if not self.ctx.shared:
-            await self.ctx.qdb.write(create_outbox, durable=True)
-            async with self._lock:
-                await self._resume()
+        await self._outbox.open()
+        async with self._lock:
+            await self._outbox.resume()
 
     async def redrive(
         self, queue: str, request: RedriveRequest, *, may_send: MayAccess | None
@@ -85,8 +87,7 @@ class Redriver:
                     f"to {name!r} is no queue or route here; declare it or name another"
                 )
         async with self._lock:
-            if not self.ctx.shared:
-                await self._resume()
+            await self._outbox.resume()
             return await self._run(queue, request, may_send)
 
     async def _run(
@@ -136,7 +137,7 @@ class Redriver:
                 queue,
                 is_route=self.is_route,
                 may_send=may_send,
-                keep_scheduled=self.ctx.shared,
+                keep_scheduled=self._outbox.keeps_scheduled,
             )
             step(chunk)
             if chunk.outbox:
@@ -153,9 +154,9 @@ class Redriver:
         self.ctx.after(chunk.txn)
         now = chunk.txn.now_ms
         if chunk.scheduled:
-            self._scheduled(chunk.scheduled, now)
+            _scheduled(self.ctx, chunk.scheduled, now)
         if chunk.outbox:
-            await self._keep(chunk.outbox, now)
+            await self._outbox.keep(chunk.outbox, now)
         if chunk.moved:
             log.info(
                 "redrove %d dead letters of %s",
@@ -165,18 +166,61 @@ class Redriver:
             )
         return chunk
 
-    async def _keep(self, messages: list[Message], now: int) -> None:
+
+def _scheduled(ctx: EngineContext, messages: list[Message], now: int) -> None:
+    ctx.emit([("scheduled", m, now, None, None) for m in messages])
+    ctx.due(min(m.deliver_at_ms for m in messages), now)
+
+
+class _Outbox(Protocol):
+    #: True: a chunk writes what it schedules in its own transaction (no outbox).
+    keeps_scheduled: bool
+
+    async def open(self) -> None: ...
+
+    async def resume(self) -> None:
+        """Keep what a crash left in the outbox (under the redriver's lock)."""
+        ...
+
+    async def keep(self, messages: list[Message], now: int) -> None:
+        """The delayed store keeps a chunk's outbox messages, then the outbox lets them go."""
+        ...
+
+
+class _NoOutbox:
+    """The store shares the queue database: a scheduled message is a row of it."""
+
+    keeps_scheduled: bool = True
+
+    async def open(self) -> None:
+        """Nothing: no outbox."""
+
+    async def resume(self) -> None:
+        """Nothing: a chunk commits whole."""
+
+    async def keep(self, messages: list[Message], now: int) -> None:
+        raise AssertionError("a chunk fills no outbox where the store shares the queue database")
+
+
+class _StoreOutbox:
+    """The store keeps scheduled messages apart: a chunk's go through the outbox table."""
+
+    keeps_scheduled: bool = False
+
+    def __init__(self, ctx: EngineContext) -> None:
+        self.ctx = ctx
+
+    async def open(self) -> None:
+        await self.ctx.qdb.write(create_outbox, durable=True)
+
+    async def keep(self, messages: list[Message], now: int) -> None:
         """The delayed store keeps the outbox's messages, then the outbox lets them go."""
         await self.ctx.store.store(messages)
-        self._scheduled(messages, now)
+        _scheduled(self.ctx, messages, now)
         ids = [m.id for m in messages]
         await self.ctx.qdb.write(lambda conn: drop_outbox(conn, ids))
 
-    def _scheduled(self, messages: list[Message], now: int) -> None:
-        self.ctx.emit([("scheduled", m, now, None, None) for m in messages])
-        self.ctx.due(min(m.deliver_at_ms for m in messages), now)
-
-    async def _resume(self) -> None:
+    async def resume(self) -> None:
         """Outbox rows a crash left: keep in the store those it does not hold yet."""
         waiting = await self.ctx.qdb.read(read_outbox)
         if not waiting:
@@ -192,7 +236,7 @@ class Redriver:
             len(missing),
         )
         if missing:
-            await self._keep(missing, now)
+            await self.keep(missing, now)
         else:
             await self.ctx.qdb.write(drop_outbox)
 

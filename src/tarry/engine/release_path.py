@@ -18,9 +18,14 @@ from typing import Protocol
 
 from tarry.engine import release, shared_release
 from tarry.engine.context import EngineContext
+from tarry.engine.release import Accepted
 from tarry.errors import DeliveryFailed
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
+from tarry.model.state import MessageState
+from tarry.queues import counts
+from tarry.queues.txn import QueueTxn
+from tarry.store.base import StoreOutcome
 
 __all__ = ["ReleasePath", "SeparatePath", "SharedPath", "pick"]
 
@@ -54,10 +59,23 @@ class ReleasePath(Protocol):
         """Dead-letter (or discard) a claimed message that cannot be delivered."""
         ...
 
+    async def keep_sends(
+        self, accepted: Accepted, now_ms: int
+    ) -> tuple[QueueTxn | None, list[StoreOutcome]]:
+        """Keep accepted sends durably and release at once those not delayed to a local queue.
+        Returns the release's transaction (its events are told after "scheduled") and one
+        outcome per message, in order."""
+        ...
+
+    async def counts_by_state(self) -> dict[str, int]:
+        """How many messages are in each state (by ``MessageState`` value), for ``/v1/stats``."""
+        ...
+
 
 class SharedPath:
-    def __init__(self, ctx: EngineContext) -> None:
+    def __init__(self, ctx: EngineContext, still_held: shared_release.StillHeld) -> None:
         self._ctx = ctx
+        self._still_held = still_held
 
     async def open(self) -> None:
         """Nothing: the store is the queue database."""
@@ -75,10 +93,18 @@ class SharedPath:
         return await self._ctx.store.list(query)
 
     async def release(self, batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
-        return await shared_release.release(self._ctx, batch)
+        return await shared_release.release(self._ctx, batch, self._still_held)
 
     async def give_up(self, message: Message, error: DeliveryFailed) -> None:
         await shared_release.give_up(self._ctx, message, error)
+
+    async def keep_sends(
+        self, accepted: Accepted, now_ms: int
+    ) -> tuple[QueueTxn | None, list[StoreOutcome]]:
+        return await shared_release.store_sends(self._ctx, accepted, now_ms)
+
+    async def counts_by_state(self) -> dict[str, int]:
+        return await self._ctx.qdb.read(counts.by_state)  # scheduled rows included
 
 
 class SeparatePath:
@@ -106,7 +132,20 @@ class SeparatePath:
     async def give_up(self, message: Message, error: DeliveryFailed) -> None:
         await release.give_up(self._ctx, message, error)
 
+    async def keep_sends(
+        self, accepted: Accepted, now_ms: int
+    ) -> tuple[QueueTxn | None, list[StoreOutcome]]:
+        kept = await release.store_sends(self._ctx, accepted, now_ms)
+        # Released before the results are built (they show "ready").
+        return await release.release_now(self._ctx, accepted, kept, now_ms), kept
 
-def pick(ctx: EngineContext) -> ReleasePath:
-    """The path for the engine's store (``EngineContext.shared``)."""
-    return SharedPath(ctx) if ctx.shared else SeparatePath(ctx)
+    async def counts_by_state(self) -> dict[str, int]:
+        by_state = await self._ctx.qdb.read(counts.by_state)
+        by_state[MessageState.SCHEDULED.value] = await self._ctx.store.count_scheduled()
+        return by_state
+
+
+def pick(ctx: EngineContext, *, still_held: shared_release.StillHeld) -> ReleasePath:
+    """The path for the engine's store (``EngineContext.shared``); ``still_held`` is the
+    cluster's (``ClusterLink.still_held``)."""
+    return SharedPath(ctx, still_held) if ctx.shared else SeparatePath(ctx)

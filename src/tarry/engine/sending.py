@@ -1,36 +1,39 @@
 """Accepting sends: one or a batch checked column-wise (``BatchCheck``), fanned out to their
 queues, handed to RabbitMQ where a route does the waiting, kept durably, released at once when
 not delayed, and answered one result per send. ``Engine.send`` and ``Engine.send_batch`` call
-``send_many``: the HTTP API and the AMQP ingress go through them (the pipeline's HTTP sink over
-HTTP; its offline sink writes the log store's segment files with the same rules,
+``Sender.send_many``: the HTTP API and the AMQP ingress go through them (the pipeline's HTTP
+sink over HTTP; its offline sink writes the log store's segment files with the same rules,
 ``pipeline/sink_log``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from tarry.engine import cluster, release
+from tarry.dispatch.breaker import Breakers
+from tarry.dispatch.lag import ReleaseLag
+from tarry.engine import queue_admin, release
+from tarry.engine.context import EngineContext
 from tarry.engine.handover import hand_over
+from tarry.engine.release_path import ReleasePath
 from tarry.engine.types import MayAccess, SendResult
-from tarry.errors import DeliveryFailed, TarryError, Unavailable
+from tarry.errors import TarryError, Unavailable
 from tarry.model.batch import BatchCheck
+from tarry.model.events import EventRun
 from tarry.model.fanout import fan_out_many
+from tarry.model.ids import IdGenerator
 from tarry.model.message import Message, SendPlan
+from tarry.model.query import MessageQuery
 from tarry.model.queue_args import Overflow
 from tarry.model.state import MessageState
-from tarry.model.validate import DestinationView, TargetView
+from tarry.model.validate import DestinationView, SendLimits, TargetView
 from tarry.queues.lag import refusal_limit_ms
-from tarry.queues.txn import QueueTxn
-from tarry.store.base import SharedDelayedStore, StoreOutcome
+from tarry.store.base import StoreOutcome
 
-if TYPE_CHECKING:
-    from tarry.engine.core import Engine
-
-__all__ = ["check_many", "send_many"]
+__all__ = ["Sender"]
 
 
 #: Longest a send waits for the dispatcher's round while due messages wait (releases first).
@@ -50,225 +53,216 @@ async def _pause(items: int) -> None:
         await asyncio.sleep(1e-6)
 
 
-async def check_many(
-    engine: Engine, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
-) -> list[SendPlan | TarryError]:
-    """Every send rule applied to ``items`` as ``send_many`` would, storing nothing (a schedule
-    checks the message its occurrences will be before it is kept)."""
-    return (await _plan(engine, items, may_send, engine.clock.now_ms()))[0]
+@dataclass(slots=True)
+class Sender:
+    """What a send needs besides the engine's context: its release path (``keep_sends``), the
+    ids, the dispatcher's release lag, the store's breaker and probe, and the message listing
+    (``hand_over`` looks in it for a route's duplicates)."""
 
+    ctx: EngineContext
+    path: ReleasePath
+    ids: IdGenerator
+    lag: ReleaseLag
+    breakers: Breakers
+    probe: Callable[[], Awaitable[bool]]
+    find: Callable[[MessageQuery], Awaitable[tuple[list[Message], str | None]]]
+    limits: SendLimits = field(init=False)
 
-async def _plan(
-    engine: Engine, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None, now: int
-) -> tuple[list[SendPlan | TarryError], dict[str, DestinationView]]:
-    checking = BatchCheck(items)
-    views: dict[str, DestinationView] = {}
-    allowed: dict[str, bool] = {}
-    failed: dict[str, TarryError] = {}  # an auto-declare that failed refuses its sends
+    def __post_init__(self) -> None:
+        self.limits = SendLimits(max_message_bytes=self.ctx.config.server.max_message_bytes)
 
-    def may(name: str) -> bool:
-        """The token's answer per name (destinations and ``reply_to``s), asked once each."""
-        ok = allowed.get(name)
-        if ok is None:
-            ok = allowed[name] = may_send(name) if may_send else True
-        return ok
+    async def send_one(self, data: Mapping[str, Any], may_send: MayAccess | None) -> SendResult:
+        """One send (``send_many``), its refusal raised."""
+        result = (await self.send_many([data], may_send))[0]
+        if isinstance(result, TarryError):
+            raise result
+        return result
 
-    for name in checking.destinations():
-        may(name)
-        try:
-            if (
-                allowed[name]
-                and engine.catalog.kind(name) is None
-                and name not in engine.transports
-                and engine.config.server.auto_declare
-            ):
-                await engine.declare_queue(name, {})
-            views[name] = await _view(engine, name)
-        except TarryError as exc:
-            failed[name] = exc
-    planned = checking.validate(now_ms=now, views=views, may_send=may, limits=engine.limits)
-    await _pause(len(items))
-    if failed:
-        for index, named in enumerate(checking.row_destinations()):
-            if named is not None and named in failed:
-                planned[index] = failed[named]
-    return planned, views
+    async def report_failure(self, request: dict[str, Any]) -> None:
+        """A route's failure report, sent as tarry itself (the route's settings were authorised
+        to name its destination when they were given)."""
+        await self.send_one(request, None)
 
+    async def check_many(
+        self, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
+    ) -> list[SendPlan | TarryError]:
+        """Every send rule applied to ``items`` as ``send_many`` would, storing nothing (a schedule
+        checks the message its occurrences will be before it is kept)."""
+        return (await self._plan(items, may_send, self.ctx.clock.now_ms()))[0]
 
-async def send_many(
-    engine: Engine, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
-) -> list[SendResult | TarryError]:
-    # Releases first: refuse new work while releases are too far behind (nothing stored),
-    # and let the dispatcher's next round go ahead of this send while due messages wait.
-    lag = engine.dispatcher.lag
-    lag.refuse_if_behind(engine.config.dispatch.overload_lag_ms)
-    # Sends whose queues' consumers are behind are refused (a send rule); a request of nothing
-    # else is refused whole here, before the work of checking it.
-    engine.waiters.lag.refuse_if_all_behind(
-        (item.get("destination") if isinstance(item, Mapping) else None for item in items),
-        refusal_limit_ms(engine.config.dispatch.overload_lag_ms),
-        queues_of=lambda name: engine.catalog.topics.get(name) or (name,),
-        may_send=may_send,
-    )
-    await lag.yield_to_releases(at_most_ms=YIELD_MAX_MS)
-    now = engine.clock.now_ms()
-    planned, views = await _plan(engine, items, may_send, now)
-    results: list[SendResult | TarryError | None] = [
-        p if isinstance(p, TarryError) else None for p in planned
-    ]
-    plans = [(index, plan) for index, plan in enumerate(planned) if isinstance(plan, SendPlan)]
-    copies = fan_out_many([(p, views[p.request.destination]) for _, p in plans], engine.ids)
-    accepted: list[tuple[int, SendPlan, list[Message]]] = [
-        (index, plan, messages) for (index, plan), messages in zip(plans, copies, strict=True)
-    ]
-    await _pause(len(items))
-    if accepted:
-        if engine.breakers.store.is_open and not await engine.probe_store():
-            why = engine.breakers.store.last_error or "it failed to write"
-            error = Unavailable(
-                f"the store cannot take writes now ({why}); nothing was stored, retry later"
-            )
-            for index, _, _ in accepted:
-                results[index] = error
-            return [r for r in results if r is not None]
-        # Routes where RabbitMQ does the waiting get the message now (engine/handover.py).
-        accepted = await hand_over(
-            accepted, results, transports=engine.transports, find=engine.list_messages
-        )
-    if accepted:
-        stored: tuple[QueueTxn | None, list[tuple[SendResult, bool]]]
-        try:
-            if engine.shared:
-                stored = await engine.qdb.write(
-                    lambda conn: _store_work(engine, conn, accepted, now), durable=True
-                )
-            else:
-                kept = await release.store_sends(engine.ctx, accepted, now)
-                # Released before the results are built (they show "ready"); its events
-                # are told after the "scheduled" ones below.
-                released = await release.release_now(engine.ctx, accepted, kept, now)
-                stored = (released, _results(engine, accepted, kept, now))
-        except TarryError as exc:
-            engine.breakers.store.failure(exc)
-            for index, _, _ in accepted:
-                results[index] = exc
-            return [r for r in results if r is not None]
-        engine.breakers.store.success()
-        txn, outcomes = stored
-        earliest = None
-        scheduled: list[Message] = []
-        transports = engine.transports
-        for (index, plan, messages), (result, created) in zip(accepted, outcomes, strict=True):
-            results[index] = result
-            if created:
-                scheduled += messages
-                due = plan.deliver_at_ms
-                if (earliest is None or due < earliest) and (
-                    due > now or (transports and any(m.destination in transports for m in messages))
+    async def _plan(
+        self, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None, now: int
+    ) -> tuple[list[SendPlan | TarryError], dict[str, DestinationView]]:
+        checking = BatchCheck(items)
+        views: dict[str, DestinationView] = {}
+        allowed: dict[str, bool] = {}
+        failed: dict[str, TarryError] = {}  # an auto-declare that failed refuses its sends
+
+        def may(name: str) -> bool:
+            """The token's answer per name (destinations and ``reply_to``s), asked once each."""
+            ok = allowed.get(name)
+            if ok is None:
+                ok = allowed[name] = may_send(name) if may_send else True
+            return ok
+
+        for name in checking.destinations():
+            may(name)
+            try:
+                if (
+                    allowed[name]
+                    and self.ctx.catalog.kind(name) is None
+                    and name not in self.ctx.transports
+                    and self.ctx.config.server.auto_declare
                 ):
-                    earliest = due
-        engine._emit_each("scheduled", scheduled, now)
-        engine.waiters.lag.accepted(scheduled, now)
-        if txn is not None:
-            engine._after(txn)
-        if earliest is not None:
-            engine.dispatcher.notify_due(earliest)
-            cluster.announce_due(engine.ctx, earliest, now)
-    return [r for r in results if r is not None]
+                    await queue_admin.declare_queue(self.ctx, name, {})
+                views[name] = await self._view(name)
+            except TarryError as exc:
+                failed[name] = exc
+        planned = checking.validate(now_ms=now, views=views, may_send=may, limits=self.limits)
+        await _pause(len(items))
+        if failed:
+            for index, named in enumerate(checking.row_destinations()):
+                if named is not None and named in failed:
+                    planned[index] = failed[named]
+        return planned, views
 
-
-def _store_work(
-    engine: Engine,
-    conn: sqlite3.Connection,
-    accepted: list[tuple[int, SendPlan, list[Message]]],
-    now: int,
-) -> tuple[QueueTxn, list[tuple[SendResult, bool]]]:
-    txn = engine._txn(conn, now)
-    # One insert for the whole batch; then each plan takes back its own rows.
-    store = cast(SharedDelayedStore, engine.store)  # the shared path (``engine.shared``)
-    everything = store.store_in(conn, [m for _, _, messages in accepted for m in messages])
-    start = 0
-    for _, plan, messages in accepted:
-        stored = everything[start : start + len(messages)]
-        start += len(messages)
-        if not plan.delayed:
-            for outcome in stored:
-                if outcome.created and outcome.message.destination not in engine.transports:
-                    try:
-                        txn.enqueue(outcome.message, outcome.message.destination)
-                    except DeliveryFailed:
-                        pass  # stays scheduled and due now: the dispatcher handles the failure
-    return txn, _results(engine, accepted, everything, now)
-
-
-def _results(
-    engine: Engine,
-    accepted: list[tuple[int, SendPlan, list[Message]]],
-    everything: list[StoreOutcome],
-    now: int,
-) -> list[tuple[SendResult, bool]]:
-    """One (result, created) per accepted plan from the outcomes of all its messages."""
-    outcomes: list[tuple[SendResult, bool]] = []
-    # Per destination, not per send.
-    topics = {
-        name: engine.catalog.kind(name) == "topic"
-        for name in {plan.request.destination for _, plan, _ in accepted}
-    }
-    per_send = release.per_send(accepted, everything)
-    for (_, plan, _), stored in zip(accepted, per_send, strict=True):
-        if len(stored) == 1:  # a queue's one message (no generator for the common case)
-            created = stored[0].created
-        else:
-            created = all(o.created for o in stored) if stored else True
-        first = stored[0].message if stored else None
-        destination = plan.request.destination
-        topic = topics[destination]
-        if first is None:
-            result = SendResult(
-                id=engine.ids.new(now),
-                state="no_subscribers",
-                deliver_at_ms=plan.deliver_at_ms,
-                expires_at_ms=plan.expires_at_ms,
-                destination=plan.request.destination,
+    async def send_many(
+        self, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
+    ) -> list[SendResult | TarryError]:
+        # Releases first: refuse new work while releases are too far behind (nothing stored),
+        # and let the dispatcher's next round go ahead of this send while due messages wait.
+        lag = self.lag
+        lag.refuse_if_behind(self.ctx.config.dispatch.overload_lag_ms)
+        # Sends whose queues' consumers are behind are refused (a send rule); a request of nothing
+        # else is refused whole here, before the work of checking it.
+        self.ctx.waiters.lag.refuse_if_all_behind(
+            (item.get("destination") if isinstance(item, Mapping) else None for item in items),
+            refusal_limit_ms(self.ctx.config.dispatch.overload_lag_ms),
+            queues_of=lambda name: self.ctx.catalog.topics.get(name) or (name,),
+            may_send=may_send,
+        )
+        await lag.yield_to_releases(at_most_ms=YIELD_MAX_MS)
+        now = self.ctx.clock.now_ms()
+        planned, views = await self._plan(items, may_send, now)
+        results: list[SendResult | TarryError | None] = [
+            p if isinstance(p, TarryError) else None for p in planned
+        ]
+        plans = [(index, plan) for index, plan in enumerate(planned) if isinstance(plan, SendPlan)]
+        copies = fan_out_many([(p, views[p.request.destination]) for _, p in plans], self.ids)
+        accepted: list[tuple[int, SendPlan, list[Message]]] = [
+            (index, plan, messages) for (index, plan), messages in zip(plans, copies, strict=True)
+        ]
+        await _pause(len(items))
+        if accepted:
+            if self.breakers.store.is_open and not await self.probe():
+                why = self.breakers.store.last_error or "it failed to write"
+                error = Unavailable(
+                    f"the store cannot take writes now ({why}); nothing was stored, retry later"
+                )
+                for index, _, _ in accepted:
+                    results[index] = error
+                return [r for r in results if r is not None]
+            # Routes where RabbitMQ does the waiting get the message now (engine/handover.py).
+            accepted = await hand_over(
+                accepted, results, transports=self.ctx.transports, find=self.find
             )
-        else:  # positional, in field order: a batch makes thousands
-            result = SendResult(
-                first.id,
-                _STATE_TEXT[first.state],
-                first.deliver_at_ms,
-                first.expires_at_ms,
-                created,
-                destination,
-                tuple((o.message.id, o.message.destination) for o in stored) if topic else (),
-            )
-        outcomes.append((result, created))
-    return outcomes
+        if accepted:
+            try:
+                txn, kept = await self.path.keep_sends(accepted, now)
+            except TarryError as exc:
+                self.breakers.store.failure(exc)
+                for index, _, _ in accepted:
+                    results[index] = exc
+                return [r for r in results if r is not None]
+            self.breakers.store.success()
+            outcomes = self._results(accepted, kept, now)
+            earliest = None
+            scheduled: list[Message] = []
+            transports = self.ctx.transports
+            for (index, plan, messages), (result, created) in zip(accepted, outcomes, strict=True):
+                results[index] = result
+                if created:
+                    scheduled += messages
+                    due = plan.deliver_at_ms
+                    if (earliest is None or due < earliest) and (
+                        due > now
+                        or (transports and any(m.destination in transports for m in messages))
+                    ):
+                        earliest = due
+            self.ctx.emit(EventRun("scheduled", scheduled, now))
+            self.ctx.waiters.lag.accepted(scheduled, now)
+            if txn is not None:
+                self.ctx.after(txn)
+            if earliest is not None:
+                self.ctx.due(earliest, now)  # this dispatcher's, and the other nodes'
+        return [r for r in results if r is not None]
 
+    def _results(
+        self,
+        accepted: list[tuple[int, SendPlan, list[Message]]],
+        everything: list[StoreOutcome],
+        now: int,
+    ) -> list[tuple[SendResult, bool]]:
+        """One (result, created) per accepted plan from the outcomes of all its messages."""
+        outcomes: list[tuple[SendResult, bool]] = []
+        # Per destination, not per send.
+        topics = {
+            name: self.ctx.catalog.kind(name) == "topic"
+            for name in {plan.request.destination for _, plan, _ in accepted}
+        }
+        per_send = release.per_send(accepted, everything)
+        for (_, plan, _), stored in zip(accepted, per_send, strict=True):
+            if len(stored) == 1:  # a queue's one message (no generator for the common case)
+                created = stored[0].created
+            else:
+                created = all(o.created for o in stored) if stored else True
+            first = stored[0].message if stored else None
+            destination = plan.request.destination
+            topic = topics[destination]
+            if first is None:
+                result = SendResult(
+                    id=self.ids.new(now),
+                    state="no_subscribers",
+                    deliver_at_ms=plan.deliver_at_ms,
+                    expires_at_ms=plan.expires_at_ms,
+                    destination=plan.request.destination,
+                )
+            else:  # positional, in field order: a batch makes thousands
+                result = SendResult(
+                    first.id,
+                    _STATE_TEXT[first.state],
+                    first.deliver_at_ms,
+                    first.expires_at_ms,
+                    created,
+                    destination,
+                    tuple((o.message.id, o.message.destination) for o in stored) if topic else (),
+                )
+            outcomes.append((result, created))
+        return outcomes
 
-async def _view(engine: Engine, name: str) -> DestinationView:
-    if name in engine.transports:
-        return DestinationView(name, "route")
-    kind = engine.catalog.kind(name)
-    if kind == "queue":
-        return DestinationView(name, kind, (await _target(engine, name),))
-    if kind == "topic":
-        queues = sorted(engine.catalog.topics[name])
-        return DestinationView(name, kind, tuple([await _target(engine, q) for q in queues]))
-    return DestinationView(name, None)
+    async def _view(self, name: str) -> DestinationView:
+        if name in self.ctx.transports:
+            return DestinationView(name, "route")
+        kind = self.ctx.catalog.kind(name)
+        if kind == "queue":
+            return DestinationView(name, kind, (await self._target(name),))
+        if kind == "topic":
+            queues = sorted(self.ctx.catalog.topics[name])
+            return DestinationView(name, kind, tuple([await self._target(q) for q in queues]))
+        return DestinationView(name, None)
 
-
-async def _target(engine: Engine, queue: str) -> TargetView:
-    args = engine.catalog.queues[queue].effective
-    full = False
-    if args.max_length is not None and args.overflow is Overflow.REJECT_PUBLISH:
-        now = engine.clock.now_ms()
-        ready = await engine.qdb.read(lambda conn: engine._txn(conn, now).ready_count(queue))
-        full = ready >= args.max_length
-    return TargetView(
-        queue,
-        put_enabled=args.put_enabled,
-        max_message_bytes=args.max_message_bytes,
-        full=full,
-        lag_ms=engine.waiters.lag.lag_ms(queue),
-        lag_limit_ms=refusal_limit_ms(engine.config.dispatch.overload_lag_ms),
-    )
+    async def _target(self, queue: str) -> TargetView:
+        args = self.ctx.catalog.queues[queue].effective
+        full = False
+        if args.max_length is not None and args.overflow is Overflow.REJECT_PUBLISH:
+            now = self.ctx.clock.now_ms()
+            ready = await self.ctx.qdb.read(lambda conn: self.ctx.txn(conn, now).ready_count(queue))
+            full = ready >= args.max_length
+        return TargetView(
+            queue,
+            put_enabled=args.put_enabled,
+            max_message_bytes=args.max_message_bytes,
+            full=full,
+            lag_ms=self.ctx.waiters.lag.lag_ms(queue),
+            lag_limit_ms=refusal_limit_ms(self.ctx.config.dispatch.overload_lag_ms),
+        )

@@ -49,7 +49,7 @@ import builtins
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
@@ -57,7 +57,7 @@ from tarry.model.state import MessageState
 
 T = TypeVar("T")
 
-__all__ = ["DelayedStore", "QueueDatabase", "SharedDelayedStore", "StoreOutcome"]
+__all__ = ["ClusterStore", "DelayedStore", "QueueDatabase", "SharedDelayedStore", "StoreOutcome"]
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__, a
@@ -170,6 +170,51 @@ class SharedDelayedStore(DelayedStore, Protocol):
         """Inside the caller's transaction on ``conn``: lock the message's row while it is still
         scheduled and set its failure count, so the transaction can dead-letter it; False (and
         nothing changed) when it was cancelled or finished meanwhile."""
+        ...
+
+
+@runtime_checkable
+class ClusterStore(Protocol):
+    """A store several nodes share (PostgreSQL): it tells each node of the others' changes, and
+    claims due messages per node inside the engine's queue transaction. The engine checks for
+    it once, when it is built (``tarry.engine.cluster.ClusterLink``)."""
+
+    def on_due(self, handler: Callable[[int], None]) -> None:
+        """``handler(deliver_at_ms)`` when another node stored a message due then."""
+        ...
+
+    def on_filled(self, handler: Callable[[str], None]) -> None:
+        """``handler(queue)`` when another node filled ``queue`` (shared queues only)."""
+        ...
+
+    def on_catalog_change(self, handler: Callable[[], None]) -> None:
+        """``handler()`` when another node changed the catalog, or changes may have been missed."""
+        ...
+
+    def announce_due(self, deliver_at_ms: int, *, now_ms: int) -> None:
+        """Wake the other nodes for a committed message due at ``deliver_at_ms`` (in the
+        background: the caller does not wait)."""
+        ...
+
+    async def announce_filled(self, queues: Sequence[str]) -> None:
+        """Tell the other nodes' waiting consumers that ``queues`` received messages."""
+        ...
+
+    def claim_due(
+        self, conn: sqlite3.Connection, *, now_ms: int, limit: int
+    ) -> builtins.list[Message]:
+        """Inside a transaction: the next due messages no other node holds, oldest due first,
+        their rows locked until commit."""
+        ...
+
+    def claim(self, conn: sqlite3.Connection, ids: Sequence[str], *, until_ms: int) -> None:
+        """Inside the transaction of ``claim_due``: keep ``ids`` claimed by this node after the
+        commit, until ``until_ms``."""
+        ...
+
+    def release_claimed(self, conn: sqlite3.Connection, ids: Sequence[str]) -> set[str]:
+        """Inside a release transaction: lock the rows of ``ids`` this node still holds and
+        return their ids (a row another node took after this node's lease lapsed is left out)."""
         ...
 
 
