@@ -131,7 +131,7 @@ class Engine:
             qdb=self.qdb,
             # One process owns an embedded store (its lock file): a restart is the same node.
             node=getattr(store, "node", None) or "local",
-            send_many=lambda items: self.sender.send_many(items, None),
+            send_many=lambda items: self.sender.send_many(items, None, internal=True),
             check_many=lambda items, may: self.sender.check_many(items, may),
             list_messages=self.list_messages,
             cancel=self.cancel,

@@ -28,6 +28,7 @@ from tarry.model.ids import IdGenerator
 from tarry.model.message import Message, SendPlan
 from tarry.model.query import MessageQuery
 from tarry.model.queue_args import Overflow
+from tarry.model.rules import BEHIND_HORIZON_MS
 from tarry.model.state import MessageState
 from tarry.model.validate import DestinationView, SendLimits, TargetView
 from tarry.queues.lag import refusal_limit_ms
@@ -71,9 +72,11 @@ class Sender:
     def __post_init__(self) -> None:
         self.limits = SendLimits(max_message_bytes=self.ctx.config.server.max_message_bytes)
 
-    async def send_one(self, data: Mapping[str, Any], may_send: MayAccess | None) -> SendResult:
+    async def send_one(
+        self, data: Mapping[str, Any], may_send: MayAccess | None, *, internal: bool = False
+    ) -> SendResult:
         """One send (``send_many``), its refusal raised."""
-        result = (await self.send_many([data], may_send))[0]
+        result = (await self.send_many([data], may_send, internal=internal))[0]
         if isinstance(result, TarryError):
             raise result
         return result
@@ -81,17 +84,23 @@ class Sender:
     async def report_failure(self, request: dict[str, Any]) -> None:
         """A route's failure report, sent as tarry itself (the route's settings were authorised
         to name its destination when they were given)."""
-        await self.send_one(request, None)
+        await self.send_one(request, None, internal=True)
 
     async def check_many(
         self, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
     ) -> list[SendPlan | TarryError]:
-        """Every send rule applied to ``items`` as ``send_many`` would, storing nothing (a schedule
-        checks the message its occurrences will be before it is kept)."""
-        return (await self._plan(items, may_send, self.ctx.clock.now_ms()))[0]
+        """Every send rule applied to ``items`` as ``send_many`` would for tarry's own sends
+        (no overload refusal), storing nothing: a schedule checks the message its occurrences
+        will be before it is kept."""
+        return (await self._plan(items, may_send, self.ctx.clock.now_ms(), internal=True))[0]
 
     async def _plan(
-        self, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None, now: int
+        self,
+        items: Sequence[Mapping[str, Any]],
+        may_send: MayAccess | None,
+        now: int,
+        *,
+        internal: bool = False,
     ) -> tuple[list[SendPlan | TarryError], dict[str, DestinationView]]:
         checking = BatchCheck(items)
         views: dict[str, DestinationView] = {}
@@ -115,7 +124,7 @@ class Sender:
                     and self.ctx.config.server.auto_declare
                 ):
                     await queue_admin.declare_queue(self.ctx, name, {})
-                views[name] = await self._view(name)
+                views[name] = await self._view(name, lag=not internal)
             except TarryError as exc:
                 failed[name] = exc
         planned = checking.validate(now_ms=now, views=views, may_send=may, limits=self.limits)
@@ -127,23 +136,30 @@ class Sender:
         return planned, views
 
     async def send_many(
-        self, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None
+        self,
+        items: Sequence[Mapping[str, Any]],
+        may_send: MayAccess | None,
+        *,
+        internal: bool = False,
     ) -> list[SendResult | TarryError]:
+        """``internal``: tarry's own sends (a schedule's occurrences, a route's failure report),
+        which no overload refuses: they are work already taken on, not new intake."""
         # Releases first: refuse new work while releases are too far behind (nothing stored),
         # and let the dispatcher's next round go ahead of this send while due messages wait.
         lag = self.lag
-        lag.refuse_if_behind(self.ctx.config.dispatch.overload_lag_ms)
-        # Sends whose queues' consumers are behind are refused (a send rule); a request of nothing
-        # else is refused whole here, before the work of checking it.
-        self.ctx.waiters.lag.refuse_if_all_behind(
-            (item.get("destination") if isinstance(item, Mapping) else None for item in items),
-            refusal_limit_ms(self.ctx.config.dispatch.overload_lag_ms),
-            queues_of=lambda name: self.ctx.catalog.topics.get(name) or (name,),
-            may_send=may_send,
-        )
+        if not internal:
+            lag.refuse_if_behind(self.ctx.config.dispatch.overload_lag_ms)
+            # Sends whose queues' consumers are behind are refused (a send rule); a request of
+            # nothing else is refused whole here, before the work of checking it.
+            self.ctx.waiters.lag.refuse_if_all_behind(
+                (_soon_destination(item) for item in items),
+                refusal_limit_ms(self.ctx.config.dispatch.overload_lag_ms),
+                queues_of=lambda name: self.ctx.catalog.topics.get(name) or (name,),
+                may_send=may_send,
+            )
         await lag.yield_to_releases(at_most_ms=YIELD_MAX_MS)
         now = self.ctx.clock.now_ms()
-        planned, views = await self._plan(items, may_send, now)
+        planned, views = await self._plan(items, may_send, now, internal=internal)
         results: list[SendResult | TarryError | None] = [
             p if isinstance(p, TarryError) else None for p in planned
         ]
@@ -240,18 +256,19 @@ class Sender:
             outcomes.append((result, created))
         return outcomes
 
-    async def _view(self, name: str) -> DestinationView:
+    async def _view(self, name: str, *, lag: bool) -> DestinationView:
         if name in self.ctx.transports:
             return DestinationView(name, "route")
         kind = self.ctx.catalog.kind(name)
         if kind == "queue":
-            return DestinationView(name, kind, (await self._target(name),))
+            return DestinationView(name, kind, (await self._target(name, lag=lag),))
         if kind == "topic":
             queues = sorted(self.ctx.catalog.topics[name])
-            return DestinationView(name, kind, tuple([await self._target(q) for q in queues]))
+            targets = [await self._target(q, lag=lag) for q in queues]
+            return DestinationView(name, kind, tuple(targets))
         return DestinationView(name, None)
 
-    async def _target(self, queue: str) -> TargetView:
+    async def _target(self, queue: str, *, lag: bool) -> TargetView:
         args = self.ctx.catalog.queues[queue].effective
         full = False
         if args.max_length is not None and args.overflow is Overflow.REJECT_PUBLISH:
@@ -264,5 +281,17 @@ class Sender:
             max_message_bytes=args.max_message_bytes,
             full=full,
             lag_ms=self.ctx.waiters.lag.lag_ms(queue),
-            lag_limit_ms=refusal_limit_ms(self.ctx.config.dispatch.overload_lag_ms),
+            lag_limit_ms=refusal_limit_ms(self.ctx.config.dispatch.overload_lag_ms) if lag else 0,
         )
+
+
+def _soon_destination(item: object) -> object:
+    """A send's destination when it is plainly due soon (a whole ``delay_ms`` under
+    ``BEHIND_HORIZON_MS``), else None: the whole-request refusal leaves anything else to the
+    send rules, which refuse only sends due soon."""
+    if not isinstance(item, Mapping):
+        return None
+    delay = item.get("delay_ms", 0) if "deliver_at" not in item else None
+    if type(delay) is not int or not 0 <= delay < BEHIND_HORIZON_MS:
+        return None
+    return item.get("destination")

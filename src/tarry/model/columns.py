@@ -300,7 +300,7 @@ def validate_columns(
         view = views.get(name) or DestinationView(name, None)
         ok = may_send(name) if may_send is not None else True
         for rule in destination_rules(view, may_send=ok, limits=limits):
-            marks.apply(rule, mine, size=size)
+            marks.apply(rule, mine, size=size, delay_ms=delay_ms)
 
     deliver_at_ms = now_ms + delay_ms
     expires_at_ms = np.where(ttl_ms == 0, deliver_at_ms, np.where(ttl_ms < 0, -1, now_ms + ttl_ms))

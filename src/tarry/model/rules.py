@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from tarry.model.validate import DestinationView, SendLimits, TargetView
 
 __all__ = [
+    "BEHIND_HORIZON_MS",
     "BOTH_TIMES",
     "DESTINATION_REQUIRED",
     "REPLY_TO_ALLOWED",
@@ -58,6 +59,9 @@ __all__ = [
 ]
 
 MAX_ID_CHARS = 256
+#: Sends due within this of now are refused while their queue's consumers are behind; one due
+#: later is taken (a reminder for next week does not wait on today's backlog).
+BEHIND_HORIZON_MS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,5 +295,8 @@ def _target_rules(target: TargetView) -> Iterator[Rule]:
     if limit and lag > limit:
         refused = Overloaded.consumers_behind(queue, lag, limit)
         yield Rule(
-            Overloaded, _always, lambda **_: refused.message, lambda **_: dict(refused.details)
+            Overloaded,
+            lambda *, delay_ms, **_: delay_ms < BEHIND_HORIZON_MS,
+            lambda **_: refused.message,
+            lambda **_: dict(refused.details),
         )

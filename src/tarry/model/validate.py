@@ -322,9 +322,10 @@ def validate_send(
     size = len(request.body)
     if rules is None:
         rules = tuple(destination_rules(destination, may_send=may_send, limits=limits))
+    delay_ms = plan.deliver_at_ms - now_ms
     for rule in rules:
-        if rule.fails(size=size):
-            raise rule.refuse(size=size)
+        if rule.fails(size=size, delay_ms=delay_ms):
+            raise rule.refuse(size=size, delay_ms=delay_ms)
     reply_to = request.reply_to
     if request.report and reply_to is not None and may_send_to is not None:
         if REPLY_TO_ALLOWED.fails(refused=not may_send_to(reply_to)):

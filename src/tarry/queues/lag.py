@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from tarry.errors import Overloaded
 from tarry.model.message import Message
+from tarry.model.rules import BEHIND_HORIZON_MS
 from tarry.store.sql import SqlConnection
 
 __all__ = [
@@ -57,7 +58,7 @@ __all__ = [
 SAMPLE_MS = 100
 #: How far ahead messages accepted for a queue are kept for its forecast (the limit, which
 #: is how far the forecast looks, may grow up to it).
-FORECAST_MS = 10_000
+FORECAST_MS = BEHIND_HORIZON_MS
 #: The span the consumers' receive rate is measured over, in buckets of ``_BUCKET_MS``.
 RATE_WINDOW_MS = 2_000
 #: The drain time counts once the consumers received for this long (a rate over a shorter
