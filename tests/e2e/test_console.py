@@ -188,6 +188,9 @@ def test_operator_filters_cancels_reschedules_and_redrives_a_dead_letter_in_the_
         lambda: browser.find_element("id", "total-scheduled").text.startswith("4"),
         "4 scheduled in the overview",
     )
+    # (a call the page made before the token may answer 401 only now: the log is read again)
+    late = _errors(browser)
+    assert all(e["source"] == "network" and "401" in e["message"] for e in late), late
     orders_row = browser.find_element("css selector", '#destinations tr[data-name="orders"]')
     assert orders_row.text.split()[:3] == ["orders", "queue", "3"]
     assert browser.find_elements("css selector", "#forecast-hour svg rect")
