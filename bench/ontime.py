@@ -10,9 +10,11 @@ Producer and consumer run as separate processes on the same machine as the serve
 
 Per system: schedule rate, lateness at the consumer (receive time - due time) p50 / p99 / max,
 early, lost, duplicates, and the server's CPU per message over the messages' whole life (from
-the first send to the last ack). The Redis baseline is what teams build by hand: ``ZADD`` into a
-sorted set, a poller process running a Lua script that moves due members to a list, a consumer
-popping the list. It is not durable; its CPU is Redis's plus the poller's.
+the first send to the last ack); for tarry also by thread (``/metrics``): the event loop
+(``MainThread``), the queue database (``tarry-db_0``), the log store's writer (``tarry-log_0``).
+The Redis baseline is what teams build by hand: ``ZADD`` into a sorted set, a poller process
+running a Lua script that moves due members to a list, a consumer popping the list. It is not
+durable; its CPU is Redis's plus the poller's.
 ``--baseline-src`` runs tarry from another source tree too (e.g. a worktree of main before a
 change), in the same run.
 """
@@ -246,22 +248,42 @@ def run_tarry(args: argparse.Namespace, src: Path | None, tmp: Path) -> dict[str
     proc, url = start_server(tmp, args.store, env=env)
     try:
         httpx.put(f"{url}/v1/queues/{QUEUE}", json={}).raise_for_status()
-        cpu_before = cpu_s(proc.pid)
+        cpu_before, threads_before = cpu_s(proc.pid), _thread_cpu(url)
         consumer = _role("consume-tarry", args, url)
         producer = _role("produce-tarry", args, url)
         produced = _result(producer)
         consumed = _result(consumer)
         cpu_seconds = cpu_s(proc.pid) - cpu_before
+        threads_after = _thread_cpu(url)
     finally:
         proc.terminate()
         proc.wait()
     result = _summary(produced, consumed, args.messages, cpu_seconds)
+    # Which threads the CPU went to (servers that export it): the event loop's share is what
+    # one core caps; the rest ran beside it only while outside the GIL.
+    if threads_after:
+        result["server_cpu_us_per_message_by_thread"] = {
+            name: round((value - threads_before.get(name, 0.0)) / args.messages * 1e6, 1)
+            for name, value in sorted(threads_after.items(), key=lambda item: -item[1])
+        }
     # The server's own release lateness (due time to the queue), from its journal: what the
     # consumer sees beyond it is the hand-over and the HTTP round trip.
     result["server_released"] = journal_lateness(tmp, "released")
     # A closed-loop consumer: few messages a receive say it kept up, hundreds that it fell behind.
     result["messages_per_receive"] = round(consumed["received"] / max(consumed["receives"], 1), 1)
     return result
+
+
+def _thread_cpu(url: str) -> dict[str, float]:
+    """``tarry_thread_cpu_seconds_total`` by thread from the server's ``/metrics`` (empty for a
+    server that does not export it)."""
+    prefix = 'tarry_thread_cpu_seconds_total{thread="'
+    seconds = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(prefix):
+            labels, value = line.rsplit(" ", 1)
+            seconds[labels[len(prefix) : -len('"}')]] = float(value)
+    return seconds
 
 
 def _redis_pid() -> int:

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from tarry.engine.api import EngineAPI
 from tarry.model.events import Event, EventRun
 from tarry.model.message import Message
+from tarry.server.thread_cpu import ThreadCPU
 
 __all__ = ["Metrics"]
 
@@ -31,6 +32,7 @@ class Metrics:
         self.registry.register(self.lateness)
         self.write_path = _WritePath()
         self.registry.register(self.write_path)
+        self.registry.register(ThreadCPU())
         self.by_state = Gauge(
             "tarry_messages_by_state", "Messages kept, by state", ["state"], registry=self.registry
         )
