@@ -55,6 +55,8 @@ QUEUED_STATES = ("ready", "delivered")
 _SEQ = COLUMNS.index("seq")
 #: Every column, as ``SELECT_SQL`` reads them (for RETURNING).
 _ALL = ", ".join(COLUMNS)
+#: Plain messages gathered for ``flush``, by queue, each with its row (``insert_released``).
+_Plain = dict[str, list[tuple[Message, Released]]]
 
 
 def _takeable_in(state: str, *, unexpired: bool) -> str:
@@ -89,7 +91,7 @@ class QueueTxn:
         #: visible from ``now_ms``.
         self._rows: list[tuple[Message, int, Insert]] = []
         #: Plain messages ``enqueue_many`` gathered for ``flush``, by queue.
-        self._plain: dict[str, list[tuple[Message, Released]]] = {}
+        self._plain: _Plain = {}
         #: Queues that received ready messages: their waiting consumers are woken after commit.
         self.filled: set[str] = set()
 
@@ -164,15 +166,24 @@ class QueueTxn:
     def enqueue_many(
         self, messages: Sequence[Message], queue: str
     ) -> list[tuple[Message, DeliveryFailed]]:
-        """``enqueue(message, queue, insert=True)`` of each of ``messages`` in order; returns the
-        ones refused, each with why. The queue's rules are looked up once for all; a message
-        that expires on arrival, or sets more columns than a plain one (``is_plain``), and
-        every message of a queue with a length limit (which counts the queue as it fills) go
-        through ``enqueue``; the others are written column-wise (``insert_released``)."""
+        """Separate queue database: take in released messages, each keyed by its tarry id, as
+        ``enqueue(message, queue, insert=True)`` of each in order would; one whose id is here
+        already (released before a crash that came ahead of the store's marker) is left as it
+        is, and told no event. Returns the ones refused, each with why.
+
+        The queue's rules are looked up once for all; a message that expires on arrival, or
+        sets more columns than a plain one (``is_plain``), and every message of a queue with a
+        length limit (which counts the queue as it fills) go through ``enqueue``, once looked
+        up (``released_before``); the others are written column-wise (``insert_released``),
+        and an id already here is found by that insert itself (``flush``): a release does not
+        look up the ids of plain messages first."""
         args = self.catalog.effective(queue)
         refused: list[tuple[Message, DeliveryFailed]] = []
         if args is None or not args.put_enabled or args.max_length is not None:
+            before = self.released_before([m.id for m in messages])
             for message in messages:
+                if message.id in before:
+                    continue
                 try:
                     self.enqueue(message, queue, insert=True)
                 except DeliveryFailed as exc:
@@ -184,10 +195,17 @@ class QueueTxn:
             enqueued_at_ms=now,
             queue_ttl_ms=args.message_ttl_ms,
         )
+        one_by_one = [
+            is_expired(expires, now) or not is_plain(message)
+            for message, expires in zip(messages, expiries, strict=True)
+        ]
+        looked_up = [m.id for m, one in zip(messages, one_by_one, strict=True) if one]
+        before = self.released_before(looked_up) if looked_up else set()
         plain = self._plain.setdefault(queue, [])
-        for message, expires in zip(messages, expiries, strict=True):
-            if is_expired(expires, now) or not is_plain(message):
-                self.enqueue(message, queue, insert=True)  # the queue takes it: cannot refuse
+        for message, expires, one in zip(messages, expiries, one_by_one, strict=True):
+            if one:
+                if message.id not in before:
+                    self.enqueue(message, queue, insert=True)  # the queue takes it: cannot refuse
                 # Dead-lettering flushes what was gathered: gather anew from here on.
                 plain = self._plain.setdefault(queue, [])
                 continue
@@ -232,30 +250,45 @@ class QueueTxn:
         return found
 
     def flush(self) -> None:
-        """Write the rows ``enqueue(insert=True)`` gathered (multi-row INSERTs, ``insert_rows``)
-        in a savepoint: a key conflict undoes the batch alone, and it is written row by row."""
+        """Write the rows ``enqueue(insert=True)`` and ``enqueue_many`` gathered, in a
+        savepoint. A plain row whose id is here already (``enqueue_many``) is not written by
+        its INSERT; then the savepoint is undone, those messages are left out (with their
+        events), and the rest is written again: rare (only after a crash), so the usual
+        release looks nothing up."""
         if not self._rows and not self._plain:
             return
         rows, self._rows = self._rows, []
         plain, self._plain = self._plain, {}
         self.conn.execute("SAVEPOINT flush")
         try:
-            insert_rows(self.conn, [insert for _, _, insert in rows])
-            for queue, released in plain.items():
-                insert_released(
-                    self.conn, queue=queue, now_ms=self.now_ms, rows=[r for _, r in released]
-                )
-        except sqlite3.IntegrityError:
-            self.conn.execute("ROLLBACK TO flush")
-            rows += [
-                (m, r[4], to_insert(m, seq=r[4], visible_at_ms=self.now_ms))
-                for released in plain.values()
-                for m, r in released
-            ]
-            for message, seq, insert in rows:
-                self._write(message, insert, seq=seq, visible_at_ms=self.now_ms)
+            if not self._write_gathered(rows, plain):
+                self.conn.execute("ROLLBACK TO flush")
+                before = self.released_before([m.id for r in plain.values() for m, _ in r])
+                plain = {q: [(m, r) for m, r in p if m.id not in before] for q, p in plain.items()}
+                self.events = [
+                    e for e in self.events if e[0] != "released" or e[1].id not in before
+                ]
+                self._write_gathered(rows, plain)
         finally:
             self.conn.execute("RELEASE flush")
+
+    def _write_gathered(self, rows: list[tuple[Message, int, Insert]], plain: _Plain) -> bool:
+        """``flush``'s writes: ``rows`` with multi-row INSERTs (``insert_rows``; a key conflict
+        undoes them alone, and they are written row by row), then the plain rows column-wise.
+        False when some plain row was not written, its id being here already."""
+        try:
+            insert_rows(self.conn, [insert for _, _, insert in rows])
+        except sqlite3.IntegrityError:
+            self.conn.execute("ROLLBACK TO flush")
+            for message, seq, insert in rows:
+                self._write(message, insert, seq=seq, visible_at_ms=self.now_ms)
+        gathered = written = 0
+        for queue, released in plain.items():
+            gathered += len(released)
+            written += insert_released(
+                self.conn, queue=queue, now_ms=self.now_ms, rows=[r for _, r in released]
+            )
+        return written == gathered
 
     def adopt(self, message: Message) -> bool:
         """Separate queue database: take in a scheduled message as a row keyed by its tarry id
