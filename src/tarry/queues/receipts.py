@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tarry.model.message import Message
+from tarry.queues.in_list import in_list
 from tarry.store.sql import SqlConnection, row_key, row_lock
 from tarry.store.sqlite.rows import COLUMNS, from_row
 
@@ -76,10 +77,8 @@ def _rows(conn: SqlConnection, column: str, values: Iterable[Any]) -> list[Any]:
     wanted = list(values)
     out: list[Any] = []
     for start in range(0, len(wanted), _CHUNK):
-        chunk = wanted[start : start + _CHUNK]
+        where, chunk = in_list(conn, column, wanted[start : start + _CHUNK])
         out += conn.execute(
-            f"SELECT {_ALL}, {row_key(conn)} FROM messages "
-            f"WHERE {column} IN ({', '.join('?' * len(chunk))}){row_lock(conn)}",
-            chunk,
+            f"SELECT {_ALL}, {row_key(conn)} FROM messages WHERE {where}{row_lock(conn)}", chunk
         ).fetchall()
     return out

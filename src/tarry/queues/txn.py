@@ -26,6 +26,7 @@ from tarry.model.queue_args import Overflow
 from tarry.model.reports import report_message
 from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog
+from tarry.queues.in_list import in_list
 from tarry.queues.receipts import RECEIPT_SQL, held_by_receipt, receipt_of
 from tarry.queues.sequence import Sequencer
 from tarry.store.sql import SqlConnection, id_column, id_key, row_key, row_lock
@@ -244,9 +245,10 @@ class QueueTxn:
         column = id_column(self.conn)
         for start in range(0, len(message_ids), 900):
             chunk = [id_key(self.conn, i) for i in message_ids[start : start + 900]]
-            marks = ",".join("?" * len(chunk))
-            sql = f"SELECT id FROM messages WHERE {column} IN ({marks})"
-            found.update(row[0] for row in self.conn.execute(sql, chunk))
+            where, args = in_list(self.conn, column, chunk)
+            found.update(
+                row[0] for row in self.conn.execute(f"SELECT id FROM messages WHERE {where}", args)
+            )
         return found
 
     def flush(self) -> None:
@@ -490,14 +492,14 @@ class QueueTxn:
         rows = self._takeable(queue, max_messages, unexpired=True)
         if not rows:
             return []
-        keys = [row[-1] for row in rows]
         prefix = self.ids.new(now)
+        where, keys = in_list(self.conn, row_key(self.conn), [row[-1] for row in rows])
         self.conn.execute(
             "UPDATE messages SET state = 'delivered', "
             f"receipt = {RECEIPT_SQL.format(key=row_key(self.conn))}, visible_at_ms = ?, "
             "delivery_count = delivery_count + 1, "
             "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END, "
-            f"updated_at_ms = ? WHERE {row_key(self.conn)} IN ({', '.join('?' * len(keys))})",
+            f"updated_at_ms = ? WHERE {where}",
             [prefix, now + visibility_ms, now, *keys],
         )
         taken = []
@@ -533,10 +535,10 @@ class QueueTxn:
         if ack:
             keys = list(settled)
             for start in range(0, len(keys), 500):
-                chunk = keys[start : start + 500]
+                where, chunk = in_list(self.conn, key, keys[start : start + 500])
                 self.conn.execute(
                     "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
-                    f"updated_at_ms = ? WHERE {key} IN ({', '.join('?' * len(chunk))})",
+                    f"updated_at_ms = ? WHERE {where}",
                     [now, *chunk],
                 )
             for message in settled.values():
