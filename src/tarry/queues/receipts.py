@@ -28,6 +28,8 @@ _ALL = ", ".join(COLUMNS)
 _QUEUE = COLUMNS.index("queue")
 _STATE = COLUMNS.index("state")
 _RECEIPT = COLUMNS.index("receipt")
+#: The largest ``rowid`` SQLite gives a row.
+_LAST_ROWID = 2**63 - 1
 #: Values per look-up statement (well under SQLite's bound on parameters).
 _CHUNK = 500
 
@@ -49,9 +51,12 @@ def held_by_receipt(
     for receipt in dict.fromkeys(receipts):
         _, dot, suffix = receipt.rpartition(".")
         if dot and (suffix.isdecimal() if integer else suffix):
-            named[receipt] = int(suffix) if integer else suffix
-        else:
-            older.append(receipt)
+            row: Any = int(suffix) if integer else suffix
+            # A number past SQLite's 64-bit rowids names no row (and cannot be bound).
+            if not integer or row <= _LAST_ROWID:
+                named[receipt] = row
+                continue
+        older.append(receipt)
     by_key = {row[-1]: row for row in _rows(conn, key, set(named.values()))}
     # Through the receipt index alone, so that only it can answer (a planner without
     # statistics would otherwise walk the whole queue).
