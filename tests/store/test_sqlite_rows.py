@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tarry.errors import Unavailable
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Death, DeathReason, Message, Report, Undeliverable
 from tarry.model.queue_args import QueueArgs
@@ -248,3 +249,24 @@ def test_enqueue_many_leaves_messages_released_before_as_they_are(
     assert {i for _, i in told} == {m.id for m in made[1::2]}
     assert ("released", made[1].id) in told
     conn.close()
+
+
+def test_a_row_taken_yet_not_seen_fails_the_release_instead_of_looping(
+    conn: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The INSERT finds an id taken that the look-up does not see (another node's row, on
+    PostgreSQL): the release fails, to be tried again, rather than writing forever."""
+    message = _message()
+    txn = _txn(conn)
+    conn.execute("BEGIN")
+    txn.enqueue_many([copy.deepcopy(message)], "orders")
+    txn.flush()
+    conn.execute("COMMIT")
+    again = _txn(conn)
+    monkeypatch.setattr(again, "released_before", lambda ids: set())
+    conn.execute("BEGIN")
+    again.enqueue_many([copy.deepcopy(message)], "orders")
+    with pytest.raises(Unavailable):
+        again.flush()
+    conn.execute("ROLLBACK")
+    assert conn.execute("SELECT count(*) FROM messages").fetchone() == (1,)

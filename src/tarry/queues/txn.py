@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from tarry.errors import DeliveryFailed
+from tarry.errors import DeliveryFailed, Unavailable
 from tarry.model.deaths import record_death, would_cycle
 from tarry.model.events import Event
 from tarry.model.expiry import is_expired, queue_expiries_ms, queue_expiry_ms
@@ -263,14 +263,17 @@ class QueueTxn:
         plain, self._plain = self._plain, {}
         self.conn.execute("SAVEPOINT flush")
         try:
-            if not self._write_gathered(rows, plain):
+            # Again while some id is found taken: on PostgreSQL another node may have written
+            # one since the look-up (each round leaves out at least one message).
+            while not self._write_gathered(rows, plain):
                 self.conn.execute("ROLLBACK TO flush")
                 before = self.released_before([m.id for r in plain.values() for m, _ in r])
+                if not before:  # taken, yet not seen: the release waits for another round
+                    raise Unavailable("a released message's row is being written elsewhere")
                 plain = {q: [(m, r) for m, r in p if m.id not in before] for q, p in plain.items()}
                 self.events = [
                     e for e in self.events if e[0] != "released" or e[1].id not in before
                 ]
-                self._write_gathered(rows, plain)
         finally:
             self.conn.execute("RELEASE flush")
 
