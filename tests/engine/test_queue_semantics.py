@@ -206,6 +206,19 @@ async def test_a_receipt_counts_only_while_its_row_holds_it(make_engine) -> None
     assert (await engine.queue_info("q")).in_flight == 1
 
 
+async def test_a_receipt_naming_a_row_past_any_key_is_unknown(make_engine) -> None:
+    # Given a message in flight
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    await engine.send({"destination": "q", "body": "a"})
+    [held] = await engine.receive("q")
+    # When an ack names its receive with a row number no key can reach, beside its receipt
+    past = held.receipt.rsplit(".", 1)[0] + "." + "9" * 40
+    result = await engine.ack("q", [past, held.receipt])
+    # Then that receipt is unknown (not a store failure) and the message is acked
+    assert result == {"acked": 1, "unknown": [past]}
+
+
 async def test_a_message_back_from_its_visibility_timeout_keeps_its_place(
     make_engine, clock
 ) -> None:

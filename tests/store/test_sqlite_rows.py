@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tarry.errors import Unavailable
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Death, DeathReason, Message, Report, Undeliverable
 from tarry.model.queue_args import QueueArgs
@@ -208,3 +209,64 @@ def test_enqueue_many_refuses_every_message_for_a_queue_that_is_gone(
     assert [(m.id, e.reason) for m, e in refused] == [(m.id, "unknown_destination") for m in batch]
     assert conn.execute("SELECT count(*) FROM messages").fetchone() == (0,)
     assert txn.events == []
+
+
+@pytest.mark.parametrize(
+    "args", [QueueArgs(), QueueArgs(max_length=10)], ids=["column-wise", "one-by-one"]
+)
+@pytest.mark.parametrize("keyed", [False, True], ids=["id", "key"])
+def test_enqueue_many_leaves_messages_released_before_as_they_are(
+    tmp_path: Path, args: QueueArgs, keyed: bool
+) -> None:
+    """A batch released again after a crash that came ahead of the store's markers, with new
+    messages among those already here (plain and not): the ones here keep their rows (not
+    written twice, not moved) and get no event; the new ones are written as usual."""
+    conn = sqlite3.connect(tmp_path / "queues.db", isolation_level=None)
+    migrate(conn, queues_only=keyed)
+    txn = _txn(conn)
+    txn.catalog.queues["orders"].args = args
+    txn.catalog.recompute()
+    made = _mixed_batch()
+    conn.execute("BEGIN")
+    assert txn.enqueue_many(copy.deepcopy(made[::2]), "orders") == []
+    txn.flush()
+    conn.execute("COMMIT")
+    first = {row[0]: row for row in conn.execute("SELECT * FROM messages")}
+    # When the whole batch, in order, is released in a later transaction
+    again = _txn(conn)
+    again.seq.value = txn.seq.value
+    again.catalog.queues["orders"].args = args
+    again.catalog.recompute()
+    conn.execute("BEGIN")
+    assert again.enqueue_many(copy.deepcopy(made), "orders") == []
+    again.flush()
+    conn.execute("COMMIT")
+    # Then every message has one row; the earlier ones are as they were
+    rows = {row[0]: row for row in conn.execute("SELECT * FROM messages")}
+    assert sorted(rows) == sorted(m.id for m in made)
+    assert all(rows[i] == row for i, row in first.items())
+    told = [(kind, m.id) for kind, m, *_ in again.events]
+    assert {i for _, i in told} == {m.id for m in made[1::2]}
+    assert ("released", made[1].id) in told
+    conn.close()
+
+
+def test_a_row_taken_yet_not_seen_fails_the_release_instead_of_looping(
+    conn: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The INSERT finds an id taken that the look-up does not see (another node's row, on
+    PostgreSQL): the release fails, to be tried again, rather than writing forever."""
+    message = _message()
+    txn = _txn(conn)
+    conn.execute("BEGIN")
+    txn.enqueue_many([copy.deepcopy(message)], "orders")
+    txn.flush()
+    conn.execute("COMMIT")
+    again = _txn(conn)
+    monkeypatch.setattr(again, "released_before", lambda ids: set())
+    conn.execute("BEGIN")
+    again.enqueue_many([copy.deepcopy(message)], "orders")
+    with pytest.raises(Unavailable):
+        again.flush()
+    conn.execute("ROLLBACK")
+    assert conn.execute("SELECT count(*) FROM messages").fetchone() == (1,)

@@ -156,11 +156,10 @@ async def _release(
         # release lateness is counted) when this one runs.
         txn = ctx.txn(conn, ctx.clock.now_ms())
         refused: list[tuple[Message, DeliveryFailed]] = []
-        before = txn.released_before([m.id for m in batch])
         by_queue: dict[str, list[Message]] = {}
         for message in batch:
-            if message.id not in before:
-                by_queue.setdefault(message.destination, []).append(message)
+            by_queue.setdefault(message.destination, []).append(message)
+        # ``enqueue_many`` leaves a message released before (its id already here) as it is.
         for queue, messages in by_queue.items():
             refused += txn.enqueue_many(messages, queue)
         txn.flush()

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tarry.model.message import Message
+from tarry.queues.in_list import in_list
 from tarry.store.sql import SqlConnection, row_key, row_lock
 from tarry.store.sqlite.rows import COLUMNS, from_row
 
@@ -27,6 +28,8 @@ _ALL = ", ".join(COLUMNS)
 _QUEUE = COLUMNS.index("queue")
 _STATE = COLUMNS.index("state")
 _RECEIPT = COLUMNS.index("receipt")
+#: The largest ``rowid`` SQLite gives a row.
+_LAST_ROWID = 2**63 - 1
 #: Values per look-up statement (well under SQLite's bound on parameters).
 _CHUNK = 500
 
@@ -48,9 +51,12 @@ def held_by_receipt(
     for receipt in dict.fromkeys(receipts):
         _, dot, suffix = receipt.rpartition(".")
         if dot and (suffix.isdecimal() if integer else suffix):
-            named[receipt] = int(suffix) if integer else suffix
-        else:
-            older.append(receipt)
+            row: Any = int(suffix) if integer else suffix
+            # A number past SQLite's 64-bit rowids names no row (and cannot be bound).
+            if not integer or row <= _LAST_ROWID:
+                named[receipt] = row
+                continue
+        older.append(receipt)
     by_key = {row[-1]: row for row in _rows(conn, key, set(named.values()))}
     # Through the receipt index alone, so that only it can answer (a planner without
     # statistics would otherwise walk the whole queue).
@@ -76,10 +82,8 @@ def _rows(conn: SqlConnection, column: str, values: Iterable[Any]) -> list[Any]:
     wanted = list(values)
     out: list[Any] = []
     for start in range(0, len(wanted), _CHUNK):
-        chunk = wanted[start : start + _CHUNK]
+        where, chunk = in_list(conn, column, wanted[start : start + _CHUNK])
         out += conn.execute(
-            f"SELECT {_ALL}, {row_key(conn)} FROM messages "
-            f"WHERE {column} IN ({', '.join('?' * len(chunk))}){row_lock(conn)}",
-            chunk,
+            f"SELECT {_ALL}, {row_key(conn)} FROM messages WHERE {where}{row_lock(conn)}", chunk
         ).fetchall()
     return out

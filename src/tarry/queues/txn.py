@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from tarry.errors import DeliveryFailed
+from tarry.errors import DeliveryFailed, Unavailable
 from tarry.model.deaths import record_death, would_cycle
 from tarry.model.events import Event
 from tarry.model.expiry import is_expired, queue_expiries_ms, queue_expiry_ms
@@ -26,6 +26,7 @@ from tarry.model.queue_args import Overflow
 from tarry.model.reports import report_message
 from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog
+from tarry.queues.in_list import in_list
 from tarry.queues.receipts import RECEIPT_SQL, held_by_receipt, receipt_of
 from tarry.queues.sequence import Sequencer
 from tarry.store.sql import SqlConnection, id_column, id_key, row_key, row_lock
@@ -55,6 +56,8 @@ QUEUED_STATES = ("ready", "delivered")
 _SEQ = COLUMNS.index("seq")
 #: Every column, as ``SELECT_SQL`` reads them (for RETURNING).
 _ALL = ", ".join(COLUMNS)
+#: Plain messages gathered for ``flush``, by queue, each with its row (``insert_released``).
+_Plain = dict[str, list[tuple[Message, Released]]]
 
 
 def _takeable_in(state: str, *, unexpired: bool) -> str:
@@ -89,7 +92,7 @@ class QueueTxn:
         #: visible from ``now_ms``.
         self._rows: list[tuple[Message, int, Insert]] = []
         #: Plain messages ``enqueue_many`` gathered for ``flush``, by queue.
-        self._plain: dict[str, list[tuple[Message, Released]]] = {}
+        self._plain: _Plain = {}
         #: Queues that received ready messages: their waiting consumers are woken after commit.
         self.filled: set[str] = set()
 
@@ -164,15 +167,24 @@ class QueueTxn:
     def enqueue_many(
         self, messages: Sequence[Message], queue: str
     ) -> list[tuple[Message, DeliveryFailed]]:
-        """``enqueue(message, queue, insert=True)`` of each of ``messages`` in order; returns the
-        ones refused, each with why. The queue's rules are looked up once for all; a message
-        that expires on arrival, or sets more columns than a plain one (``is_plain``), and
-        every message of a queue with a length limit (which counts the queue as it fills) go
-        through ``enqueue``; the others are written column-wise (``insert_released``)."""
+        """Separate queue database: take in released messages, each keyed by its tarry id, as
+        ``enqueue(message, queue, insert=True)`` of each in order would; one whose id is here
+        already (released before a crash that came ahead of the store's marker) is left as it
+        is, and told no event. Returns the ones refused, each with why.
+
+        The queue's rules are looked up once for all; a message that expires on arrival, or
+        sets more columns than a plain one (``is_plain``), and every message of a queue with a
+        length limit (which counts the queue as it fills) go through ``enqueue``, once looked
+        up (``released_before``); the others are written column-wise (``insert_released``),
+        and an id already here is found by that insert itself (``flush``): a release does not
+        look up the ids of plain messages first."""
         args = self.catalog.effective(queue)
         refused: list[tuple[Message, DeliveryFailed]] = []
         if args is None or not args.put_enabled or args.max_length is not None:
+            before = self.released_before([m.id for m in messages])
             for message in messages:
+                if message.id in before:
+                    continue
                 try:
                     self.enqueue(message, queue, insert=True)
                 except DeliveryFailed as exc:
@@ -184,10 +196,17 @@ class QueueTxn:
             enqueued_at_ms=now,
             queue_ttl_ms=args.message_ttl_ms,
         )
+        one_by_one = [
+            is_expired(expires, now) or not is_plain(message)
+            for message, expires in zip(messages, expiries, strict=True)
+        ]
+        looked_up = [m.id for m, one in zip(messages, one_by_one, strict=True) if one]
+        before = self.released_before(looked_up) if looked_up else set()
         plain = self._plain.setdefault(queue, [])
-        for message, expires in zip(messages, expiries, strict=True):
-            if is_expired(expires, now) or not is_plain(message):
-                self.enqueue(message, queue, insert=True)  # the queue takes it: cannot refuse
+        for message, expires, one in zip(messages, expiries, one_by_one, strict=True):
+            if one:
+                if message.id not in before:
+                    self.enqueue(message, queue, insert=True)  # the queue takes it: cannot refuse
                 # Dead-lettering flushes what was gathered: gather anew from here on.
                 plain = self._plain.setdefault(queue, [])
                 continue
@@ -226,36 +245,55 @@ class QueueTxn:
         column = id_column(self.conn)
         for start in range(0, len(message_ids), 900):
             chunk = [id_key(self.conn, i) for i in message_ids[start : start + 900]]
-            marks = ",".join("?" * len(chunk))
-            sql = f"SELECT id FROM messages WHERE {column} IN ({marks})"
-            found.update(row[0] for row in self.conn.execute(sql, chunk))
+            where, args = in_list(self.conn, column, chunk)
+            found.update(
+                row[0] for row in self.conn.execute(f"SELECT id FROM messages WHERE {where}", args)
+            )
         return found
 
     def flush(self) -> None:
-        """Write the rows ``enqueue(insert=True)`` gathered (multi-row INSERTs, ``insert_rows``)
-        in a savepoint: a key conflict undoes the batch alone, and it is written row by row."""
+        """Write the rows ``enqueue(insert=True)`` and ``enqueue_many`` gathered, in a
+        savepoint. A plain row whose id is here already (``enqueue_many``) is not written by
+        its INSERT; then the savepoint is undone, those messages are left out (with their
+        events), and the rest is written again: rare (only after a crash), so the usual
+        release looks nothing up."""
         if not self._rows and not self._plain:
             return
         rows, self._rows = self._rows, []
         plain, self._plain = self._plain, {}
         self.conn.execute("SAVEPOINT flush")
         try:
-            insert_rows(self.conn, [insert for _, _, insert in rows])
-            for queue, released in plain.items():
-                insert_released(
-                    self.conn, queue=queue, now_ms=self.now_ms, rows=[r for _, r in released]
-                )
-        except sqlite3.IntegrityError:
-            self.conn.execute("ROLLBACK TO flush")
-            rows += [
-                (m, r[4], to_insert(m, seq=r[4], visible_at_ms=self.now_ms))
-                for released in plain.values()
-                for m, r in released
-            ]
-            for message, seq, insert in rows:
-                self._write(message, insert, seq=seq, visible_at_ms=self.now_ms)
+            # Again while some id is found taken: on PostgreSQL another node may have written
+            # one since the look-up (each round leaves out at least one message).
+            while not self._write_gathered(rows, plain):
+                self.conn.execute("ROLLBACK TO flush")
+                before = self.released_before([m.id for r in plain.values() for m, _ in r])
+                if not before:  # taken, yet not seen: the release waits for another round
+                    raise Unavailable("a released message's row is being written elsewhere")
+                plain = {q: [(m, r) for m, r in p if m.id not in before] for q, p in plain.items()}
+                self.events = [
+                    e for e in self.events if e[0] != "released" or e[1].id not in before
+                ]
         finally:
             self.conn.execute("RELEASE flush")
+
+    def _write_gathered(self, rows: list[tuple[Message, int, Insert]], plain: _Plain) -> bool:
+        """``flush``'s writes: ``rows`` with multi-row INSERTs (``insert_rows``; a key conflict
+        undoes them alone, and they are written row by row), then the plain rows column-wise.
+        False when some plain row was not written, its id being here already."""
+        try:
+            insert_rows(self.conn, [insert for _, _, insert in rows])
+        except sqlite3.IntegrityError:
+            self.conn.execute("ROLLBACK TO flush")
+            for message, seq, insert in rows:
+                self._write(message, insert, seq=seq, visible_at_ms=self.now_ms)
+        gathered = written = 0
+        for queue, released in plain.items():
+            gathered += len(released)
+            written += insert_released(
+                self.conn, queue=queue, now_ms=self.now_ms, rows=[r for _, r in released]
+            )
+        return written == gathered
 
     def adopt(self, message: Message) -> bool:
         """Separate queue database: take in a scheduled message as a row keyed by its tarry id
@@ -457,14 +495,14 @@ class QueueTxn:
         rows = self._takeable(queue, max_messages, unexpired=True)
         if not rows:
             return []
-        keys = [row[-1] for row in rows]
         prefix = self.ids.new(now)
+        where, keys = in_list(self.conn, row_key(self.conn), [row[-1] for row in rows])
         self.conn.execute(
             "UPDATE messages SET state = 'delivered', "
             f"receipt = {RECEIPT_SQL.format(key=row_key(self.conn))}, visible_at_ms = ?, "
             "delivery_count = delivery_count + 1, "
             "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END, "
-            f"updated_at_ms = ? WHERE {row_key(self.conn)} IN ({', '.join('?' * len(keys))})",
+            f"updated_at_ms = ? WHERE {where}",
             [prefix, now + visibility_ms, now, *keys],
         )
         taken = []
@@ -500,10 +538,10 @@ class QueueTxn:
         if ack:
             keys = list(settled)
             for start in range(0, len(keys), 500):
-                chunk = keys[start : start + 500]
+                where, chunk = in_list(self.conn, key, keys[start : start + 500])
                 self.conn.execute(
                     "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
-                    f"updated_at_ms = ? WHERE {key} IN ({', '.join('?' * len(chunk))})",
+                    f"updated_at_ms = ? WHERE {where}",
                     [now, *chunk],
                 )
             for message in settled.values():

@@ -225,7 +225,9 @@ def _released_sql(expires: bool, queue_expires: bool, count: int) -> str:
             f"INSERT INTO messages ({', '.join(names)}) "
             f"SELECT {', '.join(f'v.column{i + 1}' for i in range(len(varying)))}, "
             "?, ?, ?, '{}', ?, 1, ?, ?, ? "
-            f"FROM (VALUES {', '.join([row] * count)}) AS v"
+            f"FROM (VALUES {', '.join([row] * count)}) AS v "
+            # ``WHERE true``: without it SQLite would read ``ON`` as a join's (its upsert docs).
+            "WHERE true ON CONFLICT DO NOTHING"
         )
         _RELEASED_SQL[(expires, queue_expires, count)] = sql
     return sql
@@ -233,11 +235,15 @@ def _released_sql(expires: bool, queue_expires: bool, count: int) -> str:
 
 def insert_released(
     conn: SqlConnection, *, queue: str, now_ms: int, rows: Sequence[Released]
-) -> None:
+) -> int:
     """Write plain messages (``is_plain``) released into ``queue`` at ``now_ms``, in the state
     ``enqueue`` gives them (ready, visible at once), as ``insert_rows`` would write their
     ``to_insert`` rows. Column-wise: what every row shares is bound once per statement and
-    only the varying columns once per row (binding is most of the Python-side cost of a row)."""
+    only the varying columns once per row (binding is most of the Python-side cost of a row).
+
+    A row whose id is taken already is not written (its only unique column: a plain message
+    has no de-duplication key). Returns how many were written, so the caller learns of such
+    rows without looking every id up first."""
     shapes: dict[tuple[bool, bool], list[tuple[Any, ...]]] = {}
     for id_, body, sent, due, seq, expires, queue_expires in rows:
         # ``bytearray``: bound as a blob without the adaptation protocol (see ``to_insert``).
@@ -249,17 +255,19 @@ def insert_released(
             values += (queue_expires,)
         shapes.setdefault(shape, []).append(values)
     shared = (queue, queue, _READY, _DEAD_LETTER, now_ms, now_ms, now_ms)
+    written = 0
     for (expires, queue_expires), values_of in shapes.items():
         start = 0
         while start < len(values_of):
             count = min(len(values_of) - start, MAX_ROWS_PER_INSERT)
             count = 1 << (count.bit_length() - 1)  # as in ``insert_rows``
             chunk = values_of[start : start + count]
-            conn.execute(
+            written += conn.execute(
                 _released_sql(expires, queue_expires, count),
                 [*shared, *chain.from_iterable(chunk)],
-            )
+            ).rowcount
             start += count
+    return written
 
 
 def dedupe_key(message: Message) -> str | None:
