@@ -97,6 +97,9 @@ class Ledger:
     #: tarry ids whose ack the server confirmed.
     acked: set[str] = field(default_factory=set)
     duplicates: int = 0
+    #: items a batch's answer refused (``overloaded`` while releases are behind): never
+    #: stored, so neither accepted nor expected.
+    refused: int = 0
     stop_producing: threading.Event = field(default_factory=threading.Event)
     stop_consuming: threading.Event = field(default_factory=threading.Event)
 
@@ -150,6 +153,9 @@ def produce(
                 continue
             with ledger.lock:
                 for item, result in zip(batch, response.json()["results"], strict=True):
+                    if "error" in result:
+                        ledger.refused += 1
+                        continue
                     ledger.accepted[item["body"]] = (result["id"], result["deliver_at"])
             time.sleep(0.01)
 
@@ -270,6 +276,7 @@ def run(
             "plain": plain,
             "seconds": round(time.monotonic() - started, 1),
             "accepted": len(due),
+            "refused": ledger.refused,
             "received_distinct": len(set(ledger.received) & set(due)),
             "lost": len(lost),
             "lost_ids": lost[:10],
