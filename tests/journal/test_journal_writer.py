@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -174,3 +177,32 @@ def test_a_run_of_mixed_messages_writes_each_line_as_its_dict_whatever_the_text_
         assert data == b"".join(_as_dict_line(event, "node-%s-ü") for event in kept)
         assert (lines, dropped) == (len(kept), 1)
     assert encode_lines(EventRun("scheduled", [], 1), "n") == (b"", 0, 0)
+
+
+async def test_a_run_stopped_while_its_thread_writes_loses_no_line_and_keeps_their_order(
+    tmp_path: Path,
+) -> None:
+    # Given a journal whose background loop hands a slow write to its thread
+    journal = Journal(tmp_path, JournalConfig(flush_ms=1), clock=ManualClock(), node="n")
+    write = journal._write
+    started = threading.Event()
+
+    def slow(data: bytearray, lines: int) -> tuple[int, int]:
+        started.set()
+        time.sleep(0.2)
+        return write(data, lines)
+
+    journal._write = slow  # type: ignore[method-assign]
+    messages = [plain_message(f"m{i}", "q", b"", 1, 10, None) for i in range(6)]
+    journal.record_many(EventRun("scheduled", messages[:3], 1))
+    task = asyncio.create_task(journal.run())
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    # When more lines come while that write is under way, and the loop is cancelled then
+    journal.record_many(EventRun("scheduled", messages[3:], 2))
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    journal.close()
+    # Then every line is in the file once, in order, and counted
+    assert [line["id"] for line in _lines(tmp_path)] == [m.id for m in messages]
+    assert journal.written == 6 and journal.dropped == 0
