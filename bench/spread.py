@@ -8,8 +8,9 @@ every store and source tree in the same minutes; prints JSON with the ratios.
 
 Parts (``--only`` runs one):
 - ``spread``: ``POST /v1/messages/batch`` of 1,000 messages (100-byte bodies) from
-  ``--clients`` threads (default 4), ``--messages`` a case (default 100,000), due times uniform
-  over 1–10 s (``near``), over a day and over a year. Per case: msg/s; the server's CPU µs per
+  ``--clients`` threads (default 4, posting with ``--client``, default ``http.client``),
+  ``--messages`` a case (default 100,000), due times uniform over 1–10 s (``near``), over a
+  day and over a year. Per case: msg/s; the server's CPU µs per
   message (``/proc`` of its pid); its fsyncs per group commit, from ``tarry_store_fsyncs_total``
   and ``tarry_store_group_commits_total`` when ``/metrics`` has them (``*_metrics``); the sync
   calls (fsync, fdatasync, syncfs, sync) and write calls per batch by file, counted by
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
 import random
@@ -47,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -124,28 +127,55 @@ def batch_bodies(batches: int, spread: tuple[int, int], rng: random.Random) -> l
     return bodies
 
 
-def send_all(url: str, bodies: list[bytes], clients: int) -> dict[str, Any]:
-    """Post every batch of ``bodies`` from ``clients`` threads, a connection each; the
-    answers' contents in ``answers``, with wall and this process's CPU seconds."""
+#: How a client thread posts: ``stdlib`` (``http.client``, the default) or ``httpx``. The
+#: clients share the server's two cores: four ``httpx`` threads took 2.7-4 µs of CPU a message
+#: (their GIL contended), ``http.client`` threads about 0.4, so the faster a server is, the
+#: more an ``httpx`` client held its rate down.
+CLIENTS = ("stdlib", "httpx")
+
+
+def send_all(
+    url: str, bodies: list[bytes], clients: int, *, client: str = "stdlib"
+) -> dict[str, Any]:
+    """Post every batch of ``bodies`` from ``clients`` threads, a connection each (``client``:
+    one of ``CLIENTS``); the answers' contents in ``answers``, with wall and this process's CPU
+    seconds."""
     work: SimpleQueue[bytes] = SimpleQueue()
     for body in bodies:
         work.put(body)
     answers: list[bytes] = []
 
-    def client() -> None:
-        with httpx.Client(base_url=url, timeout=120) as http:
-            while True:
-                try:
-                    body = work.get_nowait()
-                except Empty:
-                    return
-                response = http.post("/v1/messages/batch", content=body, headers=JSON_HEADERS)
+    def next_body() -> bytes | None:
+        try:
+            return work.get_nowait()
+        except Empty:
+            return None
+
+    def with_httpx() -> None:
+        with httpx.Client(base_url=url, timeout=120) as session:
+            while (body := next_body()) is not None:
+                response = session.post("/v1/messages/batch", content=body, headers=JSON_HEADERS)
                 response.raise_for_status()
                 answers.append(response.content)
 
+    def with_stdlib() -> None:
+        address = urlsplit(url)
+        conn = http.client.HTTPConnection(address.hostname or "", address.port, timeout=120)
+        try:
+            while (body := next_body()) is not None:
+                conn.request("POST", "/v1/messages/batch", body=body, headers=JSON_HEADERS)
+                response = conn.getresponse()
+                content = response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"a batch was answered {response.status}: {content[:300]!r}")
+                answers.append(content)
+        finally:
+            conn.close()
+
+    post = {"stdlib": with_stdlib, "httpx": with_httpx}[client]
     started, cpu = time.perf_counter(), time.process_time()
     with ThreadPoolExecutor(clients) as pool:
-        for done in [pool.submit(client) for _ in range(clients)]:
+        for done in [pool.submit(post) for _ in range(clients)]:
             done.result()  # a client's error is the run's
     return {
         "seconds": time.perf_counter() - started,
@@ -330,6 +360,7 @@ def run_case(
     *,
     messages: int,
     clients: int,
+    client: str,
     strace_batches: int,
 ) -> dict[str, Any]:
     rng = random.Random(22)
@@ -348,7 +379,7 @@ def run_case(
         first.raise_for_status()
         counters = store_metrics(url)
         server_cpu = cpu_s(proc.pid)
-        sent = send_all(url, bodies, clients)
+        sent = send_all(url, bodies, clients, client=client)
         server_cpu = cpu_s(proc.pid) - server_cpu
         after = store_metrics(url)
         count = len(bodies) * BATCH
@@ -441,6 +472,7 @@ def part_spread(
     *,
     messages: int,
     clients: int,
+    client: str,
     strace_batches: int,
 ) -> dict[str, Any]:
     cases: dict[str, dict[str, dict[str, Any]]] = {}
@@ -456,11 +488,12 @@ def part_spread(
                     spread_name,
                     messages=messages,
                     clients=clients,
+                    client=client,
                     strace_batches=strace_batches,
                 )
                 cases.setdefault(tree.name, {}).setdefault(store, {})[spread_name] = result
                 print(f"{tree.name} {store} {spread_name}: {json.dumps(result)}", file=sys.stderr)
-    return {"messages_per_case": messages, "clients": clients, "cases": cases}
+    return {"messages_per_case": messages, "clients": clients, "client": client, "cases": cases}
 
 
 def spread_ratios(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -665,6 +698,9 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000, help="messages a case")
     parser.add_argument("--clients", type=int, default=4, help="client threads (default 4)")
     parser.add_argument(
+        "--client", choices=CLIENTS, default="stdlib", help="how they post (default stdlib)"
+    )
+    parser.add_argument(
         "--strace-batches",
         type=int,
         default=20,
@@ -719,6 +755,7 @@ def main() -> None:
                 trees,
                 messages=args.messages // BATCH * BATCH,
                 clients=args.clients,
+                client=args.client,
                 strace_batches=args.strace_batches,
             )
             spread["ratios"] = spread_ratios(spread["cases"])

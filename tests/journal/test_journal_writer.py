@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -143,3 +146,63 @@ def test_a_run_of_one_event_writes_the_lines_of_its_events() -> None:
     assert encode_lines(run, "n") == encode_lines(list(run), "n")
     assert list(run[1:3]) == [("released", m, 20, "q", None) for m in messages[1:3]]
     assert run[4] == ("released", messages[4], 20, "q", None) and len(run) == 5
+
+
+def test_a_run_of_mixed_messages_writes_each_line_as_its_dict_whatever_the_text_holds() -> None:
+    # Given runs whose messages mix plain ones (no optional field) with ones that set each
+    # optional field, another destination, text needing escapes and % signs, and one id that
+    # is not valid Unicode
+    def plain(i: int, destination: str = "q.%d") -> Message:
+        return plain_message(f"m{i}", destination, b"b" * i, 5, 50 + i, None)
+
+    odd = [
+        Message("o1", "q.%d", b"", {}, 5, 60, 70, message_id="id %s \u2028"),
+        Message("o2", "q.%d", b"x", {}, 5, 61, None, correlation_id='c "%d"'),
+        Message("o3", "q.%d", b"xy", {}, 5, 62, None, topic="t.%s"),
+        Message("o4", "q.%d", b"xyz", {}, 5, 63, None, failures=3),
+        plain(7, "other.ü"),
+        plain_message("\ud800", "q.%d", b"", 5, 64, None),
+    ]
+    messages = [plain(0), *odd[:3], plain(1), *odd[3:], plain(2)]
+    for run in (
+        EventRun("scheduled", messages, 5),
+        EventRun("released", messages, 90, "q.%d"),
+        EventRun("dead_lettered", messages, 91, "q.%d", DeathReason.EXPIRED),
+        EventRun("expired", messages, 92, None, "ttl %"),
+    ):
+        # When each run is encoded whole
+        data, lines, dropped = encode_lines(run, "node-%s-ü")
+        # Then every line is what orjson makes of its dict, in order; the bad one is dropped
+        kept = [event for event in run if event[1].id != "\ud800"]
+        assert data == b"".join(_as_dict_line(event, "node-%s-ü") for event in kept)
+        assert (lines, dropped) == (len(kept), 1)
+    assert encode_lines(EventRun("scheduled", [], 1), "n") == (b"", 0, 0)
+
+
+async def test_a_run_stopped_while_its_thread_writes_loses_no_line_and_keeps_their_order(
+    tmp_path: Path,
+) -> None:
+    # Given a journal whose background loop hands a slow write to its thread
+    journal = Journal(tmp_path, JournalConfig(flush_ms=1), clock=ManualClock(), node="n")
+    write = journal._write
+    started = threading.Event()
+
+    def slow(data: bytearray, lines: int) -> tuple[int, int]:
+        started.set()
+        time.sleep(0.2)
+        return write(data, lines)
+
+    journal._write = slow  # type: ignore[method-assign]
+    messages = [plain_message(f"m{i}", "q", b"", 1, 10, None) for i in range(6)]
+    journal.record_many(EventRun("scheduled", messages[:3], 1))
+    task = asyncio.create_task(journal.run())
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    # When more lines come while that write is under way, and the loop is cancelled then
+    journal.record_many(EventRun("scheduled", messages[3:], 2))
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    journal.close()
+    # Then every line is in the file once, in order, and counted
+    assert [line["id"] for line in _lines(tmp_path)] == [m.id for m in messages]
+    assert journal.written == 6 and journal.dropped == 0

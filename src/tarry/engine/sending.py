@@ -28,7 +28,7 @@ from tarry.model.ids import IdGenerator
 from tarry.model.message import Message, SendPlan
 from tarry.model.query import MessageQuery
 from tarry.model.queue_args import Overflow
-from tarry.model.rules import BEHIND_HORIZON_MS
+from tarry.model.rules import due_soon
 from tarry.model.state import MessageState
 from tarry.model.validate import DestinationView, SendLimits, TargetView
 from tarry.queues.lag import refusal_limit_ms
@@ -191,20 +191,7 @@ class Sender:
                     results[index] = exc
                 return [r for r in results if r is not None]
             self.breakers.store.success()
-            outcomes = self._results(accepted, kept, now)
-            earliest = None
-            scheduled: list[Message] = []
-            transports = self.ctx.transports
-            for (index, plan, messages), (result, created) in zip(accepted, outcomes, strict=True):
-                results[index] = result
-                if created:
-                    scheduled += messages
-                    due = plan.deliver_at_ms
-                    if (earliest is None or due < earliest) and (
-                        due > now
-                        or (transports and any(m.destination in transports for m in messages))
-                    ):
-                        earliest = due
+            scheduled, earliest = self._answer(accepted, kept, results, views, now)
             self.ctx.emit(EventRun("scheduled", scheduled, now))
             self.ctx.waiters.lag.accepted(scheduled, now)
             if txn is not None:
@@ -213,48 +200,57 @@ class Sender:
                 self.ctx.due(earliest, now)  # this dispatcher's, and the other nodes'
         return [r for r in results if r is not None]
 
-    def _results(
+    def _answer(
         self,
         accepted: list[tuple[int, SendPlan, list[Message]]],
         everything: list[StoreOutcome],
+        results: list[SendResult | TarryError | None],
+        views: Mapping[str, DestinationView],
         now: int,
-    ) -> list[tuple[SendResult, bool]]:
-        """One (result, created) per accepted plan from the outcomes of all its messages."""
-        outcomes: list[tuple[SendResult, bool]] = []
-        # Per destination, not per send.
-        topics = {
-            name: self.ctx.catalog.kind(name) == "topic"
-            for name in {plan.request.destination for _, plan, _ in accepted}
-        }
+    ) -> tuple[list[Message], int | None]:
+        """Each accepted send's result, from the outcomes of all its messages, into ``results``;
+        returns the messages it created and the earliest due time the dispatcher must hear of
+        (a delayed one, or one a route's transport takes), in one pass over the sends."""
+        scheduled: list[Message] = []
+        earliest: int | None = None
+        transports = self.ctx.transports
         per_send = release.per_send(accepted, everything)
-        for (_, plan, _), stored in zip(accepted, per_send, strict=True):
+        for (index, plan, messages), stored in zip(accepted, per_send, strict=True):
             if len(stored) == 1:  # a queue's one message (no generator for the common case)
+                first: Message | None = stored[0].message
                 created = stored[0].created
             else:
+                first = stored[0].message if stored else None
                 created = all(o.created for o in stored) if stored else True
-            first = stored[0].message if stored else None
             destination = plan.request.destination
-            topic = topics[destination]
             if first is None:
-                result = SendResult(
+                results[index] = SendResult(
                     id=self.ids.new(now),
                     state="no_subscribers",
                     deliver_at_ms=plan.deliver_at_ms,
                     expires_at_ms=plan.expires_at_ms,
-                    destination=plan.request.destination,
+                    destination=destination,
                 )
             else:  # positional, in field order: a batch makes thousands
-                result = SendResult(
+                results[index] = SendResult(
                     first.id,
                     _STATE_TEXT[first.state],
                     first.deliver_at_ms,
                     first.expires_at_ms,
                     created,
                     destination,
-                    tuple((o.message.id, o.message.destination) for o in stored) if topic else (),
+                    tuple((o.message.id, o.message.destination) for o in stored)
+                    if views[destination].kind == "topic"
+                    else (),
                 )
-            outcomes.append((result, created))
-        return outcomes
+            if created:
+                scheduled += messages
+                due = plan.deliver_at_ms
+                if (earliest is None or due < earliest) and (
+                    due > now or (transports and any(m.destination in transports for m in messages))
+                ):
+                    earliest = due
+        return scheduled, earliest
 
     async def _view(self, name: str, *, lag: bool) -> DestinationView:
         if name in self.ctx.transports:
@@ -286,12 +282,12 @@ class Sender:
 
 
 def _soon_destination(item: object) -> object:
-    """A send's destination when it is plainly due soon (a whole ``delay_ms`` under
-    ``BEHIND_HORIZON_MS``), else None: the whole-request refusal leaves anything else to the
-    send rules, which refuse only sends due soon."""
+    """A send's destination when it is plainly due soon (a whole ``delay_ms`` that ``due_soon``
+    holds within ``BEHIND_HORIZON_MS``), else None: the whole-request refusal leaves anything
+    else to the send rules, which refuse only sends due soon."""
     if not isinstance(item, Mapping):
         return None
     delay = item.get("delay_ms", 0) if "deliver_at" not in item else None
-    if type(delay) is not int or not 0 <= delay < BEHIND_HORIZON_MS:
+    if type(delay) is not int or delay < 0 or not due_soon(delay):
         return None
     return item.get("destination")

@@ -3,7 +3,11 @@
 Each line is the JSON object ``orjson.dumps`` makes of the line's keys in order, byte for byte,
 filled into one template: a dict per event and an ``orjson`` call per line cost more than the
 line. Strings that repeat across a batch (event, destination, queue, reason) are encoded once a
-batch; the others through ``orjson`` (the same escaping as the dict's)."""
+batch; the others through ``orjson`` (the same escaping as the dict's).
+
+A run (``EventRun``: one change at one time for many messages) has its event, time, node,
+queue and reason written into its templates once; a message with no optional field set (the
+common send) fills a template of the four values that differ per message."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from tarry.model.events import Event
+from tarry.model.events import Event, EventRun
 
 __all__ = ["LATE_EVENTS", "encode_lines"]
 
@@ -29,6 +33,8 @@ _NULL = b"null"
 def encode_lines(events: Sequence[Event], node: str) -> tuple[bytes, int, int]:
     """(the lines of ``events``, how many, how many were dropped). An event that cannot be
     encoded (a value of the wrong type, text that is not valid Unicode) is dropped alone."""
+    if isinstance(events, EventRun):
+        return _encode_run(events, node)
     dumps = orjson.dumps
     # Per batch, so names seen once (a topic per message) never build up across batches.
     known: dict[str | None, bytes] = {None: _NULL}
@@ -64,6 +70,86 @@ def encode_lines(events: Sequence[Event], node: str) -> tuple[bytes, int, int]:
                     b"%d" % (time_ms - deliver_at_ms) if event in late else _NULL,
                 )
             )
+        except Exception:
+            dropped += 1
+    return b"".join(lines), len(lines), dropped
+
+
+def _fixed(json: bytes) -> bytes:
+    """JSON text written into a template: its ``%`` signs kept as they are."""
+    return json.replace(b"%", b"%%")
+
+
+def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
+    """``encode_lines`` of a run: the same lines, the run's own values in the templates."""
+    messages = run.messages
+    if not messages:
+        return b"", 0, 0
+    dumps = orjson.dumps
+    try:
+        head = _fixed(
+            b'{"event":%s,"time":%d,"node":%s,"id":' % (dumps(run.event), run.time_ms, dumps(node))
+        )
+        queue = _fixed(dumps(run.queue))
+        tail = _fixed(dumps(run.reason)) + (
+            b',"lateness_ms":%d}\n' if run.event in LATE_EVENTS else b',"lateness_ms":null}\n'
+        )
+        first = messages[0].destination
+        first_json = _fixed(dumps(first))
+    except Exception:  # the run's own values cannot be encoded: every line would drop
+        return b"", 0, len(messages)
+    general = (
+        head + b'%s,"destination":%s,"topic":%s,"queue":' + queue
+        + b',"message_id":%s,"correlation_id":%s,"sent_at":%d,"deliver_at":%d,'
+        b'"expires_at":%s,"size":%d,"failures":%d,"reason":' + tail
+    )  # fmt: skip
+    plain = (
+        head + b'%s,"destination":' + first_json + b',"topic":null,"queue":' + queue
+        + b',"message_id":null,"correlation_id":null,"sent_at":%d,"deliver_at":%d,'
+        b'"expires_at":null,"size":%d,"failures":0,"reason":' + tail
+    )  # fmt: skip
+    late = run.event in LATE_EVENTS
+    time_ms = run.time_ms
+    known: dict[str | None, bytes] = {None: _NULL}
+    get = known.get
+    lines: list[bytes] = []
+    append = lines.append
+    dropped = 0
+    for message in messages:
+        try:
+            due = message.deliver_at_ms
+            if (
+                message.message_id is None
+                and message.correlation_id is None
+                and message.expires_at_ms is None
+                and message.topic is None
+                and not message.failures
+                and message.destination == first
+            ):
+                values: tuple[object, ...] = (
+                    dumps(message.id),
+                    message.sent_at_ms,
+                    due,
+                    len(message.body),
+                )
+                append(plain % (*values, time_ms - due) if late else plain % values)
+                continue
+            destination, topic = message.destination, message.topic
+            message_id, correlation_id = message.message_id, message.correlation_id
+            expires_at_ms = message.expires_at_ms
+            values = (
+                dumps(message.id),
+                get(destination) or known.setdefault(destination, dumps(destination)),
+                get(topic) or known.setdefault(topic, dumps(topic)),
+                _NULL if message_id is None else dumps(message_id),
+                _NULL if correlation_id is None else dumps(correlation_id),
+                message.sent_at_ms,
+                due,
+                _NULL if expires_at_ms is None else b"%d" % expires_at_ms,
+                len(message.body),
+                message.failures,
+            )
+            append(general % (*values, time_ms - due) if late else general % values)
         except Exception:
             dropped += 1
     return b"".join(lines), len(lines), dropped

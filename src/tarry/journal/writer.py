@@ -8,7 +8,9 @@ take the closed files (and may read the open one). A torn last line left by a cr
 the next process starts, so readers never see half a record.
 
 The journal is analytics, not the record: the store holds the truth, so lines are flushed to
-the OS every ``flush_ms`` without fsync, and ``record`` never blocks or raises.
+the OS every ``flush_ms`` without fsync, and ``record`` never blocks or raises. The background
+loop (``run``) hands each flush's write to a thread of its own: a write of a few megabytes can
+wait on the kernel's dirty-page throttling, and the event loop serves producers meanwhile.
 
 Every line has exactly these keys (null when not applicable), so one schema fits all files:
 
@@ -30,6 +32,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
@@ -60,6 +63,8 @@ class Journal:
         self._path: Path | None = None
         self._opened_ms = 0
         self._size = 0
+        #: The write ``run`` handed to its thread, while under way: (lines written, dropped).
+        self._writing: Future[tuple[int, int]] | None = None
         self._close_leftovers()
 
     # --- writing -------------------------------------------------------------------------------
@@ -77,11 +82,51 @@ class Journal:
         self.dropped += dropped
 
     def flush(self) -> None:
-        """Write buffered lines to the current file, rotating first when it is due."""
-        if not self._buffer:
-            return
+        """Write buffered lines to the current file (rotating first when it is due), on this
+        thread, once the write ``run`` has under way (if any) is done: lines stay in order."""
+        self._collect()
+        data, lines = self._take()
+        if data:
+            self._count(*self._write(data, lines))
+
+    async def run(self) -> None:
+        with ThreadPoolExecutor(1, thread_name_prefix="tarry-journal") as executor:
+            try:
+                while True:
+                    await asyncio.sleep(self.config.flush_ms / 1000)
+                    data, lines = self._take()
+                    if data:
+                        self._writing = executor.submit(self._write, data, lines)
+                        # Shielded: a cancel while the write waits its turn must not drop it;
+                        # ``flush`` below waits for it, then writes what came after.
+                        await asyncio.shield(asyncio.wrap_future(self._writing))
+                        self._collect()
+            finally:
+                self.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self._close_current()
+
+    def _take(self) -> tuple[bytearray, int]:
+        """The buffered lines, the buffer emptied (on the event loop, where lines are added)."""
         data, lines = self._buffer, self._lines
         self._buffer, self._lines = bytearray(), 0
+        return data, lines
+
+    def _collect(self) -> None:
+        """Wait for the write under way, if any, and count its lines."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            self._count(*writing.result())
+
+    def _count(self, written: int, dropped: int) -> None:
+        self.written += written
+        self.dropped += dropped
+
+    def _write(self, data: bytearray, lines: int) -> tuple[int, int]:
+        """Append ``data`` (``lines`` lines), rotating first when it is due; (written, dropped).
+        Only one write at a time touches the file (``flush`` waits for ``run``'s)."""
         try:
             if self._file is not None and self._due_for_rotation():
                 self._close_current()
@@ -91,23 +136,11 @@ class Journal:
             self._file.write(data)
             self._file.flush()
             self._size += len(data)
-            self.written += lines
         except OSError as exc:
-            self.dropped += lines
             log.warning("journal: dropped %d lines: %s", lines, exc)
             self._file = None
-
-    async def run(self) -> None:
-        try:
-            while True:
-                await asyncio.sleep(self.config.flush_ms / 1000)
-                self.flush()
-        finally:
-            self.flush()
-
-    def close(self) -> None:
-        self.flush()
-        self._close_current()
+            return 0, lines
+        return lines, 0
 
     # --- files ---------------------------------------------------------------------------------
     def _due_for_rotation(self) -> bool:

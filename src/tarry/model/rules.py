@@ -51,6 +51,7 @@ __all__ = [
     "MAX_ID_CHARS",
     "Rule",
     "destination_rules",
+    "due_soon",
     "first_failure",
     "id_rules",
     "instant_rules",
@@ -62,6 +63,13 @@ MAX_ID_CHARS = 256
 #: Sends due within this of now are refused while their queue's consumers are behind; one due
 #: later is taken (a reminder for next week does not wait on today's backlog).
 BEHIND_HORIZON_MS = 10_000
+
+
+def due_soon(delay_ms: Any) -> Any:
+    """Where a delay falls within ``BEHIND_HORIZON_MS``: a ``bool`` for one send, a mask for a
+    column. The consumers-behind rule (``_target_rules``) and the engine's whole-request
+    refusal before parsing (``engine/sending``) both ask this."""
+    return delay_ms < BEHIND_HORIZON_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +304,7 @@ def _target_rules(target: TargetView) -> Iterator[Rule]:
         refused = Overloaded.consumers_behind(queue, lag, limit)
         yield Rule(
             Overloaded,
-            lambda *, delay_ms, **_: delay_ms < BEHIND_HORIZON_MS,
+            lambda *, delay_ms, **_: due_soon(delay_ms),
             lambda **_: refused.message,
             lambda **_: dict(refused.details),
         )

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ __all__ = ["LogStore"]
 log = logging.getLogger(__name__)
 
 _sent_at = attrgetter("sent_at_ms")
+_message_id, _destination = attrgetter("message_id"), attrgetter("destination")
 
 
 class LogStore:
@@ -213,7 +215,10 @@ class LogStore:
         reservation, one slice of the group commit's write) and, when indexed, one ``add`` of
         arrays."""
         self._check()
-        keys = [dedupe_hash(m) if m.message_id is not None else 0 for m in messages]
+        n = len(messages)
+        keys = [0] * n  # most batches: no message_id to de-duplicate by (checked in C)
+        if list(map(_message_id, messages)).count(None) < n:
+            keys = [dedupe_hash(m) if m.message_id is not None else 0 for m in messages]
         accepted: Sequence[Message]
         if any(keys):
             admitted = await admit(
@@ -227,7 +232,7 @@ class LogStore:
             outcomes, accepted = admitted.outcomes, admitted.accepted
             hashes, keyed = admitted.hashes, admitted.keyed
         else:  # nothing to de-duplicate: every message is new
-            outcomes = [StoreOutcome(m, True) for m in messages]
+            outcomes = list(map(StoreOutcome, messages, repeat(True, n)))
             accepted, hashes, keyed = messages, keys, []
         if not accepted:
             return outcomes
@@ -247,7 +252,7 @@ class LogStore:
                 dedupe[key] = message.id
                 self._unwritten.pop(key, None)
             destination = accepted[0].destination
-            if all(m.destination == destination for m in accepted):
+            if all(map(destination.__eq__, map(_destination, accepted))):
                 self.state.scheduled[destination] += len(accepted)
             else:
                 self.state.scheduled.update(m.destination for m in accepted)
