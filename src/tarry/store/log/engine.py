@@ -392,11 +392,11 @@ class LogStore:
         if items and state is MessageState.READY:
             # A release into a local queue is in the queue database already: its marker needs
             # no fsync, nor a group of its own (``GroupWriter.defer``). Other ends wait.
-            table.defer(taken)
+            counts = table.defer(taken)
             self.writer.defer(
                 items,
-                on_written=lambda _: table.deferred_done(taken, written=True),
-                on_failed=lambda: table.deferred_done(taken, written=False),
+                on_written=lambda _: table.deferred_done(taken, counts, written=True),
+                on_failed=lambda: table.deferred_done(taken, counts, written=False),
             )
         elif items:
             try:

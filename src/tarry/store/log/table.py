@@ -150,13 +150,18 @@ class PartitionTable:
             self.state.scheduled[destination] -= count
         self.changes += len(taken)
 
-    def defer(self, taken: Sequence[tuple[str, Held]]) -> None:
-        """Released into local queues, their markers deferred (``deferred``)."""
-        self.deferred.update(held.destination for _, held in taken)
+    def defer(self, taken: Sequence[tuple[str, Held]]) -> Counter[str]:
+        """Released into local queues, their markers deferred (``deferred``); returns their
+        count by destination, for ``deferred_done``."""
+        counts = Counter(held.destination for _, held in taken)
+        self.deferred.update(counts)
+        return counts
 
-    def deferred_done(self, taken: Sequence[tuple[str, Held]], *, written: bool) -> None:
+    def deferred_done(
+        self, taken: Sequence[tuple[str, Held]], counts: Counter[str], *, written: bool
+    ) -> None:
         """Deferred markers written (``finished``) or failed (``put_back``)."""
-        self.deferred.subtract(held.destination for _, held in taken)
+        self.deferred.subtract(counts)
         if written:
             self.finished(taken)
         else:
