@@ -1,11 +1,11 @@
 """The log store under a simulated power loss at every crash point of a scripted workload
 (``crashfs.py``): sends due soon and far ahead (up to a year), cancels, reschedules, releases
-into the queue database (recorded there first, as ``tarry.engine.release`` does) and
-deliveries, each a group commit of the write-ahead log (rolled over to new WAL segments), a
-checkpoint, cleanup of a released partition (with its checkpoint, which deletes WAL segments),
-and a clean close. At each boundary between two file changes,
-in both modes (nothing unsynced survives; a random prefix of it does), a fresh ``LogStore``
-recovers what the disk would hold and must show:
+into the queue database (recorded there first, as ``tarry.engine.release`` does; their markers
+deferred, written alone or with a later group: ``GroupWriter.defer``) and deliveries, each a
+group commit of the write-ahead log (rolled over to new WAL segments), a checkpoint, cleanup of
+a released partition (with its checkpoint, which deletes WAL segments), and a clean close. At
+each boundary between two file changes, in both modes (nothing unsynced survives; a random
+prefix of it does), a fresh ``LogStore`` recovers what the disk would hold and must show:
 
 - no acknowledged message lost (acknowledged: its call returned; under ``fsync = batch`` that
   means fsynced), with the body it was sent with, and a producer's retry of one sent with a
@@ -32,6 +32,7 @@ from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.store.log import LogStore
 from tarry.store.log.layout import Layout
+from tarry.store.log.writer import LINGER_MS
 from tests.store.crashfs import CrashFiles, Mode
 
 NOW = 1_700_000_000_000
@@ -90,9 +91,12 @@ class Workload:
     moves: dict[str, int] = field(default_factory=dict)
 
 
-async def run_workload(fs: CrashFiles, root: Path, *, fsync: str = "batch") -> Workload:
+async def run_workload(
+    fs: CrashFiles, root: Path, *, fsync: str = "batch", linger_ms: int = LINGER_MS
+) -> Workload:
     w = Workload()
     store = open_store(root, fs, fsync=fsync)
+    store.writer.linger_ms = linger_ms
     await store.open()
 
     async def send(dues: list[int]) -> list[Message]:
@@ -138,6 +142,10 @@ async def run_workload(fs: CrashFiles, root: Path, *, fsync: str = "batch") -> W
     fs.mark(("moved", [near[5].id]))
     await release(NOW + G, delivered=True)
     await release(NOW + 2 * G + 1_500, delivered=False)
+    # Its markers are written alone once the linger is over (``linger_ms`` 0), or go with the
+    # next send's group
+    await asyncio.sleep(0.01)
+    await send([NOW + 4 * G + 7])
     # The first partition is over and drained: cleanup deletes it (the queue database's
     # releases are durable already here: no barrier needed).
     assert await store.delete_released(NOW + 2 * G + 1_500) == 1
@@ -231,13 +239,18 @@ async def check_recovery(
 
 
 async def crash_everywhere(
-    tmp_path: Path, mode: Mode, *, during_reschedule: bool, fsync: str = "batch"
+    tmp_path: Path,
+    mode: Mode,
+    *,
+    during_reschedule: bool,
+    fsync: str = "batch",
+    linger_ms: int = LINGER_MS,
 ) -> None:
     # Given the scripted workload, recorded change by change
     base = tmp_path / "live"
     base.mkdir()
     fs = CrashFiles(base)
-    w = await run_workload(fs, base / "log", fsync=fsync)
+    w = await run_workload(fs, base / "log", fsync=fsync, linger_ms=linger_ms)
     points = fs.crash_points()
     assert len(points) > 100  # the workload reached every step
     if during_reschedule:
@@ -253,12 +266,23 @@ async def crash_everywhere(
 
 
 @pytest.mark.parametrize(
-    ("mode", "fsync"), [("drop", "batch"), ("prefix", "batch"), ("drop", "always")]
+    ("mode", "fsync", "linger_ms"),
+    [
+        ("drop", "batch", LINGER_MS),
+        ("prefix", "batch", LINGER_MS),
+        ("drop", "always", LINGER_MS),
+        # Release markers written alone as soon as the writer is free (no linger; with one,
+        # the workload's send takes them along)
+        ("drop", "batch", 0),
+        ("prefix", "batch", 0),
+    ],
 )
 async def test_a_power_loss_at_every_crash_point_loses_no_acknowledged_message(
-    tmp_path: Path, mode: Mode, fsync: str
+    tmp_path: Path, mode: Mode, fsync: str, linger_ms: int
 ) -> None:
-    await crash_everywhere(tmp_path, mode, during_reschedule=False, fsync=fsync)
+    await crash_everywhere(
+        tmp_path, mode, during_reschedule=False, fsync=fsync, linger_ms=linger_ms
+    )
 
 
 async def test_a_power_loss_during_a_reschedule_keeps_the_message_once(tmp_path: Path) -> None:

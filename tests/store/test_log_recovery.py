@@ -198,6 +198,7 @@ async def test_recovery_uses_the_snapshot_and_replays_only_the_tail(tmp_path: Pa
     await store.store(after)
     [first] = await store.fetch_due(NOW + 10, limit=1, lease_ms=1000)
     await store.remove([first.id], state=MessageState.READY, now_ms=NOW + 10)
+    await store.writer.drain()  # the deferred release marker written (not fsynced)
     await crash(store)
     # When it recovers
     store = await opened(tmp_path)
@@ -287,6 +288,7 @@ async def test_a_message_arriving_for_a_released_partition_keeps_it_from_deletio
     await store.store([first])
     [due] = await store.fetch_due(NOW + 10, limit=1, lease_ms=1000)
     await store.remove([due.id], state=MessageState.READY, now_ms=NOW + 10)
+    await store.writer.drain()  # the deferred release marker written
     partition = store.partitions[Layout.level0((NOW + 5) // G)]
     end = partition.end_ms
     partition.settle(end)

@@ -166,6 +166,7 @@ class LogStore:
             await asyncio.gather(self._scrubbing, return_exceptions=True)
         if self._upkeeping is not None:
             await asyncio.gather(self._upkeeping, return_exceptions=True)
+        await asyncio.gather(self.writer.drain(), return_exceptions=True)
         while not self.writer.idle:
             await asyncio.sleep(0.002)
         loop = asyncio.get_running_loop()
@@ -374,16 +375,17 @@ class LogStore:
 
     async def remove(self, ids: Sequence[str], *, state: MessageState, now_ms: int) -> int:
         self._check()
+        table = self.table
         taken: list[tuple[str, Held]] = []
         # One contiguous append per partition (one reservation, one part of the write).
         markers: dict[int, list[tuple[str, int, str]]] = {}
         code = STATE_CODES[state]
         for message_id in ids:
-            held = self.table.take(message_id)
+            held = table.take(message_id)
             if held is None or held.number not in self.partitions:
                 continue
             if not held.destination:
-                message = read_message(self.table, self.files, held)
+                message = read_message(table, self.files, held)
                 held.destination = message.destination if message else ""
             self._leaving[message_id] = held
             markers.setdefault(held.number, []).append((message_id, held.pos, held.destination))
@@ -392,19 +394,22 @@ class LogStore:
             (self.partitions[n], encode_markers(RELEASED, code, entries))
             for n, entries in markers.items()
         ]
-
-        def on_written(_: list[int]) -> None:
-            self.table.finished(taken)
-
-        if items:
-            # A release into a local queue is recorded in the queue database first: its
-            # marker need not wait for an fsync. Other ends (delivered, dead-lettered) do.
+        if items and state is MessageState.READY:
+            # A release into a local queue is in the queue database already: its marker needs
+            # no fsync, nor a group of its own (``GroupWriter.defer``). Other ends wait.
+            counts = table.defer(taken)
+            self.writer.defer(
+                items,
+                on_written=lambda _: table.deferred_done(taken, counts, written=True),
+                on_failed=lambda: table.deferred_done(taken, counts, written=False),
+            )
+        elif items:
             try:
                 await self.writer.append(
-                    items, durable=state is not MessageState.READY, on_written=on_written
+                    items, durable=True, on_written=lambda _: table.finished(taken)
                 )
             except TarryError:
-                self.table.put_back(taken)
+                table.put_back(taken)
                 raise
         return len(taken)
 
@@ -530,9 +535,7 @@ class LogStore:
         return await list_page(self.table, query)
 
     async def count_scheduled(self, destination: str | None = None) -> int:
-        if destination is None:
-            return sum(p.live for p in self.partitions.values())
-        return max(0, self.state.scheduled.get(destination, 0))
+        return self.table.scheduled(destination)
 
     async def due_counts(self, start_ms: int, width_ms: int, buckets: int) -> builtins.list[int]:
         self._check()
@@ -549,7 +552,9 @@ class LogStore:
         return await self.checkpoints.take()
 
     async def delete_released(self, now_ms: int) -> int:
-        """Delete the partitions whose every message is released (``cleanup.py``)."""
+        """Delete the partitions whose every message is released (``cleanup.py``), their
+        deferred release markers written first."""
+        await self.writer.drain()
         return await cleanup.delete_released(
             self.table, now_ms, files=self.files, checkpoint=self._checkpoint, barrier=self.barrier
         )

@@ -46,6 +46,9 @@ class PartitionTable:
         #: Released claims and failed messages, due again at ``Held.due``.
         self.waiting: dict[str, Held] = {}
         self.leaving: dict[str, Held] = {}
+        #: Released messages whose markers wait to be written (``GroupWriter.defer``), by
+        #: destination: no longer counted as scheduled (the queue database has them).
+        self.deferred: Counter[str] = Counter()
         #: (due, id) of ``waiting``; stale entries are skipped.
         self.retry_heap: list[tuple[int, str]] = []
         #: Messages sent without delay, remembered by id so that their release at once (by the
@@ -146,6 +149,31 @@ class PartitionTable:
         for destination, count in Counter(held.destination for _, held in taken).items():
             self.state.scheduled[destination] -= count
         self.changes += len(taken)
+
+    def defer(self, taken: Sequence[tuple[str, Held]]) -> Counter[str]:
+        """Released into local queues, their markers deferred (``deferred``); returns their
+        count by destination, for ``deferred_done``."""
+        counts = Counter(held.destination for _, held in taken)
+        self.deferred.update(counts)
+        return counts
+
+    def deferred_done(
+        self, taken: Sequence[tuple[str, Held]], counts: Counter[str], *, written: bool
+    ) -> None:
+        """Deferred markers written (``finished``) or failed (``put_back``)."""
+        self.deferred.subtract(counts)
+        if written:
+            self.finished(taken)
+        else:
+            self.put_back(taken)
+
+    def scheduled(self, destination: str | None) -> int:
+        """Messages pending (of ``destination``, or all), released ones with deferred markers
+        left out."""
+        if destination is None:
+            live = sum(p.live for p in self.partitions.values())
+            return live - sum(self.deferred.values())
+        return max(0, self.state.scheduled.get(destination, 0) - self.deferred[destination])
 
     def put_back(self, taken: Sequence[tuple[str, Held]]) -> None:
         """Markers that could not be written: their messages wait, due again at once, so the

@@ -14,6 +14,13 @@ sizes return to what is written, and before the next group writes, the writer th
 never follows a partial record and a failed write never turns up after a restart. The next
 append simply tries again; ``probe`` is the store breaker's trial while no producer is let
 through.
+
+Markers that need no fsync and that no caller waits for (``defer``: a release into a local queue,
+which the queue database holds first) do not make a group of their own: they wait in line, in
+position order, and go with the next group that a caller waits for (a producer's send) or, when
+none comes within ``linger_ms``, as a group of their own. Each group is then one thread hand-off
+fewer on the event loop. A crash may lose the markers still waiting, as it may lose any marker
+written without an fsync; the queue database makes their messages' second release a no-op.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from tarry.store.log.partition import OFFSET_MASK, SEGMENT_SHIFT, Partition, spl
 from tarry.store.log.segment import FLUSH_BYTES, SegmentFiles
 from tarry.store.log.wal import MAGIC, WalLog, WalPosition, encode_group
 
-__all__ = ["Chunk", "GroupWriter", "OnWritten"]
+__all__ = ["LINGER_MS", "Chunk", "GroupWriter", "OnFailed", "OnWritten"]
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +49,14 @@ OnWritten = Callable[[list[int]], None]
 #: Bytes to append: a record, markers, or a stored batch's run (a slice of its blob).
 Chunk = bytes | memoryview
 _Write = tuple[Partition, int, Chunk]
-_Entry = tuple[list[_Write], "asyncio.Future[None]", bool, OnWritten | None]
+#: Called on the event loop when a deferred append's group failed (nothing of it was written).
+OnFailed = Callable[[], None]
+#: (writes, the waiting caller's future or None when deferred, durable, on_written, on_failed)
+_Entry = tuple[list[_Write], "asyncio.Future[None] | None", bool, OnWritten | None, OnFailed | None]
 #: The probe's write: one page, what any append needs at least.
 _PROBE_BYTES = 4096
+#: How long deferred markers wait for a group to go with before they make one of their own.
+LINGER_MS = 50
 
 
 def _as_unavailable(exc: BaseException) -> TarryError:
@@ -66,6 +78,7 @@ class GroupWriter:
         fsync: str,
         commit_interval_ms: int,
         segment_bytes: int,
+        linger_ms: int = LINGER_MS,
     ) -> None:
         self.files = files
         self.wal = wal
@@ -86,6 +99,10 @@ class GroupWriter:
         self._failing = False
         self.groups = 0
         self._pending: list[_Entry] = []
+        #: Entries of ``_pending`` a caller waits for (the others are deferred).
+        self._awaited = 0
+        self.linger_ms = linger_ms
+        self._linger: asyncio.TimerHandle | None = None
         self._flushing = False
         self._last_fsync = 0.0
 
@@ -117,25 +134,58 @@ class GroupWriter:
         and the policy fsyncs)."""
         self.check()
         writes = [(p, p.reserve(len(data), self.segment_bytes), data) for p, data in items]
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        self._pending.append((writes, future, durable, on_written))
-        if not self._flushing:
-            self._flushing = True
-            loop.create_task(self._flush())
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((writes, future, durable, on_written, None))
+        self._awaited += 1
+        self._start()
         await future
         return [pos for _, pos, _ in writes]
 
+    def defer(
+        self,
+        items: Sequence[tuple[Partition, Chunk]],
+        *,
+        on_written: OnWritten,
+        on_failed: OnFailed,
+    ) -> None:
+        """Append ``items`` without an fsync and without waiting: they go with the next group a
+        caller waits for, or on their own after ``linger_ms`` (see the module docstring).
+        ``on_written`` or ``on_failed`` runs on the event loop once the group is done."""
+        self.check()
+        writes = [(p, p.reserve(len(data), self.segment_bytes), data) for p, data in items]
+        self._pending.append((writes, None, False, on_written, on_failed))
+        if not self._flushing and self._linger is None:
+            loop = asyncio.get_running_loop()
+            self._linger = loop.call_later(self.linger_ms / 1000, self._start)
+
+    async def drain(self) -> None:
+        """Write deferred entries now and wait for them (cleanup and a close do not wait out
+        ``linger_ms``). Raises what their group raised."""
+        if len(self._pending) > self._awaited:
+            await self.append([], durable=False)
+
+    def _start(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().create_task(self._flush())
+
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
+        first = True
         try:
-            while self._pending:
+            # The first group takes everything (a caller or the linger started this); later
+            # ones only when a caller waits: deferred entries alone wait for the linger.
+            while self._pending and (first or self._awaited):
+                first = False
                 if self.fsync == "batch" and any(e[2] for e in self._pending):
                     # Gather durable writes for one fsync; markers alone need no gathering.
                     wait = self.commit_interval_ms / 1000 - (time.monotonic() - self._last_fsync)
                     if wait > 0:
                         await asyncio.sleep(wait)
-                batch, self._pending = self._pending, []
+                batch, self._pending, self._awaited = self._pending, [], 0
                 durable = self.fsync != "never" and any(e[2] for e in batch)
                 try:
                     end = await loop.run_in_executor(
@@ -144,15 +194,17 @@ class GroupWriter:
                 except BaseException as exc:
                     # Everything reserved is in ``batch`` or ``_pending``: fail it all and give
                     # its reservations back, in this step, before another append reserves.
-                    failed, self._pending = batch + self._pending, []
+                    failed, self._pending, self._awaited = batch + self._pending, [], 0
                     self._cut_back(failed)
                     error = _as_unavailable(exc)
                     if not self._failing:  # once per outage, not once per group
                         self._failing = True
                         log.error("log store write failed; retrying with each write: %s", error)
-                    for entry in failed:
-                        if not entry[1].done():
-                            entry[1].set_exception(error)
+                    for _, future, _, _, on_failed in failed:
+                        if future is not None and not future.done():
+                            future.set_exception(error)
+                        elif on_failed is not None:
+                            self._call(on_failed)
                     if not isinstance(exc, Exception):
                         raise
                     continue
@@ -162,7 +214,7 @@ class GroupWriter:
                 self._last_fsync = time.monotonic()
                 self.groups += 1
                 self.wal_end = end
-                for writes, future, _, on_written in batch:
+                for writes, future, _, on_written, _ in batch:
                     for partition, pos, data in writes:
                         segment, stop = pos >> SEGMENT_SHIFT, (pos & OFFSET_MASK) + len(data)
                         written = partition.written
@@ -175,18 +227,27 @@ class GroupWriter:
                             on_written([pos for _, pos, _ in writes])
                         except Exception as exc:  # a bug: fail the caller, keep the writer
                             log.exception("log store bookkeeping failed")
-                            if not future.done():
+                            if future is not None and not future.done():
                                 future.set_exception(exc)
-                    if not future.done():
+                    if future is not None and not future.done():
                         future.set_result(None)
         finally:
             self._flushing = False
+            if self._pending and self._linger is None:
+                self._linger = loop.call_later(self.linger_ms / 1000, self._start)
+
+    @staticmethod
+    def _call(callback: OnFailed) -> None:
+        try:
+            callback()
+        except Exception:  # a bug: keep the writer
+            log.exception("log store bookkeeping failed")
 
     def _cut_back(self, failed: list[_Entry]) -> None:
         """On the event loop, after a failed group: every partition's reservations back to what
         is written, and each touched file noted to be cut back to that length."""
         with self._cut_lock:
-            for writes, _, _, _ in failed:
+            for writes, _, _, _, _ in failed:
                 for partition, pos, _ in writes:
                     segment = split(pos)[0]
                     done = partition.written[segment] if segment < len(partition.written) else 0
