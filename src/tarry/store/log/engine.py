@@ -38,6 +38,7 @@ from tarry.store.log import clean, cleanup
 from tarry.store.log.batch import place
 from tarry.store.log.checkpoint import Checkpoints
 from tarry.store.log.dedupe import admit
+from tarry.store.log.figures import write_path
 from tarry.store.log.forecast import due_counts
 from tarry.store.log.fs import Files
 from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash
@@ -584,16 +585,8 @@ class LogStore:
         }
 
     def write_path(self) -> dict[str, Any]:
-        """What the write path has done (``/metrics``): fsyncs by what they made durable,
-        group commits, WAL bytes, and checkpoint durations (``figures.py``)."""
-        times = self.checkpoints.times.figures()
-        return {
-            "fsyncs": dict(self.files.fs.fsyncs),
-            "group_commits": self.writer.groups,
-            "wal_bytes": self.writer.wal.bytes_written,
-            "snapshot_seconds": times,
-            "checkpoint_seconds": times,
-        }
+        """What the write path has done (``/metrics``; ``figures.write_path``)."""
+        return write_path(self.files.fs.fsyncs, self.writer, self.checkpoints.times)
 
     @property
     def damaged(self) -> builtins.list[str]:
