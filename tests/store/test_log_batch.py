@@ -66,8 +66,8 @@ def test_a_batch_over_many_partitions_is_laid_out_in_one_blob_a_run_per_partitio
     records = encode_messages(batch, [0] * len(batch))
     made: dict[int, Partition] = {}
 
-    def partition_of(key: int) -> Partition:
-        return made.setdefault(key, Partition(Path("/nowhere"), key, layout))
+    def partitions_of(keys: list[int]) -> list[Partition]:
+        return [made.setdefault(k, Partition(Path("/nowhere"), k, layout)) for k in keys]
 
     # When they are laid out
     placed = place(
@@ -76,7 +76,7 @@ def test_a_batch_over_many_partitions_is_laid_out_in_one_blob_a_run_per_partitio
         layout=layout,
         now_ms=NOW,
         segment_bytes=2_000,
-        partition_of=partition_of,
+        partitions_of=partitions_of,
     )
     # Then the blob holds every record once, partition by partition in key order, each
     # partition's records in the order given

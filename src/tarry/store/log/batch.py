@@ -84,12 +84,12 @@ def place(
     layout: Layout,
     now_ms: int,
     segment_bytes: int,
-    partition_of: Callable[[int], Partition],
+    partitions_of: Callable[[list[int]], list[Partition]],
 ) -> Placed:
     """``records`` (one per message, due at ``dues``) laid out by the partition of their due
     time as placed at ``now_ms`` (``layout.keys_for``); a run larger than ``segment_bytes`` is
     split so that no run spans segments (a single larger record is a run of its own).
-    ``partition_of(key)`` gives partition ``key``."""
+    ``partitions_of(keys)`` gives the partitions of a list of keys, in order."""
     n = len(records)
     due = np.fromiter(dues, np.int64, n)
     lengths = np.fromiter(map(len, records), np.int64, n)
@@ -112,7 +112,7 @@ def place(
     bounds = [0, *ends[np.array(rows[1:]) - 1].tolist()]
     if len(data) > segment_bytes:
         rows, bounds, run_keys = _split_runs(ends, rows, bounds, run_keys, segment_bytes)
-    return Placed(data, [partition_of(k) for k in run_keys], rows, bounds, order, due, offsets)
+    return Placed(data, partitions_of(run_keys), rows, bounds, order, due, offsets)
 
 
 def _split_runs(

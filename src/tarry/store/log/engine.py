@@ -245,7 +245,7 @@ class LogStore:
             layout=self.layout,
             now_ms=now_ms,
             segment_bytes=self.writer.segment_bytes,
-            partition_of=lambda key: self.table.partition(key, now_ms=now_ms),
+            partitions_of=lambda keys: self.table.partitions_for(keys, now_ms=now_ms),
         )
         dedupe = self.state.dedupe
 

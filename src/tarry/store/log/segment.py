@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 FLUSH_BYTES = 8 * 1024 * 1024
 #: Most descriptors kept open per kind (write / read); the least recently used are closed.
 MAX_OPEN = 256
+#: A segment file held in memory: (partition key, segment number).
+_File = tuple[int, int]
 
 
 class SegmentFiles:
@@ -58,11 +60,13 @@ class SegmentFiles:
         self._new_dirs: set[Path] = set()
         #: Segments written since their last fsync (markers are appended without one).
         self._dirty: set[Path] = set()
-        #: Appends not written yet, by file (in order), with their partitions.
-        self._pending: dict[Path, bytearray] = {}
-        self._owners: dict[Path, Partition] = {}
-        #: The paths of ``_pending`` by partition key (a read flushes its partition's alone).
-        self._paths_of: dict[int, list[Path]] = {}
+        #: Appends not written yet, by file (in order), with their partitions. A file is named
+        #: here by (partition key, segment), which hashes in C: a group over a year holds to some
+        #: 100–190 files, and a ``Path`` would hash in Python.
+        self._pending: dict[_File, bytearray] = {}
+        self._owners: dict[_File, Partition] = {}
+        #: The files of ``_pending`` by partition key (a read flushes its partition's alone).
+        self._files_of: dict[int, list[_File]] = {}
         self.pending_bytes = 0
         self._lock = threading.RLock()
 
@@ -77,12 +81,12 @@ class SegmentFiles:
         pending, added = self._pending, 0
         with self._lock:
             for partition, pos, data in writes:
-                path = partition.segment_path(pos >> SEGMENT_SHIFT)
-                held = pending.get(path)
+                file = (partition.number, pos >> SEGMENT_SHIFT)
+                held = pending.get(file)
                 if held is None:
-                    pending[path] = bytearray(data)
-                    self._owners[path] = partition
-                    self._paths_of.setdefault(partition.number, []).append(path)
+                    pending[file] = bytearray(data)
+                    self._owners[file] = partition
+                    self._files_of.setdefault(partition.number, []).append(file)
                 else:
                     held += data
                 added += len(data)
@@ -95,22 +99,21 @@ class SegmentFiles:
             if not self._pending:
                 return
             if partition is None:
-                paths = list(self._pending)
+                files = list(self._pending)
             else:
-                paths = list(self._paths_of.get(partition.number, ()))
-                if not paths:
+                files = list(self._files_of.get(partition.number, ()))
+                if not files:
                     return
-            for path in paths:
-                self._flush_one(path)
+            for file in files:
+                self._flush_one(file)
             self.trim()
 
-    def _forget(self, path: Path) -> None:
-        partition = self._owners.pop(path)
-        del self._pending[path]
-        paths = self._paths_of[partition.number]
-        paths.remove(path)
-        if not paths:
-            del self._paths_of[partition.number]
+    def _forget(self, file: _File) -> None:
+        del self._owners[file], self._pending[file]
+        files = self._files_of[file[0]]
+        files.remove(file)
+        if not files:
+            del self._files_of[file[0]]
 
     def _flush_quietly(self, partition: Partition) -> None:
         """``flush`` before a read, its failure left to the read: a fetch flushed the bytes it
@@ -120,8 +123,9 @@ class SegmentFiles:
         except OSError as exc:
             log.warning("cannot write partition %d behind the WAL yet: %s", partition.number, exc)
 
-    def _flush_one(self, path: Path) -> None:
-        partition = self._owners[path]
+    def _flush_one(self, file: _File) -> None:
+        partition = self._owners[file]
+        path = partition.segment_path(file[1])
         fd = self._write.get(path)
         if fd is None:
             if not partition.dir.exists():
@@ -131,17 +135,17 @@ class SegmentFiles:
             self._new_dirs.add(partition.dir)
             self._write[path] = fd
         self._write.move_to_end(path)
-        data = self._pending[path]
+        data = self._pending[file]
         before = os.fstat(fd).st_size
         try:
             self.fs.write(fd, data)
         except OSError:
             # A fresh buffer: the failure's traceback may keep a view of this one alive, and a
             # buffer with a view cannot grow (the next append would fail).
-            self._pending[path] = bytearray(data)
+            self._pending[file] = bytearray(data)
             self.fs.truncate(fd, before)  # no partial record before the next try
             raise
-        self._forget(path)
+        self._forget(file)
         self.pending_bytes -= len(data)
         self._dirty.add(path)
 
@@ -196,9 +200,9 @@ class SegmentFiles:
 
     def close_partition(self, partition: Partition) -> None:
         with self._lock:
-            for path in list(self._paths_of.get(partition.number, ())):
-                self.pending_bytes -= len(self._pending[path])
-                self._forget(path)
+            for file in list(self._files_of.get(partition.number, ())):
+                self.pending_bytes -= len(self._pending[file])
+                self._forget(file)
             for path in [p for p in self._write if p.parent == partition.dir]:
                 self.fs.close(self._write.pop(path))
             for path in [p for p in self._read if p.parent == partition.dir]:
@@ -210,7 +214,7 @@ class SegmentFiles:
         with self._lock:
             self._pending.clear()
             self._owners.clear()
-            self._paths_of.clear()
+            self._files_of.clear()
             self.pending_bytes = 0
             for fd in self._write.values():
                 self.fs.close(fd)

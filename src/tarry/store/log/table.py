@@ -72,6 +72,17 @@ class PartitionTable:
             bisect.insort(self.numbers, number)
         return partition
 
+    def partitions_for(self, keys: Sequence[int], *, now_ms: int) -> list[Partition]:
+        """``partition(key, now_ms=now_ms)`` of each key (a stored batch's runs), found with
+        one look-up each and made only where new."""
+        found: list[Partition | None] = list(map(self.partitions.get, keys))
+        if None not in found:
+            return found  # type: ignore[return-value]  # no None left
+        return [
+            p if p is not None else self.partition(k, now_ms=now_ms)
+            for k, p in zip(keys, found, strict=True)
+        ]
+
     def drop(self, partition: Partition) -> None:
         """Forget a deleted partition."""
         if self.partitions.get(partition.number) is partition:

@@ -36,7 +36,7 @@ from typing import Any
 
 from tarry.errors import TarryError, Unavailable
 from tarry.store.faults import storage_fault
-from tarry.store.log.partition import OFFSET_MASK, SEGMENT_SHIFT, Partition, split
+from tarry.store.log.partition import Partition, mark_written, reserve, split
 from tarry.store.log.segment import FLUSH_BYTES, SegmentFiles
 from tarry.store.log.wal import MAGIC, WalLog, WalPosition, encode_group
 
@@ -133,7 +133,7 @@ class GroupWriter:
         """Append ``items``; returns their positions once written (fsynced when ``durable``
         and the policy fsyncs)."""
         self.check()
-        writes = [(p, p.reserve(len(data), self.segment_bytes), data) for p, data in items]
+        writes = reserve(items, self.segment_bytes)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((writes, future, durable, on_written, None))
         self._awaited += 1
@@ -152,7 +152,7 @@ class GroupWriter:
         caller waits for, or on their own after ``linger_ms`` (see the module docstring).
         ``on_written`` or ``on_failed`` runs on the event loop once the group is done."""
         self.check()
-        writes = [(p, p.reserve(len(data), self.segment_bytes), data) for p, data in items]
+        writes = reserve(items, self.segment_bytes)
         self._pending.append((writes, None, False, on_written, on_failed))
         if not self._flushing and self._linger is None:
             loop = asyncio.get_running_loop()
@@ -215,13 +215,7 @@ class GroupWriter:
                 self.groups += 1
                 self.wal_end = end
                 for writes, future, _, on_written, _ in batch:
-                    for partition, pos, data in writes:
-                        segment, stop = pos >> SEGMENT_SHIFT, (pos & OFFSET_MASK) + len(data)
-                        written = partition.written
-                        while len(written) <= segment:
-                            written.append(0)
-                        if written[segment] < stop:
-                            written[segment] = stop
+                    mark_written(writes)
                     if on_written is not None:
                         try:
                             on_written([pos for _, pos, _ in writes])
