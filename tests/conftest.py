@@ -114,14 +114,12 @@ def _group(item: pytest.Item) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    groups = {item.nodeid: group for item in items if (group := _group(item))}
-    for item in items:
-        if item.nodeid in groups:
-            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    # pytest-xdist's loadgroup names a test's group by a suffix of its node id, which pytest 9's
-    # structured node ids no longer carry: the workers hand the groups over in a file instead.
+    # pytest-xdist's loadgroup names a test's group (its xdist_group marker) by a suffix of its
+    # node id, which pytest 9's structured node ids no longer carry: the workers hand the groups
+    # over in a file, which the scheduler below reads.
     workerinput = getattr(config, "workerinput", None)
     if workerinput and _GROUPS_DIR in workerinput:
+        groups = {item.nodeid: group for item in items if (group := _group(item))}
         path = Path(workerinput[_GROUPS_DIR]) / f"{workerinput['workerid']}.json"
         path.with_suffix(".part").write_text(json.dumps(groups))
         path.with_suffix(".part").replace(path)
