@@ -2,15 +2,25 @@
 
 Tests marked ``rabbitmq``, ``postgres``, ``spark`` or ``browser`` need that service. When it is missing they
 skip with a loud reason, unless ``TARRY_REQUIRE_SERVICES=1`` (CI), where they fail instead.
+
+``scripts/test`` runs the suite on two pytest-xdist workers (``--dist loadgroup``). Every test
+has its own port, data directory, database and virtual host, but some change the shared
+service itself (PostgreSQL restarted, RabbitMQ's memory alarm raised) or share one per session
+(the SparkSession, the local Spark cluster): those run in one group per kind, one test at a
+time on one worker (``_GROUPS``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +42,6 @@ REQUIRE_SERVICES = os.environ.get("TARRY_REQUIRE_SERVICES") == "1"
 
 _SERVICES: dict[str, tuple[Callable[[], bool], str]] = {}
 _checked: dict[str, bool] = {}
-_skipped: dict[str, int] = {}
 
 
 def _port_open(port: int) -> Callable[[], bool]:
@@ -85,6 +94,83 @@ _SERVICES["browser"] = (
 )
 
 
+#: xdist groups (``--dist loadgroup``): a test with the marker or the fixture runs in the group.
+#: PostgreSQL and RabbitMQ share one group: a test that restarts PostgreSQL, or raises RabbitMQ's
+#: memory alarm, must not overlap another test of the same service.
+_GROUPS = {
+    "services": ({"postgres", "rabbitmq"}, {"pg_dsn", "broker"}),
+    "spark": ({"spark"}, {"spark", "spark_cluster", "reference"}),
+}
+#: Where the workers leave each test's group for the controller's scheduler (``workerinput``).
+_GROUPS_DIR = "tarry_groups_dir"
+
+
+def _group(item: pytest.Item) -> str | None:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    for group, (markers, needs) in _GROUPS.items():
+        if fixtures & needs or any(item.get_closest_marker(m) for m in markers):
+            return group
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # pytest-xdist's loadgroup names a test's group (its xdist_group marker) by a suffix of its
+    # node id, which pytest 9's structured node ids no longer carry: the workers hand the groups
+    # over in a file, which the scheduler below reads.
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput and _GROUPS_DIR in workerinput:
+        groups = {item.nodeid: group for item in items if (group := _group(item))}
+        path = Path(workerinput[_GROUPS_DIR]) / f"{workerinput['workerid']}.json"
+        path.with_suffix(".part").write_text(json.dumps(groups))
+        path.with_suffix(".part").replace(path)
+
+
+_GROUPS_DIR_KEY = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.stash[_GROUPS_DIR_KEY] = tempfile.mkdtemp(prefix="tarry-xdist-groups-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _GROUPS_DIR_KEY in config.stash:
+        shutil.rmtree(config.stash[_GROUPS_DIR_KEY], ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    node.workerinput[_GROUPS_DIR] = node.config.stash[_GROUPS_DIR_KEY]
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    directory = Path(config.stash[_GROUPS_DIR_KEY])
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """xdist's load-scope scheduling with ``_GROUPS`` as the scopes, every other test a
+        scope of its own (what loadgroup does where node ids carry the group)."""
+
+        group_of: dict[str, str] | None = None
+
+        def schedule(self) -> None:
+            # Called once every worker has collected, so each has written its file.
+            if self.group_of is None:
+                self.group_of = {}
+                for path in directory.glob("*.json"):
+                    self.group_of.update(json.loads(path.read_text()))
+            super().schedule()
+
+        def _split_scope(self, nodeid: str) -> str:
+            return (self.group_of or {}).get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
+
+
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 
@@ -106,12 +192,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         message = f"{name} is not available: needs {how}"
         if REQUIRE_SERVICES:
             pytest.fail(f"TARRY_REQUIRE_SERVICES=1 and {message}", pytrace=False)
-        _skipped[name] = _skipped.get(name, 0) + 1
         pytest.skip(f"SKIPPED LOUDLY: {message}")
 
 
+_UNAVAILABLE = re.compile(r"SKIPPED LOUDLY: (\w+) is not available")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    for name, count in _skipped.items():
+    # Counted from the reports, not in pytest_runtest_setup: under xdist the skips happen in
+    # the workers and only their reports reach this process.
+    skipped: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        found = _UNAVAILABLE.search(str(report.longrepr))
+        if found:
+            skipped[found[1]] = skipped.get(found[1], 0) + 1
+    for name, count in skipped.items():
         terminalreporter.write_line(
             f"!!! {count} test(s) skipped because {name} is not available "
             "(set TARRY_REQUIRE_SERVICES=1 to make this a failure)",

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 
 import httpx
 import pytest
 
 from tests.conftest import ServerProcess
-from tests.e2e.test_schedules import occurrence_ms, receive_all
+from tests.e2e.test_schedules import ids_per_occurrence, occurrence_ms, receive_all
 
 pytestmark = pytest.mark.postgres
 
@@ -84,10 +83,7 @@ lease_ms = 400
     got.extend(receive_all(two.url, 2 * VISIBILITY_MS / 1000, visibility_ms=VISIBILITY_MS))
     # Then every second was stored exactly once (one message id each), across both nodes,
     # and delivered (a message whose ack died with its node is received again: same id)
-    ids: dict[int, set[str]] = {}
-    for m, _ in got:
-        ids.setdefault(occurrence_ms(m["message_id"]), set()).add(m["id"])
-    seconds = Counter({at: len(found) for at, found in ids.items()})
+    seconds = ids_per_occurrence(got)
     assert set(seconds.values()) == {1}, seconds
     ordered = sorted(seconds)
     assert ordered == list(range(ordered[0], ordered[-1] + 1, 1000))

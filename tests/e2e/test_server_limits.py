@@ -219,6 +219,11 @@ def test_finding_07_twenty_thousand_idle_sockets_neither_hang_the_server_nor_flo
         for _ in range(count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setblocking(False)
+            # From 127.0.0.2, its port chosen at connect: the sockets take no port of 127.0.0.1,
+            # which a test running beside this one (scripts/test runs two) may have picked as
+            # free and be about to listen on.
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_BIND_ADDRESS_NO_PORT, 1)
+            sock.bind(("127.0.0.2", 0))
             try:
                 sock.connect((host, port))
             except BlockingIOError:
