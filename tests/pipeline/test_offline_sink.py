@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 from click.testing import CliRunner
 
 from tarry.cli.main import cli
+
+if TYPE_CHECKING:
+    from tarry.pipeline.bulk_import import ImportOptions
 
 pytestmark = pytest.mark.spark
 
@@ -28,6 +31,21 @@ def _import(path: Path, data: Path, rejects: Path) -> str:
 
 def _messages(url: str, **params: str) -> list[dict[str, Any]]:
     return httpx.get(f"{url}/v1/messages", params={**params, "limit": "1000"}).json()["items"]
+
+
+def _import_in_quarters(spark: Any, options: ImportOptions, now: int) -> Any:
+    """``run_import`` of ``options.input`` (one queue ``q``) read in four input splits, so that
+    several tasks write the same partitions."""
+    from tarry.model.validate import DestinationView, TargetView
+    from tarry.pipeline.bulk_import import run_import
+
+    view = {"q": DestinationView("q", "queue", (TargetView("q"),))}
+    split = Path(options.input).stat().st_size // 4
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(split))
+    try:
+        return run_import(spark, options, now_ms=now, resolve_views=lambda _: view)
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
 
 
 def test_offline_import_is_adopted_once_and_refused_when_damaged(
@@ -112,8 +130,7 @@ def test_offline_import_drops_repeats_across_tasks_and_sorts_each_file(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tarry.model.validate import DestinationView, TargetView
-    from tarry.pipeline.bulk_import import ImportOptions, run_import
+    from tarry.pipeline.bulk_import import ImportOptions
     from tarry.pipeline.sink_log import LogSinkSettings
     from tarry.store.log.record import Record, decode_message, scan
 
@@ -140,14 +157,8 @@ def test_offline_import_drops_repeats_across_tasks_and_sorts_each_file(
         plan_dir=tmp_path / "plan",
         partition_ms=width,
     )
-    view = {"q": DestinationView("q", "queue", (TargetView("q"),))}
     # When imported with small input splits (one task per row group)
-    split = (tmp_path / "in.parquet").stat().st_size // 4
-    spark.conf.set("spark.sql.files.maxPartitionBytes", str(split))
-    try:
-        summary = run_import(spark, options, now_ms=now, resolve_views=lambda _: view)
-    finally:
-        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    summary = _import_in_quarters(spark, options, now)
     # Then the repeats are counted and rejected, naming the row each repeats
     assert (summary.rows_read, summary.accepted, summary.duplicates) == (200, 150, 50)
     assert summary.copies == 150 and summary.partitions == 5
@@ -278,8 +289,7 @@ def test_a_year_of_due_times_imported_offline_fills_the_store_s_own_few_partitio
     import pyarrow.parquet as pq
 
     from tarry.model.state import MessageState
-    from tarry.model.validate import DestinationView, TargetView
-    from tarry.pipeline.bulk_import import ImportOptions, run_import
+    from tarry.pipeline.bulk_import import ImportOptions
     from tarry.pipeline.sink_log import LogSinkSettings
     from tarry.store.log import LogStore
     from tarry.store.log.layout import Layout
@@ -307,14 +317,8 @@ def test_a_year_of_due_times_imported_offline_fills_the_store_s_own_few_partitio
         log_sink=LogSinkSettings(area=area, granularity_ms=width, now_ms=now),
         partition_ms=width,
     )
-    view = {"q": DestinationView("q", "queue", (TargetView("q"),))}
-    split = (tmp_path / "in.parquet").stat().st_size // 4
-    spark.conf.set("spark.sql.files.maxPartitionBytes", str(split))
-    try:
-        # When imported offline
-        summary = run_import(spark, options, now_ms=now, resolve_views=lambda _: view)
-    finally:
-        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    # When imported offline, in four input splits
+    summary = _import_in_quarters(spark, options, now)
     # Then the files fill the partitions the store's write path gives them, a few hundred
     layout = Layout(width)
     want = {layout.key_for(now + int(d), now) for d in delays}
