@@ -14,8 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tarry.model.message import Message
-from tarry.queues.in_list import in_list
-from tarry.store.sql import SqlConnection, row_key, row_lock
+from tarry.store.sql import SqlConnection, in_list, row_key, row_lock
 from tarry.store.sqlite.rows import COLUMNS, from_row
 
 __all__ = ["RECEIPT_SQL", "held_by_receipt", "receipt_of"]

@@ -26,10 +26,9 @@ from tarry.model.queue_args import Overflow
 from tarry.model.reports import report_message
 from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog
-from tarry.queues.in_list import in_list
 from tarry.queues.receipts import RECEIPT_SQL, held_by_receipt, receipt_of
 from tarry.queues.sequence import Sequencer
-from tarry.store.sql import SqlConnection, id_column, id_key, row_key, row_lock
+from tarry.store.sql import SqlConnection, id_column, id_key, in_list, row_key, row_lock
 from tarry.store.sqlite.rows import (
     COLUMNS,
     SELECT_SQL,

@@ -1,6 +1,7 @@
 """The connection face shared SQL runs against (``sqlite3.Connection``, or PostgreSQL through
 ``store/postgres/dialect.py``), and the differences that SQL must state itself: locking the
-rows a SELECT returns against other nodes' transactions, and the column that finds a row by id.
+rows a SELECT returns against other nodes' transactions, the column that finds a row by id, and
+a list of values to match (``in_list``).
 """
 
 from __future__ import annotations
@@ -8,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-__all__ = ["SqlConnection", "SqlCursor", "id_column", "id_key", "row_key", "row_lock"]
+import orjson
+
+__all__ = ["SqlConnection", "SqlCursor", "id_column", "id_key", "in_list", "row_key", "row_lock"]
 
 
 class SqlCursor(Protocol):
@@ -55,3 +58,13 @@ def id_key(conn: object, message_id: str) -> str:
     if getattr(conn, "keyed", False):
         return message_id[10:] + message_id[:10]
     return message_id
+
+
+def in_list(conn: object, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+    """The condition ``column`` is one of ``values`` (ints or strings), and its parameters. On
+    SQLite the list is one JSON parameter read by ``json_each``: the statement's text is the same
+    for every length, so it stays in the connection's cache of prepared statements (a consumer's
+    receives and acks come in more sizes than the cache holds). PostgreSQL gets placeholders."""
+    if getattr(conn, "dialect", None) is None:
+        return f"{column} IN (SELECT value FROM json_each(?))", [orjson.dumps(values).decode()]
+    return f"{column} IN ({', '.join('?' * len(values))})", list(values)
