@@ -257,14 +257,19 @@ def _summary(
     }
 
 
-def _store_counters(url: str) -> dict[str, float]:
-    wanted = ("tarry_store_group_commits_total", 'tarry_store_fsyncs_total{what="wal"}')
-    found: dict[str, float] = {}
+def _metrics(url: str) -> dict[str, float]:
+    """Every sample of the server's ``/metrics``, by name with its labels."""
+    samples: dict[str, float] = {}
     for line in httpx.get(f"{url}/metrics").text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name in wanted:
-            found[name] = float(value)
-    return found
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def _store_counters(samples: dict[str, float]) -> dict[str, float]:
+    wanted = ("tarry_store_group_commits_total", 'tarry_store_fsyncs_total{what="wal"}')
+    return {name: samples[name] for name in wanted if name in samples}
 
 
 def run_tarry(args: argparse.Namespace, src: Path | None, tmp: Path) -> dict[str, Any]:
@@ -274,14 +279,14 @@ def run_tarry(args: argparse.Namespace, src: Path | None, tmp: Path) -> dict[str
     proc, url = start_server(tmp, args.store, env=env)
     try:
         httpx.put(f"{url}/v1/queues/{QUEUE}", json={}).raise_for_status()
-        cpu_before, threads_before = cpu_s(proc.pid), _thread_cpu(url)
+        cpu_before, threads_before = cpu_s(proc.pid), _thread_cpu(_metrics(url))
         consumer = _role("consume-tarry", args, url)
         producer = _role("produce-tarry", args, url)
         produced = _result(producer)
         consumed = _result(consumer)
         cpu_seconds = cpu_s(proc.pid) - cpu_before
-        threads_after = _thread_cpu(url)
-        writes = _store_counters(url)
+        after = _metrics(url)
+        threads_after, writes = _thread_cpu(after), _store_counters(after)
     finally:
         proc.terminate()
         proc.wait()
@@ -304,16 +309,15 @@ def run_tarry(args: argparse.Namespace, src: Path | None, tmp: Path) -> dict[str
     return result
 
 
-def _thread_cpu(url: str) -> dict[str, float]:
-    """``tarry_thread_cpu_seconds_total`` by thread from the server's ``/metrics`` (empty for a
-    server that does not export it)."""
+def _thread_cpu(samples: dict[str, float]) -> dict[str, float]:
+    """``tarry_thread_cpu_seconds_total`` by thread (empty for a server that does not export
+    it)."""
     prefix = 'tarry_thread_cpu_seconds_total{thread="'
-    seconds = {}
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(prefix):
-            labels, value = line.rsplit(" ", 1)
-            seconds[labels[len(prefix) : -len('"}')]] = float(value)
-    return seconds
+    return {
+        name[len(prefix) : -len('"}')]: value
+        for name, value in samples.items()
+        if name.startswith(prefix)
+    }
 
 
 def _redis_pid() -> int:
