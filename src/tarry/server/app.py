@@ -29,6 +29,7 @@ from tarry.server.connections import ConnectionGuard
 from tarry.server.deps import BodyLimits
 from tarry.server.diagnostics import install_stack_dump
 from tarry.server.errors import install_error_handlers
+from tarry.server.fast_lane import FastLane
 from tarry.server.logs import configure_logging
 from tarry.server.metrics import Metrics
 from tarry.server.openapi import install_openapi
@@ -92,6 +93,7 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
     routers = (messages, queues, redrive, topics, policies, routes, schedules, health, overview)
     for module in (*routers, console_files):
         app.include_router(module.router)
+    app.add_middleware(FastLane, routes=queues.CONSUMER_ROUTES)
     return app
 
 
