@@ -1,16 +1,26 @@
 """Telling listeners (the journal, the metrics) about state changes: each takes a batch's
-events in one call, and a listener that fails never breaks a change or the other listeners."""
+events in one call, and a listener that fails never breaks a change or the other listeners.
+
+A queue transaction tells a change of many messages (a release, a receive, an ack) as one
+event each; told on as runs (``EventRun``: one change at one time for many messages), every
+listener counts or writes a run's shared values once, not once a message."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import groupby
+from operator import itemgetter
 
-from tarry.model.events import Event, EventBatchListener, EventListener
+from tarry.model.events import Event, EventBatchListener, EventListener, EventRun
 
-__all__ = ["emit_all", "one_by_one"]
+__all__ = ["as_runs", "emit_all", "one_by_one"]
 
 log = logging.getLogger("tarry.engine.core")
+
+#: What events of one run share: the event, the time, the queue and the reason.
+_SHARED = itemgetter(0, 2, 3, 4)
+_MESSAGE = itemgetter(1)
 
 
 def one_by_one(listener: EventListener) -> EventBatchListener:
@@ -27,11 +37,24 @@ def one_by_one(listener: EventListener) -> EventBatchListener:
     return many
 
 
+def as_runs(events: Sequence[Event]) -> Iterator[Sequence[Event]]:
+    """``events`` as runs, in order: each stretch of events that share their event, time,
+    queue and reason as one ``EventRun``."""
+    if isinstance(events, EventRun):
+        yield events
+        return
+    for (event, time_ms, queue, reason), run in groupby(events, _SHARED):
+        yield EventRun(event, list(map(_MESSAGE, run)), time_ms, queue, reason)
+
+
 def emit_all(listeners: Sequence[EventBatchListener], events: Sequence[Event]) -> None:
-    """Tell every listener about ``events`` (state changes already made), each listener
-    taking them all in one call, in order."""
-    for many in listeners:
-        try:
-            many(events)
-        except Exception:
-            log.exception("event listener failed")
+    """Tell every listener about ``events`` (state changes already made), in order, a run at a
+    time (``as_runs``)."""
+    if not listeners or not events:
+        return
+    for run in as_runs(events):
+        for many in listeners:
+            try:
+                many(run)
+            except Exception:
+                log.exception("event listener failed")
