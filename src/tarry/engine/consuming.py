@@ -62,10 +62,16 @@ async def receive(
                 txn = ctx.txn(conn, now)
                 return txn, txn.receive(queue, max_messages=max_messages, visibility_ms=visibility)
 
-            # Look before taking: an empty poll costs a read, not a commit.
-            if await ctx.qdb.read(partial(_has_ready, ctx, queue=queue, now_ms=now)):
+            # Look before taking (an empty poll costs a read, not a commit), unless the queue
+            # was filled since a receive last emptied it: then the look is a hand-over to the
+            # reading thread that only delays the take (a woken long-poll, a consumer keeping
+            # up with a backlog).
+            if ctx.waiters.may_hold(queue) or await ctx.qdb.read(
+                partial(_has_ready, ctx, queue=queue, now_ms=now)
+            ):
                 txn, taken = await ctx.qdb.write(work)
                 ctx.after(txn)
+                ctx.waiters.took(queue, taken=len(taken), asked=max_messages)
             else:
                 taken = []
             ctx.waiters.lag.received(queue, taken=len(taken), asked=max_messages, now_ms=now)
