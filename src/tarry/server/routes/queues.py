@@ -8,7 +8,7 @@ from tarry.errors import InvalidArgument
 from tarry.model.queue_args import parse_queue_args
 from tarry.server import schemas
 from tarry.server.deps import caller, engine_of, json_object
-from tarry.server.responses import JSON
+from tarry.server.responses import JSON, Encoded, received
 
 router = APIRouter(prefix="/v1/queues", tags=["queues"])
 
@@ -80,7 +80,7 @@ def _int(body: dict[str, object], key: str, default: int | None) -> int | None:
     openapi_extra=schemas.body(schemas.Receive, required=False),
     responses=schemas.answers({200: schemas.Received}, 400, 401, 403, 404, 503),
 )
-async def receive(request: Request, name: str) -> JSON:
+async def receive(request: Request, name: str) -> Encoded:
     principal = caller(request)
     principal.require(principal.may_receive(name), "receive from", name)
     body = await json_object(request, default={})
@@ -93,7 +93,7 @@ async def receive(request: Request, name: str) -> JSON:
         wait_ms=_int(body, "wait_ms", 0) or 0,
         visibility_ms=_int(body, "visibility_ms", None),
     )
-    return JSON({"messages": [d.to_public() for d in deliveries]})
+    return Encoded(received(deliveries))
 
 
 def _receipts(body: dict[str, object]) -> list[str]:
