@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
+import platform
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, Protocol
 
-__all__ = ["HAS_SYNCFS", "Files", "FsyncWhat", "OsFiles"]
+__all__ = ["HAS_SYNCFS", "SYNCFS_REPORTS_ERRORS", "Files", "FsyncWhat", "OsFiles"]
 
 #: What an fsync makes durable (the label of ``tarry_store_fsyncs_total``): ``wal`` the group
 #: commit's (``wal.py``), ``partition`` a checkpoint's of partition segments, ``checkpoint`` its
@@ -63,7 +65,8 @@ class Files(Protocol):
         """Make the entries of directory ``path`` durable (creates, renames, deletes)."""
 
     def sync_filesystem(self, path: Path) -> None:
-        """Make every write to the file system holding ``path`` durable."""
+        """Make every write to the file system holding ``path`` durable; ``OSError`` when a
+        write-back failed (where the system reports it: ``SYNCFS_REPORTS_ERRORS``)."""
 
     def mkdir(self, path: Path) -> None:
         """Create directory ``path`` and its missing parents (not fsynced)."""
@@ -89,9 +92,20 @@ def _load_syncfs() -> Callable[[int], int] | None:
     return function
 
 
+def _kernel_at_least(major: int, minor: int) -> bool:
+    numbers = platform.release().split("-")[0].split(".")
+    try:
+        return (int(numbers[0]), int(numbers[1])) >= (major, minor)
+    except (IndexError, ValueError):
+        return False
+
+
 _syncfs = _load_syncfs()
 #: ``sync_filesystem`` is one ``syncfs`` (Linux), not a ``sync`` of every file system.
 HAS_SYNCFS = _syncfs is not None
+#: ``syncfs`` reports a failed write-back of any file of the file system (Linux 5.8 and later;
+#: before, it returned success regardless), so it may stand in for fsyncs whose errors matter.
+SYNCFS_REPORTS_ERRORS = HAS_SYNCFS and platform.system() == "Linux" and _kernel_at_least(5, 8)
 
 
 class OsFiles:
@@ -148,7 +162,12 @@ class OsFiles:
     def sync_filesystem(self, path: Path) -> None:
         fd = os.open(path, os.O_RDONLY)
         try:
-            if _syncfs is None or _syncfs(fd) != 0:
+            if _syncfs is None:
+                os.sync()
+            elif _syncfs(fd) != 0:
+                code = ctypes.get_errno()
+                if code != errno.ENOSYS:  # a failed write-back: what was synced is unknown
+                    raise OSError(code, os.strerror(code), str(path))
                 os.sync()
         finally:
             os.close(fd)
