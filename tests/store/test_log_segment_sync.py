@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -145,4 +146,45 @@ def test_a_partition_directory_deleted_behind_the_store_is_made_again(tmp_path: 
     # When it is written again, then the directory is made again and holds the bytes
     written(files, [partition])
     assert partition.segment_path(0).read_bytes() == b"record"
+    files.close()
+
+
+def test_a_partition_file_gets_its_appends_in_order_through_short_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a system whose writev writes at most 7 bytes, and more appends than one writev takes
+    real = os.writev
+
+    def short(fd: int, buffers: list[memoryview]) -> int:
+        return real(fd, [b"".join(buffers)[:7]])
+
+    monkeypatch.setattr(os, "writev", short)
+    monkeypatch.setattr(fs_module, "_IOV_MAX", 3)
+    files = SegmentFiles(OsFiles())
+    [partition] = partitions(tmp_path, 1)
+    appends = [f"record {n};".encode() for n in range(10)] + [b""]
+    # When they are held (slices of one batch's bytes, and bytes) and written out
+    batch = memoryview(b"".join(appends[:5]))
+    at = 0
+    for chunk in appends[:5]:
+        files.write(partition, 0, batch[at : at + len(chunk)])  # type: ignore[arg-type]
+        at += len(chunk)
+    for chunk in appends[5:]:
+        files.write(partition, 0, chunk)
+    files.flush()
+    # Then the file holds every append, in order
+    assert partition.segment_path(0).read_bytes() == b"".join(appends)
+    files.close()
+
+
+def test_an_append_of_a_buffer_that_may_change_is_held_as_it_was(tmp_path: Path) -> None:
+    # Given an append that is a view of a mutable buffer, changed after it was held
+    files = SegmentFiles(OsFiles())
+    [partition] = partitions(tmp_path, 1)
+    buffer = bytearray(b"as appended")
+    files.hold([(partition, 0, memoryview(buffer))])
+    buffer[:2] = b"XX"
+    # When it is written out, then the file holds what was appended
+    files.flush()
+    assert partition.segment_path(0).read_bytes() == b"as appended"
     files.close()

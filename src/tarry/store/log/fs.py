@@ -7,8 +7,8 @@ make durable (``/metrics``).
 Reads (``mmap``, ``pread``, directory listings) go to the operating system directly: the double
 works on a real directory, so what the store reads back is what it wrote.
 
-Calls are per file and per group, never per record: a group commit makes one ``write`` per
-touched segment, as before.
+Calls are per file and per group, never per record: a group commit makes one ``write`` (of the
+write-ahead log), and writing partitions out behind it one ``writev`` per touched segment.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import errno
 import os
 import platform
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -44,8 +44,11 @@ class Files(Protocol):
     def open_existing(self, path: Path) -> int:
         """A descriptor writing to an existing ``path``; ``FileNotFoundError`` when missing."""
 
-    def write(self, fd: int, data: bytes | bytearray) -> None:
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
         """Write all of ``data`` at the descriptor's position (the end, for appends)."""
+
+    def writev(self, fd: int, chunks: Sequence[bytes | memoryview]) -> None:
+        """Write all of ``chunks``, in order, at the descriptor's position, not joined first."""
 
     def truncate(self, fd: int, length: int) -> None:
         """Cut the file to ``length`` bytes when it is longer."""
@@ -100,6 +103,10 @@ def _kernel_at_least(major: int, minor: int) -> bool:
         return False
 
 
+#: Buffers one ``writev`` takes at most.
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16
+
+
 _syncfs = _load_syncfs()
 #: ``sync_filesystem`` is one ``syncfs`` (Linux), not a ``sync`` of every file system.
 HAS_SYNCFS = _syncfs is not None
@@ -124,10 +131,27 @@ class OsFiles:
     def open_existing(self, path: Path) -> int:
         return os.open(path, os.O_WRONLY)
 
-    def write(self, fd: int, data: bytes | bytearray) -> None:
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
+
+    def writev(self, fd: int, chunks: Sequence[bytes | memoryview]) -> None:
+        left = list(chunks) if all(chunks) else [chunk for chunk in chunks if chunk]
+        first = 0
+        while first < len(left):
+            batch = left[first : first + _IOV_MAX]
+            done = os.writev(fd, batch)
+            if done == sum(map(len, batch)):
+                first += len(batch)
+                continue
+            while done:  # a short write: past what it wrote, within the batch
+                size = len(left[first])
+                if done < size:
+                    left[first] = memoryview(left[first])[done:]
+                    break
+                done -= size
+                first += 1
 
     def truncate(self, fd: int, length: int) -> None:
         if os.fstat(fd).st_size > length:

@@ -50,6 +50,7 @@ SYNCFS_FILES = 32
 MAX_OPEN = 256
 #: A segment file held in memory: (partition key, segment number).
 _File = tuple[int, int]
+_Chunk = bytes | memoryview
 
 
 class SegmentFiles:
@@ -68,8 +69,11 @@ class SegmentFiles:
         self._dirty: set[Path] = set()
         #: Appends not written yet, by file (in order), with their partitions. A file is named
         #: here by (partition key, segment), which hashes in C: a group over a year holds to some
-        #: 100–190 files, and a ``Path`` would hash in Python.
-        self._pending: dict[_File, bytearray] = {}
+        #: 100–190 files, and a ``Path`` would hash in Python. Each file's appends are kept as
+        #: they came (read-only slices of a batch's bytes, not copied) and written with one
+        #: ``writev``: growing a buffer per file by each group's slice cost more than the rest
+        #: of ``hold``, and joining them would copy every byte once more.
+        self._pending: dict[_File, list[_Chunk]] = {}
         self._owners: dict[_File, Partition] = {}
         #: The files of ``_pending`` by partition key (a read flushes its partition's alone).
         self._files_of: dict[int, list[_File]] = {}
@@ -89,19 +93,21 @@ class SegmentFiles:
         pending, added = self._pending, 0
         with self._lock:
             for partition, pos, data in writes:
+                if not isinstance(data, bytes) and not data.readonly:
+                    data = bytes(data)  # a view of a buffer that may change: copied
                 file = (partition.number, pos >> SEGMENT_SHIFT)
                 held = pending.get(file)
                 if held is None:
-                    pending[file] = bytearray(data)
+                    pending[file] = [data]
                     self._owners[file] = partition
                     self._files_of.setdefault(partition.number, []).append(file)
                 else:
-                    held += data
+                    held.append(data)
                 added += len(data)
             self.pending_bytes += added
 
     def flush(self, partition: Partition | None = None) -> None:
-        """Write out what is held for ``partition`` (every partition: None), one ``write`` per
+        """Write out what is held for ``partition`` (every partition: None), one ``writev`` per
         file. Raises ``OSError`` as the writes do; what failed stays held, its file cut back."""
         with self._lock:
             if not self._pending:
@@ -138,18 +144,15 @@ class SegmentFiles:
         if fd is None:
             fd = self._write[path] = self._open(partition, path)
         self._write.move_to_end(path)
-        data = self._pending[file]
+        chunks = self._pending[file]
         before = os.fstat(fd).st_size
         try:
-            self.fs.write(fd, data)
+            self.fs.writev(fd, chunks)
         except OSError:
-            # A fresh buffer: the failure's traceback may keep a view of this one alive, and a
-            # buffer with a view cannot grow (the next append would fail).
-            self._pending[file] = bytearray(data)
             self.fs.truncate(fd, before)  # no partial record before the next try
             raise
         self._forget(file)
-        self.pending_bytes -= len(data)
+        self.pending_bytes -= sum(map(len, chunks))
         self._dirty.add(path)
 
     def _open(self, partition: Partition, path: Path) -> int:
@@ -239,7 +242,7 @@ class SegmentFiles:
     def close_partition(self, partition: Partition) -> None:
         with self._lock:
             for file in list(self._files_of.get(partition.number, ())):
-                self.pending_bytes -= len(self._pending[file])
+                self.pending_bytes -= sum(map(len, self._pending[file]))
                 self._forget(file)
             for path in [p for p in self._write if p.parent == partition.dir]:
                 self.fs.close(self._write.pop(path))
