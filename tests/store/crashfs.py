@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -84,12 +85,15 @@ class CrashFiles(OsFiles):
             self._paths[fd] = path
             return fd
 
-    def write(self, fd: int, data: bytes | bytearray) -> None:
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
         with self._lock:
             path = self._paths[fd]
             offset = os.fstat(fd).st_size  # appends only: at the end
             super().write(fd, data)
             self._record(Op("write", path, offset=offset, data=bytes(data)))
+
+    def writev(self, fd: int, chunks: Sequence[bytes | memoryview]) -> None:
+        self.write(fd, b"".join(chunks))  # one change, as the system call makes it
 
     def truncate(self, fd: int, length: int) -> None:
         with self._lock:

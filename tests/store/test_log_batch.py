@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -110,13 +111,18 @@ class _FailingOnce(OsFiles):
         super().__init__()
         self.fail = False
 
-    def write(self, fd: int, data: bytes | bytearray) -> None:
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
         if self.fail:
             self.fail = False
             view = memoryview(data)
             os.write(fd, view[:10])
             raise OSError(errno.ENOSPC, "No space left on device")
         super().write(fd, data)
+
+    def writev(self, fd: int, chunks: Sequence[bytes | memoryview]) -> None:
+        if self.fail:  # partition files are written out with writev
+            self.write(fd, b"".join(chunks))
+        super().writev(fd, chunks)
 
 
 def test_bytes_held_for_a_partition_survive_a_failed_write_and_more_appends(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ de-duplication keys, counts, failures, forwards) and the WAL position after the 
 state includes. Then, on the writer thread (after every group the capture saw):
 
 1. fsync every partition segment written since the last checkpoint, and the directories that
-   gained entries (``SegmentFiles.sync_dirty``);
+   gained entries (``SegmentFiles.sync_dirty``): one by one when they are few, with one sync of
+   the file system when they are many (after a burst over a year);
 2. write the snapshot's parts and, last, its manifest naming the WAL position (temp file, fsync,
    rename, fsync the directory: ``manifest.py``);
 3. delete the WAL segments before that position (the capture began a new segment, so the next
@@ -80,7 +81,7 @@ class Checkpoints:
             def write() -> Path:
                 # Everything the capture names is on disk before the manifest says so: markers
                 # and groups behind the WAL were appended to the partitions without an fsync.
-                self.writer.sync_dirty()
+                self.writer.sync_dirty(self.root)
                 path = write_snapshot(
                     snapshot_root(self.root), manifest, indexes, dedupe, fs=self.files.fs
                 )

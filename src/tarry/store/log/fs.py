@@ -7,21 +7,23 @@ make durable (``/metrics``).
 Reads (``mmap``, ``pread``, directory listings) go to the operating system directly: the double
 works on a real directory, so what the store reads back is what it wrote.
 
-Calls are per file and per group, never per record: a group commit makes one ``write`` per
-touched segment, as before.
+Calls are per file and per group, never per record: a group commit makes one ``write`` (of the
+write-ahead log), and writing partitions out behind it one ``writev`` per touched segment.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
+import platform
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
-__all__ = ["HAS_SYNCFS", "Files", "FsyncWhat", "OsFiles"]
+__all__ = ["HAS_SYNCFS", "SYNCFS_REPORTS_ERRORS", "Files", "FsyncWhat", "OsFiles"]
 
 #: What an fsync makes durable (the label of ``tarry_store_fsyncs_total``): ``wal`` the group
 #: commit's (``wal.py``), ``partition`` a checkpoint's of partition segments, ``checkpoint`` its
@@ -42,8 +44,11 @@ class Files(Protocol):
     def open_existing(self, path: Path) -> int:
         """A descriptor writing to an existing ``path``; ``FileNotFoundError`` when missing."""
 
-    def write(self, fd: int, data: bytes | bytearray) -> None:
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
         """Write all of ``data`` at the descriptor's position (the end, for appends)."""
+
+    def writev(self, fd: int, chunks: Sequence[bytes | memoryview]) -> None:
+        """Write all of ``chunks``, in order, at the descriptor's position, not joined first."""
 
     def truncate(self, fd: int, length: int) -> None:
         """Cut the file to ``length`` bytes when it is longer."""
@@ -63,7 +68,8 @@ class Files(Protocol):
         """Make the entries of directory ``path`` durable (creates, renames, deletes)."""
 
     def sync_filesystem(self, path: Path) -> None:
-        """Make every write to the file system holding ``path`` durable."""
+        """Make every write to the file system holding ``path`` durable; ``OSError`` when a
+        write-back failed (where the system reports it: ``SYNCFS_REPORTS_ERRORS``)."""
 
     def mkdir(self, path: Path) -> None:
         """Create directory ``path`` and its missing parents (not fsynced)."""
@@ -89,9 +95,24 @@ def _load_syncfs() -> Callable[[int], int] | None:
     return function
 
 
+def _kernel_at_least(major: int, minor: int) -> bool:
+    numbers = platform.release().split("-")[0].split(".")
+    try:
+        return (int(numbers[0]), int(numbers[1])) >= (major, minor)
+    except (IndexError, ValueError):
+        return False
+
+
+#: Buffers one ``writev`` takes at most.
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16
+
+
 _syncfs = _load_syncfs()
 #: ``sync_filesystem`` is one ``syncfs`` (Linux), not a ``sync`` of every file system.
 HAS_SYNCFS = _syncfs is not None
+#: ``syncfs`` reports a failed write-back of any file of the file system (Linux 5.8 and later;
+#: before, it returned success regardless), so it may stand in for fsyncs whose errors matter.
+SYNCFS_REPORTS_ERRORS = HAS_SYNCFS and platform.system() == "Linux" and _kernel_at_least(5, 8)
 
 
 class OsFiles:
@@ -110,10 +131,27 @@ class OsFiles:
     def open_existing(self, path: Path) -> int:
         return os.open(path, os.O_WRONLY)
 
-    def write(self, fd: int, data: bytes | bytearray) -> None:
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
+
+    def writev(self, fd: int, chunks: Sequence[bytes | memoryview]) -> None:
+        left = list(chunks) if all(chunks) else [chunk for chunk in chunks if chunk]
+        first = 0
+        while first < len(left):
+            batch = left[first : first + _IOV_MAX]
+            done = os.writev(fd, batch)
+            if done == sum(map(len, batch)):
+                first += len(batch)
+                continue
+            while done:  # a short write: past what it wrote, within the batch
+                size = len(left[first])
+                if done < size:
+                    left[first] = memoryview(left[first])[done:]
+                    break
+                done -= size
+                first += 1
 
     def truncate(self, fd: int, length: int) -> None:
         if os.fstat(fd).st_size > length:
@@ -148,7 +186,12 @@ class OsFiles:
     def sync_filesystem(self, path: Path) -> None:
         fd = os.open(path, os.O_RDONLY)
         try:
-            if _syncfs is None or _syncfs(fd) != 0:
+            if _syncfs is None:
+                os.sync()
+            elif _syncfs(fd) != 0:
+                code = ctypes.get_errno()
+                if code != errno.ENOSYS:  # a failed write-back: what was synced is unknown
+                    raise OSError(code, os.strerror(code), str(path))
                 os.sync()
         finally:
             os.close(fd)

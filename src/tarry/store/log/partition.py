@@ -76,6 +76,9 @@ class Partition:
         self.finished = 0
         self.index: DueIndex | None = None
         self._paths: list[Path] = []
+        #: This process has made (or found) its directory (``SegmentFiles`` makes it on the
+        #: first write).
+        self.has_dir = False
         self.state = PartitionState.OPEN
 
     @property

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tarry.model.message import Message
-from tarry.store.log.fs import Files, OsFiles
+from tarry.store.log.fs import SYNCFS_REPORTS_ERRORS, Files, OsFiles
 from tarry.store.log.partition import OFFSET_MASK, SEGMENT_SHIFT, Partition, position, split
 from tarry.store.log.record import (
     HEADER,
@@ -33,17 +33,24 @@ from tarry.store.log.record import (
     parse_record,
 )
 
-__all__ = ["FLUSH_BYTES", "SegmentFiles"]
+__all__ = ["FLUSH_BYTES", "SYNCFS_FILES", "SegmentFiles"]
 
 log = logging.getLogger(__name__)
 
 
 #: Appends held in memory past this many bytes are written out by the writer thread.
 FLUSH_BYTES = 8 * 1024 * 1024
+#: A checkpoint that has this many files and directories to fsync or more makes them durable
+#: with one ``syncfs`` instead: each fsync waits for its own journal commit and disk-cache flush
+#: (a checkpoint after a burst over a year has some 130-170 files and as many new directories),
+#: while a ``syncfs`` is one, plus whatever else of the file system is unwritten (so a few files
+#: are fsynced one by one). Only where a ``syncfs`` reports failed write-backs.
+SYNCFS_FILES = 32
 #: Most descriptors kept open per kind (write / read); the least recently used are closed.
 MAX_OPEN = 256
 #: A segment file held in memory: (partition key, segment number).
 _File = tuple[int, int]
+_Chunk = bytes | memoryview
 
 
 class SegmentFiles:
@@ -62,12 +69,17 @@ class SegmentFiles:
         self._dirty: set[Path] = set()
         #: Appends not written yet, by file (in order), with their partitions. A file is named
         #: here by (partition key, segment), which hashes in C: a group over a year holds to some
-        #: 100–190 files, and a ``Path`` would hash in Python.
-        self._pending: dict[_File, bytearray] = {}
+        #: 100–190 files, and a ``Path`` would hash in Python. Each file's appends are kept as
+        #: they came (read-only slices of a batch's bytes, not copied) and written with one
+        #: ``writev``: growing a buffer per file by each group's slice cost more than the rest
+        #: of ``hold``, and joining them would copy every byte once more.
+        self._pending: dict[_File, list[_Chunk]] = {}
         self._owners: dict[_File, Partition] = {}
         #: The files of ``_pending`` by partition key (a read flushes its partition's alone).
         self._files_of: dict[int, list[_File]] = {}
         self.pending_bytes = 0
+        #: ``sync_dirty`` syncs the file system at this many fsyncs (None: never).
+        self.syncfs_at: int | None = SYNCFS_FILES if SYNCFS_REPORTS_ERRORS else None
         self._lock = threading.RLock()
 
     def write(self, partition: Partition, segment: int, data: bytes) -> None:
@@ -81,19 +93,21 @@ class SegmentFiles:
         pending, added = self._pending, 0
         with self._lock:
             for partition, pos, data in writes:
+                if not isinstance(data, bytes) and not data.readonly:
+                    data = bytes(data)  # a view of a buffer that may change: copied
                 file = (partition.number, pos >> SEGMENT_SHIFT)
                 held = pending.get(file)
                 if held is None:
-                    pending[file] = bytearray(data)
+                    pending[file] = [data]
                     self._owners[file] = partition
                     self._files_of.setdefault(partition.number, []).append(file)
                 else:
-                    held += data
+                    held.append(data)
                 added += len(data)
             self.pending_bytes += added
 
     def flush(self, partition: Partition | None = None) -> None:
-        """Write out what is held for ``partition`` (every partition: None), one ``write`` per
+        """Write out what is held for ``partition`` (every partition: None), one ``writev`` per
         file. Raises ``OSError`` as the writes do; what failed stays held, its file cut back."""
         with self._lock:
             if not self._pending:
@@ -128,26 +142,36 @@ class SegmentFiles:
         path = partition.segment_path(file[1])
         fd = self._write.get(path)
         if fd is None:
-            if not partition.dir.exists():
-                self.fs.mkdir(partition.dir)
-                self._new_dirs.add(partition.dir.parent)
-            fd = self.fs.open_append(path)
-            self._new_dirs.add(partition.dir)
-            self._write[path] = fd
+            fd = self._write[path] = self._open(partition, path)
         self._write.move_to_end(path)
-        data = self._pending[file]
+        chunks = self._pending[file]
         before = os.fstat(fd).st_size
         try:
-            self.fs.write(fd, data)
+            self.fs.writev(fd, chunks)
         except OSError:
-            # A fresh buffer: the failure's traceback may keep a view of this one alive, and a
-            # buffer with a view cannot grow (the next append would fail).
-            self._pending[file] = bytearray(data)
             self.fs.truncate(fd, before)  # no partial record before the next try
             raise
         self._forget(file)
-        self.pending_bytes -= len(data)
+        self.pending_bytes -= sum(map(len, chunks))
         self._dirty.add(path)
+
+    def _open(self, partition: Partition, path: Path) -> int:
+        """A write descriptor for one of ``partition``'s segments. Its directory is made the
+        first time this process writes to the partition (``mkdir`` of one that exists is a
+        no-op), not looked up before each open: a partition new to a group over a year costs
+        a ``mkdir`` and an ``open``, nothing more."""
+        if not partition.has_dir:
+            self.fs.mkdir(partition.dir)
+            partition.has_dir = True
+            self._new_dirs.add(partition.dir.parent)
+        try:
+            fd = self.fs.open_append(path)
+        except FileNotFoundError:  # deleted behind this process's back: made again
+            self.fs.mkdir(partition.dir)
+            self._new_dirs.add(partition.dir.parent)
+            fd = self.fs.open_append(path)
+        self._new_dirs.add(partition.dir)
+        return fd
 
     def cut(self, lengths: dict[Path, int]) -> None:
         """Truncate each file to its length (what a failed group left past it), durably, and
@@ -175,33 +199,50 @@ class SegmentFiles:
             _, fd = self._write.popitem(last=False)
             self.fs.close(fd)
 
-    def sync_dirty(self) -> None:
+    def sync_dirty(self, root: Path | None = None) -> None:
         """Flush, then fsync every segment written since its last fsync, open or not (a
         checkpoint must not name bytes the disk may not have), and the directories that gained
-        entries."""
-        self.flush()
-        for path in sorted(self._dirty):
+        entries; or, when that is ``syncfs_at`` fsyncs or more, one ``sync_filesystem`` of
+        ``root``'s file system instead. What a read flushes meanwhile (another thread) is left
+        for the next call; what this call fails to sync is too."""
+        with self._lock:
+            self.flush()
+            dirty, self._dirty = self._dirty, set()
+            new_dirs, self._new_dirs = self._new_dirs, set()
+        try:
+            needed = len(dirty) + len(new_dirs)
+            if root is not None and self.syncfs_at is not None and needed >= self.syncfs_at:
+                self.fs.sync_filesystem(root)
+                return
+            for path in sorted(dirty):
+                self._sync_file(path)
+            for directory in sorted(new_dirs, key=lambda d: len(d.parts)):
+                self.fs.fsync_dir(directory)
+        except BaseException:
+            with self._lock:
+                self._dirty |= dirty
+                self._new_dirs |= new_dirs
+            raise
+
+    def _sync_file(self, path: Path) -> None:
+        with self._lock:  # its descriptor is not closed (``trim``) under the fsync
             fd = self._write.get(path)
             if fd is not None:
                 self.fs.fsync(fd, what="partition")
-                continue
-            try:  # closed since (``trim``); gone with its partition when missing
-                fd = self.fs.open_existing(path)
-            except FileNotFoundError:
-                continue
-            try:
-                self.fs.fsync(fd, what="partition")
-            finally:
-                self.fs.close(fd)
-        for directory in sorted(self._new_dirs, key=lambda d: len(d.parts)):
-            self.fs.fsync_dir(directory)
-        self._new_dirs.clear()
-        self._dirty.clear()
+                return
+        try:  # closed since (``trim``); gone with its partition when missing
+            fd = self.fs.open_existing(path)
+        except FileNotFoundError:
+            return
+        try:
+            self.fs.fsync(fd, what="partition")
+        finally:
+            self.fs.close(fd)
 
     def close_partition(self, partition: Partition) -> None:
         with self._lock:
             for file in list(self._files_of.get(partition.number, ())):
-                self.pending_bytes -= len(self._pending[file])
+                self.pending_bytes -= sum(map(len, self._pending[file]))
                 self._forget(file)
             for path in [p for p in self._write if p.parent == partition.dir]:
                 self.fs.close(self._write.pop(path))

@@ -313,7 +313,8 @@ class GroupWriter:
                 log.warning("writing partitions behind the write-ahead log failed: %s", exc)
         return self.wal.position
 
-    def sync_dirty(self) -> None:
+    def sync_dirty(self, root: Path | None = None) -> None:
         """fsync every segment written since its last fsync (before a snapshot: markers, and
-        under ``never`` everything, are written without one)."""
-        self.files.sync_dirty()
+        under ``never`` everything, are written without one); many at once: one sync of
+        ``root``'s file system (``SegmentFiles.sync_dirty``)."""
+        self.files.sync_dirty(root)
