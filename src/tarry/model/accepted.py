@@ -66,6 +66,11 @@ class ColumnMessages(Sequence[Message]):
     def __len__(self) -> int:
         return len(self._columns.rows)
 
+    @property
+    def columns(self) -> AcceptedColumns:
+        """The columns the messages stand for (a listener may read them instead)."""
+        return self._columns
+
     @overload
     def __getitem__(self, index: int) -> Message: ...
 
