@@ -234,11 +234,9 @@ class BatchCheck:
             bodies = None if bodies is None else [bodies[i] for i in rows]
         accepted = AcceptedColumns(
             rows=rows,
-            ids=[b.decode("ascii") for b in ids.new_due_many(now_ms, due).tolist()],
+            ids=ids.new_due_many(now_ms, due).astype("U26").tolist(),
             destination=destinations,
-            body=[b"" if b is None else b.encode("utf-8") for b in bodies]
-            if bodies is not None
-            else [b""] * len(rows),
+            body=_utf8(bodies, len(rows)),
             sent_at_ms=now_ms,
             deliver_at_ms=due,
             expires_at_ms=when.expires_at_ms[taken],
@@ -308,6 +306,15 @@ class BatchCheck:
             when.deliver_at_ms[taken].tolist(),
             [None if e < 0 else e for e in expires],
         )
+
+
+def _utf8(texts: list[str | None] | None, n: int) -> list[bytes]:
+    """Each body's bytes (None, or no body field in the batch: empty)."""
+    if texts is None:
+        return [b""] * n
+    if None in texts:
+        return [b"" if text is None else text.encode("utf-8") for text in texts]
+    return list(map(str.encode, cast(list[str], texts)))
 
 
 def _parse_columns(items: Sequence[Any]) -> tuple[ParsedColumns | None, dict[str, list[Any]]]:

@@ -242,11 +242,16 @@ def encode_plain_columns(batch: AcceptedColumns) -> list[bytes]:
     head["length"] = fixed["dlen"] + np.fromiter(map(len, bodies), np.int64, n) + _PLAIN.itemsize
     fixed_bytes, head_bytes = fixed.tobytes(), head.tobytes()
     width, head_width = _PLAIN.itemsize, _HEAD8.itemsize
-    value, crc_bytes = google_crc32c.value, _U32.pack
+    value, extend, crc_bytes = google_crc32c.value, google_crc32c.extend, _U32.pack
+    # A batch's records mostly share a length: each header's CRC is worked out once.
+    head_crcs: dict[bytes, int] = {}
     out: list[bytes] = []
     append = out.append
     for k in range(n):
         payload = fixed_bytes[k * width : (k + 1) * width] + destinations[k] + bodies[k]
         head8 = head_bytes[k * head_width : (k + 1) * head_width]
-        append(head8 + crc_bytes(value(head8 + payload)) + payload)
+        crc = head_crcs.get(head8)
+        if crc is None:
+            crc = head_crcs[head8] = value(head8)
+        append(head8 + crc_bytes(extend(crc, payload)) + payload)
     return out
