@@ -12,7 +12,6 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tarry.model.accepted import AcceptedColumns
 from tarry.model.ids import IdGenerator, id_due_ms
 from tarry.model.message import Message, Report, Undeliverable
 from tarry.store.log.held import dedupe_hash
@@ -23,6 +22,7 @@ from tarry.store.log.record_columns import (
     encode_message_columns,
     encode_plain_columns,
 )
+from tests.plain_columns import Row, columns_of, plain_rows
 
 NOW = 1_800_000_000_000
 _TEXT = st.one_of(st.none(), st.text(max_size=5), st.sampled_from(['a"b', "x\\y", "\n", "é"]))
@@ -119,33 +119,10 @@ def test_ids_made_column_wise_are_new_dues_ids(due: list[int], now: int) -> None
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(["q", "bench.q01", "é.q"]),
-            st.binary(max_size=300),
-            st.integers(NOW + 1, 2**50),
-            st.one_of(st.just(-1), st.integers(NOW, 2**50)),
-        ),
-        min_size=1,
-        max_size=20,
-    )
-)
-def test_plain_records_made_from_columns_are_encode_message_byte_for_byte(
-    rows: list[tuple[str, bytes, int, int]],
-) -> None:
+@given(plain_rows(NOW))
+def test_plain_records_made_from_columns_are_encode_message_byte_for_byte(rows: list[Row]) -> None:
     # Given plain sends accepted as columns (the send path's common case)
-    ids = IdGenerator()
-    due = np.array([r[2] for r in rows], np.int64)
-    batch = AcceptedColumns(
-        rows=list(range(len(rows))),
-        ids=[i.decode() for i in ids.new_due_many(NOW, due).tolist()],
-        destination=[r[0] for r in rows],
-        body=[r[1] for r in rows],
-        sent_at_ms=NOW,
-        deliver_at_ms=due,
-        expires_at_ms=np.array([r[3] for r in rows], np.int64),
-    )
+    batch = columns_of(rows, NOW)
     # When their records are encoded from the columns
     records = encode_plain_columns(batch)
     # Then each is the record of the message they stand for, and reads back as it
