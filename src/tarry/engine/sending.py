@@ -4,6 +4,12 @@ not delayed, and answered one result per send. ``Engine.send`` and ``Engine.send
 ``Sender.send_many``: the HTTP API and the AMQP ingress go through them (the pipeline's HTTP
 sink over HTTP; its offline sink writes the log store's segment files with the same rules,
 ``pipeline/sink_log``).
+
+Two paths after the syntax check: a batch of plain sends to local queues, all delayed, is kept
+as columns where the store takes them (``ColumnStore``, the log store) and answered from the
+columns (``_keep_plain``: no request, plan, message or outcome object per send); everything
+else goes the general way, a ``Message`` per copy (fan-out, hand-over to routes, de-duplication,
+immediate release).
 """
 
 from __future__ import annotations

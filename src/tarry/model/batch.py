@@ -7,7 +7,8 @@ in ``BatchCheck`` for batches of ``COLUMN_MIN`` (256) sends or more, through the
 column by column (``tarry.model.columns``, held to the same answers by property tests). What the
 batch form adds is the split between the two steps, so a caller can look up every destination
 the batch names once (the server reads its catalog, the import a snapshot of it) before the
-rules that need them run.
+rules that need them run. ``BatchCheck.plain`` gives the same verdicts as columns for a batch of
+plain sends (``tarry.model.accepted``), the server's common case.
 """
 
 from __future__ import annotations
