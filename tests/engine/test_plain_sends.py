@@ -139,3 +139,14 @@ async def test_a_batch_with_one_send_that_is_not_plain_takes_the_general_path(
     assert "store_columns" not in calls
     refused = [i for i, r in enumerate(results) if isinstance(r, TarryError)]
     assert refused == ([3, 5, 9] if odd["destination"] == "missing" else [5, 9])
+
+
+async def test_a_plain_batch_refused_whole_is_answered_as_the_general_path_answers_it(
+    make_engine,
+) -> None:
+    engine = await make_engine()
+    items = [{"body": "x", "delay_ms": 10} for _ in range(COLUMN_MIN)]
+    results = await engine.send_batch(items)
+    engine.sender._columns = None
+    assert [_answer(r) for r in results] == [_answer(r) for r in await engine.send_batch(items)]
+    assert {getattr(r, "code", None) for r in results} == {"invalid_argument"}

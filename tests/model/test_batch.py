@@ -262,3 +262,13 @@ def test_a_batch_with_a_send_that_is_not_plain_is_left_to_the_general_path(
     assert _answers(planned) == _answers(
         validate_batch(parse_batch(items), now_ms=NOW, views=_QUEUES_ONLY)
     )
+
+
+def test_a_plain_batch_with_every_send_refused_is_answered_with_its_refusals() -> None:
+    # No send names a destination: no column of destinations at all
+    items = [{"body": "x", "delay_ms": 10} for _ in range(COLUMN_MIN)]
+    got = BatchCheck(items).plain(now_ms=NOW, views={}, ids=IdGenerator())
+    assert got is not None
+    errors, accepted = got
+    assert len(accepted) == 0
+    assert _answers(errors) == _answers(validate_batch(parse_batch(items), now_ms=NOW, views={}))

@@ -229,7 +229,8 @@ class BatchCheck:
             return None  # released at once: the general path does that
         rows: list[int] = taken.tolist()
         every = len(rows) == len(self.items)
-        destinations, bodies = self._values["destination"], self._values.get("body")
+        # (no destination column when no send names one: every send is refused then)
+        destinations, bodies = self._values.get("destination", []), self._values.get("body")
         if not every:
             destinations = [destinations[i] for i in rows]
             bodies = None if bodies is None else [bodies[i] for i in rows]
