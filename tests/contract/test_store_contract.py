@@ -10,14 +10,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tarry.errors import NotCancellable, NotFound, PreconditionFailed
+from tarry.model.accepted import AcceptedColumns
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
-from tarry.store.base import SharedDelayedStore
+from tarry.store.base import ColumnStore, SharedDelayedStore
 from tarry.store.log import LogStore
 from tarry.store.memory import MemoryStore
 from tarry.store.sqlite import SQLiteStore
@@ -305,3 +307,42 @@ async def test_lock_for_give_up_takes_a_scheduled_message_and_not_a_cancelled_on
     assert (await shared_store.get(kept.id)).failures == 3
     got = await shared_store.get(cancelled.id)
     assert (got.state, got.failures) == (MessageState.CANCELLED, 0)
+
+
+# --- ColumnStore: plain messages given as columns ---------------------------------------------
+def plain_columns(dues: list[int], destination: str = "q") -> AcceptedColumns:
+    due = np.array([NOW + d for d in dues], np.int64)
+    return AcceptedColumns(
+        rows=list(range(len(dues))),
+        ids=[i.decode() for i in ids.new_due_many(NOW, due).tolist()],
+        destination=[destination] * len(dues),
+        body=[b"body %d" % i for i in range(len(dues))],
+        sent_at_ms=NOW,
+        deliver_at_ms=due,
+        expires_at_ms=np.array([-1 if i % 2 else NOW + 10**9 for i in range(len(dues))]),
+    )
+
+
+async def test_plain_messages_given_as_columns_are_kept_as_store_keeps_them(store) -> None:
+    # Given plain messages as columns, kept through ``store_columns`` where the store has it
+    # and through ``store`` of their object form where it has not (what the engine does)
+    batch = plain_columns([300, 100, 10**10, 200])
+    if isinstance(store, ColumnStore):
+        await store.store_columns(batch)
+    else:
+        assert all(o.created for o in await store.store(batch.messages()))
+    # Then each reads back as its object form, and falls due as any stored message does
+    for m in batch.messages():
+        assert await store.get(m.id) == m
+    assert await store.count_scheduled("q") == 4
+    assert await store.next_due_time() == NOW + 100
+    due = await store.fetch_due(NOW + 300, limit=10, lease_ms=1000)
+    assert [m.deliver_at_ms for m in due] == [NOW + 100, NOW + 200, NOW + 300]
+    assert await store.fetch_due(NOW + 1200, limit=10, lease_ms=1000) == []  # the far one
+
+
+async def test_the_log_store_keeps_columns_without_messages_and_the_others_take_objects(
+    store,
+) -> None:
+    # The engine picks the column path once, by this check (``engine/sending.py``).
+    assert isinstance(store, ColumnStore) is isinstance(store, LogStore)

@@ -9,8 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarry.errors import InvalidArgument, TarryError, UnknownDestination
-from tarry.model.batch import COLUMN_MIN, BatchCheck, destinations_of, parse_batch, validate_batch
-from tarry.model.message import SendPlan, SendRequest
+from tarry.model.batch import (
+    COLUMN_MIN,
+    BatchCheck,
+    destinations_of,
+    parse_batch,
+    validate_batch,
+)
+from tarry.model.ids import IdGenerator, id_due_ms
+from tarry.model.message import MAX_DELAY_MS, SendPlan, SendRequest
 from tarry.model.validate import DestinationView, TargetView, parse_send, validate_send
 
 NOW = 1_700_000_000_000
@@ -161,3 +168,107 @@ def test_batch_check_of_plain_sends_goes_column_wise() -> None:
     assert _answers(planned) == _answers(
         validate_batch(parse_batch(items), now_ms=NOW, views=VIEWS)
     )
+
+
+# --- BatchCheck.plain: the same answers as columns ----------------------------------------------
+_QUEUES_ONLY = {"q": VIEWS["q"]}
+
+
+_PLAIN_ONLY = st.fixed_dictionaries(
+    {
+        "destination": st.sampled_from(["q", "t", "nowhere", "bad name"]),
+        "delay_ms": st.one_of(st.integers(1, 10**6), st.just(-1), st.just(MAX_DELAY_MS + 1)),
+    },
+    optional={
+        "body": st.one_of(st.none(), st.text(max_size=5)),
+        "ttl_ms": st.integers(-1, 10**6),
+        "deliver_at": st.integers(NOW - 10, NOW + 10**6),
+    },
+)
+
+
+def _may_send(name: str) -> bool:
+    return name != "t"
+
+
+def _assert_plain_agrees(items: list[Any], got: Any) -> None:
+    """``BatchCheck.plain``'s answer is each send's answer one send at a time."""
+    want = validate_batch(parse_batch(items), now_ms=NOW, views=VIEWS, may_send=_may_send)
+    errors, accepted = got
+    assert _answers([e for e in errors if e is not None]) == _answers(
+        [w for w in want if isinstance(w, TarryError)]
+    )
+    assert accepted.rows == [i for i, w in enumerate(want) if isinstance(w, SendPlan)]
+    for row, m in zip(accepted.rows, accepted.messages(), strict=True):
+        plan = want[row]
+        assert isinstance(plan, SendPlan) and errors[row] is None
+        request = plan.request
+        assert (m.destination, m.body, m.sent_at_ms, m.deliver_at_ms, m.expires_at_ms) == (
+            request.destination,
+            request.body,
+            plan.sent_at_ms,
+            plan.deliver_at_ms,
+            plan.expires_at_ms,
+        )
+        assert request.message_id is None and request.correlation_id is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_PLAIN_ONLY, min_size=COLUMN_MIN, max_size=300))
+def test_plain_columns_agree_with_one_send_at_a_time(items: list[Any]) -> None:
+    # Given a big batch of plain sends, valid and not
+    # When its verdicts are asked for as columns
+    got = BatchCheck(items).plain(now_ms=NOW, views=VIEWS, ids=IdGenerator(), may_send=_may_send)
+    # Then each refusal, and each accepted send's message, are what one send at a time gives
+    assert got is not None
+    _assert_plain_agrees(items, got)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(_PLAIN_ONLY, _PLAIN_ONLY, _ITEM), min_size=COLUMN_MIN, max_size=300))
+def test_plain_columns_agree_or_leave_the_batch_to_the_general_path(items: list[Any]) -> None:
+    got = BatchCheck(items).plain(now_ms=NOW, views=VIEWS, ids=IdGenerator(), may_send=_may_send)
+    if got is not None:
+        _assert_plain_agrees(items, got)
+
+
+def test_plain_sends_to_a_queue_are_answered_as_columns_with_due_ordered_ids() -> None:
+    items = [{"destination": "q", "body": "é", "delay_ms": 10 + i} for i in range(COLUMN_MIN)]
+    items[3] = {"destination": "q", "delay_ms": -1}
+    got = BatchCheck(items).plain(now_ms=NOW, views=_QUEUES_ONLY, ids=IdGenerator())
+    assert got is not None
+    errors, accepted = got
+    assert [i for i, e in enumerate(errors) if e is not None] == [3]
+    assert isinstance(errors[3], InvalidArgument)
+    assert len(accepted) == COLUMN_MIN - 1 and 3 not in accepted.rows
+    assert accepted.body[0] == "é".encode()
+    assert [id_due_ms(i) for i in accepted.ids] == accepted.deliver_at_ms.tolist()
+    assert accepted.expires_at_ms.tolist() == [-1] * len(accepted)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"message_id": "k"}, {"correlation_id": "c"}, {"delay_ms": 0}, {"headers": {"a": "b"}}],
+)
+def test_a_batch_with_a_send_that_is_not_plain_is_left_to_the_general_path(
+    extra: dict[str, Any],
+) -> None:
+    items = [{"destination": "q", "body": "x", "delay_ms": 10} for _ in range(COLUMN_MIN)]
+    items[7] = {**items[7], **extra}
+    check = BatchCheck(items)
+    assert check.plain(now_ms=NOW, views=_QUEUES_ONLY, ids=IdGenerator()) is None
+    # and validate still answers it, once
+    planned = check.validate(now_ms=NOW, views=_QUEUES_ONLY)
+    assert _answers(planned) == _answers(
+        validate_batch(parse_batch(items), now_ms=NOW, views=_QUEUES_ONLY)
+    )
+
+
+def test_a_plain_batch_with_every_send_refused_is_answered_with_its_refusals() -> None:
+    # No send names a destination: no column of destinations at all
+    items = [{"body": "x", "delay_ms": 10} for _ in range(COLUMN_MIN)]
+    got = BatchCheck(items).plain(now_ms=NOW, views={}, ids=IdGenerator())
+    assert got is not None
+    errors, accepted = got
+    assert len(accepted) == 0
+    assert _answers(errors) == _answers(validate_batch(parse_batch(items), now_ms=NOW, views={}))

@@ -4,6 +4,12 @@ not delayed, and answered one result per send. ``Engine.send`` and ``Engine.send
 ``Sender.send_many``: the HTTP API and the AMQP ingress go through them (the pipeline's HTTP
 sink over HTTP; its offline sink writes the log store's segment files with the same rules,
 ``pipeline/sink_log``).
+
+Two paths after the syntax check: a batch of plain sends to local queues, all delayed, is kept
+as columns where the store takes them (``ColumnStore``, the log store) and answered from the
+columns (``_keep_plain``: no request, plan, message or outcome object per send); everything
+else goes the general way, a ``Message`` per copy (fan-out, hand-over to routes, de-duplication,
+immediate release).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.lag import ReleaseLag
@@ -21,6 +27,7 @@ from tarry.engine.handover import hand_over
 from tarry.engine.release_path import ReleasePath
 from tarry.engine.types import MayAccess, SendResult
 from tarry.errors import TarryError, Unavailable
+from tarry.model.accepted import AcceptedColumns
 from tarry.model.batch import BatchCheck
 from tarry.model.events import EventRun
 from tarry.model.fanout import fan_out_many
@@ -32,7 +39,7 @@ from tarry.model.rules import due_soon
 from tarry.model.state import MessageState
 from tarry.model.validate import DestinationView, SendLimits, TargetView
 from tarry.queues.lag import refusal_limit_ms
-from tarry.store.base import StoreOutcome
+from tarry.store.base import ColumnStore, StoreOutcome
 
 __all__ = ["Sender"]
 
@@ -68,9 +75,14 @@ class Sender:
     probe: Callable[[], Awaitable[bool]]
     find: Callable[[MessageQuery], Awaitable[tuple[list[Message], str | None]]]
     limits: SendLimits = field(init=False)
+    #: The store, where it keeps plain sends as columns (picked once: ``_keep_plain``).
+    _columns: ColumnStore | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.limits = SendLimits(max_message_bytes=self.ctx.config.server.max_message_bytes)
+        store = self.ctx.store
+        # A store sharing the queue database keeps sends in the engine's queue transaction.
+        self._columns = store if isinstance(store, ColumnStore) and not self.ctx.shared else None
 
     async def send_one(
         self, data: Mapping[str, Any], may_send: MayAccess | None, *, internal: bool = False
@@ -102,23 +114,24 @@ class Sender:
         *,
         internal: bool = False,
     ) -> tuple[list[SendPlan | TarryError], dict[str, DestinationView]]:
+        checking, views, failed, may = await self._look_up(items, may_send, internal=internal)
+        return self._validate(checking, views, failed, may, now), views
+
+    async def _look_up(
+        self, items: Sequence[Mapping[str, Any]], may_send: MayAccess | None, *, internal: bool
+    ) -> tuple[BatchCheck, dict[str, DestinationView], dict[str, TarryError], MayAccess]:
+        """The syntax of ``items`` checked, and what the other rules need of each destination
+        they name (declared first where ``auto_declare`` says so); the destinations whose
+        look-up failed, with why (their sends are refused with it); and the token's check,
+        asking it once a name."""
         checking = BatchCheck(items)
+        may = _asked_once(may_send)
         views: dict[str, DestinationView] = {}
-        allowed: dict[str, bool] = {}
         failed: dict[str, TarryError] = {}  # an auto-declare that failed refuses its sends
-
-        def may(name: str) -> bool:
-            """The token's answer per name (destinations and ``reply_to``s), asked once each."""
-            ok = allowed.get(name)
-            if ok is None:
-                ok = allowed[name] = may_send(name) if may_send else True
-            return ok
-
         for name in checking.destinations():
-            may(name)
             try:
                 if (
-                    allowed[name]
+                    may(name)
                     and self.ctx.catalog.kind(name) is None
                     and name not in self.ctx.transports
                     and self.ctx.config.server.auto_declare
@@ -127,13 +140,22 @@ class Sender:
                 views[name] = await self._view(name, lag=not internal)
             except TarryError as exc:
                 failed[name] = exc
+        return checking, views, failed, may
+
+    def _validate(
+        self,
+        checking: BatchCheck,
+        views: dict[str, DestinationView],
+        failed: dict[str, TarryError],
+        may: MayAccess,
+        now: int,
+    ) -> list[SendPlan | TarryError]:
         planned = checking.validate(now_ms=now, views=views, may_send=may, limits=self.limits)
-        await _pause(len(items))
         if failed:
             for index, named in enumerate(checking.row_destinations()):
                 if named is not None and named in failed:
                     planned[index] = failed[named]
-        return planned, views
+        return planned
 
     async def send_many(
         self,
@@ -159,7 +181,14 @@ class Sender:
             )
         await lag.yield_to_releases(at_most_ms=YIELD_MAX_MS)
         now = self.ctx.clock.now_ms()
-        planned, views = await self._plan(items, may_send, now, internal=internal)
+        checking, views, failed, may = await self._look_up(items, may_send, internal=internal)
+        plain, store = None, self._columns
+        if store is not None and not failed and not self.breakers.store.is_open:
+            plain = self._plain(checking, views, may, now)
+        await _pause(len(items))
+        if plain is not None and store is not None:
+            return await self._keep_plain(store, *plain, now)
+        planned = self._validate(checking, views, failed, may, now)
         results: list[SendResult | TarryError | None] = [
             p if isinstance(p, TarryError) else None for p in planned
         ]
@@ -199,6 +228,61 @@ class Sender:
             if earliest is not None:
                 self.ctx.due(earliest, now)  # this dispatcher's, and the other nodes'
         return [r for r in results if r is not None]
+
+    def _plain(
+        self,
+        checking: BatchCheck,
+        views: Mapping[str, DestinationView],
+        may: MayAccess,
+        now: int,
+    ) -> tuple[list[TarryError | None], AcceptedColumns] | None:
+        """The batch's verdicts as columns when every send is plain and goes to a local queue
+        (``BatchCheck.plain``); None: the general path answers it."""
+        if not all(view.kind == "queue" for view in views.values()):
+            return None  # a topic's copies, a route's hand-over, an unknown name's refusal
+        return checking.plain(
+            now_ms=now, views=views, ids=self.ids, may_send=may, limits=self.limits
+        )
+
+    async def _keep_plain(
+        self,
+        store: ColumnStore,
+        errors: list[TarryError | None],
+        accepted: AcceptedColumns,
+        now: int,
+    ) -> list[SendResult | TarryError]:
+        """Keep plain sends as columns and answer them from the columns: each is one message
+        to its queue, created (no ``message_id``), scheduled (delayed: nothing is released at
+        once), so the general path's steps after validation come down to these."""
+        results = cast(list[SendResult | TarryError], errors)
+        if not len(accepted):
+            return results
+        try:
+            await store.store_columns(accepted)
+        except TarryError as exc:
+            self.breakers.store.failure(exc)
+            for row in accepted.rows:
+                results[row] = exc
+            return results
+        self.breakers.store.success()
+        scheduled = _STATE_TEXT[MessageState.SCHEDULED]
+        expires = accepted.expires_at_ms.tolist()
+        for row, id, destination, due, expires_at in zip(
+            accepted.rows,
+            accepted.ids,
+            accepted.destination,
+            accepted.deliver_at_ms.tolist(),
+            expires,
+            strict=True,
+        ):  # positional, in field order
+            results[row] = SendResult(
+                id, scheduled, due, None if expires_at < 0 else expires_at, True, destination
+            )
+        messages = accepted.messages()
+        self.ctx.emit(EventRun("scheduled", messages, now))
+        self.ctx.waiters.lag.accepted(messages, now)
+        self.ctx.due(int(accepted.deliver_at_ms.min()), now)
+        return results
 
     def _answer(
         self,
@@ -279,6 +363,19 @@ class Sender:
             lag_ms=self.ctx.waiters.lag.lag_ms(queue),
             lag_limit_ms=refusal_limit_ms(self.ctx.config.dispatch.overload_lag_ms) if lag else 0,
         )
+
+
+def _asked_once(may_send: MayAccess | None) -> Callable[[str], bool]:
+    """The token's answer per name (destinations and ``reply_to``s), asked once each."""
+    allowed: dict[str, bool] = {}
+
+    def may(name: str) -> bool:
+        ok = allowed.get(name)
+        if ok is None:
+            ok = allowed[name] = may_send(name) if may_send else True
+        return ok
+
+    return may
 
 
 def _soon_destination(item: object) -> object:

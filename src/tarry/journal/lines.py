@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import orjson
 
+from tarry.model.accepted import AcceptedColumns, ColumnMessages
 from tarry.model.events import Event, EventRun
 
 __all__ = ["LATE_EVENTS", "encode_lines"]
@@ -94,7 +95,8 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
         tail = _fixed(dumps(run.reason)) + (
             b',"lateness_ms":%d}\n' if run.event in LATE_EVENTS else b',"lateness_ms":null}\n'
         )
-        first = messages[0].destination
+        columns = messages.columns if isinstance(messages, ColumnMessages) else None
+        first = columns.destination[0] if columns is not None else messages[0].destination
         first_json = _fixed(dumps(first))
     except Exception:  # the run's own values cannot be encoded: every line would drop
         return b"", 0, len(messages)
@@ -110,6 +112,8 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
     )  # fmt: skip
     late = run.event in LATE_EVENTS
     time_ms = run.time_ms
+    if columns is not None and not late:
+        return _encode_columns(columns, plain, general)
     known: dict[str | None, bytes] = {None: _NULL}
     get = known.get
     lines: list[bytes] = []
@@ -150,6 +154,49 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
                 message.failures,
             )
             append(general % (*values, time_ms - due) if late else general % values)
+        except Exception:
+            dropped += 1
+    return b"".join(lines), len(lines), dropped
+
+
+def _encode_columns(
+    columns: AcceptedColumns, plain: bytes, general: bytes
+) -> tuple[bytes, int, int]:
+    """``_encode_run``'s lines of plain sends kept as columns (``ColumnMessages``), from the
+    columns: no ``Message`` is made for them. ``plain`` and ``general``: its templates."""
+    dumps = orjson.dumps
+    first = columns.destination[0]
+    known: dict[str, bytes] = {}
+    get = known.get
+    sent = columns.sent_at_ms
+    lines: list[bytes] = []
+    append = lines.append
+    dropped = 0
+    for id, destination, body, due, expires_at in zip(
+        columns.ids,
+        columns.destination,
+        columns.body,
+        columns.deliver_at_ms.tolist(),
+        columns.expires_at_ms.tolist(),
+        strict=True,
+    ):
+        try:
+            if expires_at < 0 and destination == first:
+                append(plain % (dumps(id), sent, due, len(body)))
+                continue
+            values = (
+                dumps(id),
+                get(destination) or known.setdefault(destination, dumps(destination)),
+                _NULL,
+                _NULL,
+                _NULL,
+                sent,
+                due,
+                _NULL if expires_at < 0 else b"%d" % expires_at,
+                len(body),
+                0,
+            )
+            append(general % values)
         except Exception:
             dropped += 1
     return b"".join(lines), len(lines), dropped

@@ -7,7 +7,8 @@ in ``BatchCheck`` for batches of ``COLUMN_MIN`` (256) sends or more, through the
 column by column (``tarry.model.columns``, held to the same answers by property tests). What the
 batch form adds is the split between the two steps, so a caller can look up every destination
 the batch names once (the server reads its catalog, the import a snapshot of it) before the
-rules that need them run.
+rules that need them run. ``BatchCheck.plain`` gives the same verdicts as columns for a batch of
+plain sends (``tarry.model.accepted``), the server's common case.
 """
 
 from __future__ import annotations
@@ -20,13 +21,22 @@ import numpy as np
 import pyarrow as pa
 
 from tarry.errors import TarryError
+from tarry.model.accepted import AcceptedColumns
 from tarry.model.columns import ParsedColumns, PlannedColumns, parse_columns, validate_columns
 from tarry.model.fields import COLUMN_FIELDS
+from tarry.model.ids import IdGenerator
 from tarry.model.message import SendPlan, SendRequest, Undeliverable
 from tarry.model.rules import Rule, destination_rules
 from tarry.model.validate import DestinationView, SendLimits, parse_send, validate_send
 
-__all__ = ["COLUMN_MIN", "BatchCheck", "destinations_of", "parse_batch", "validate_batch"]
+__all__ = [
+    "COLUMN_MIN",
+    "PLAIN_FIELDS",
+    "BatchCheck",
+    "destinations_of",
+    "parse_batch",
+    "validate_batch",
+]
 
 Parsed = SendRequest | TarryError
 Planned = SendPlan | TarryError
@@ -111,6 +121,8 @@ COLUMN_MIN = 256
 _COLUMN_FIELDS = tuple(COLUMN_FIELDS)
 _COLUMN_SET = frozenset(_COLUMN_FIELDS)
 _NO_FIELDS: dict[str, Any] = {}
+#: The fields of a plain send (``BatchCheck.plain``): each its own message, no key, no options.
+PLAIN_FIELDS = frozenset({"destination", "body", "delay_ms", "deliver_at", "ttl_ms"})
 
 
 class BatchCheck:
@@ -127,6 +139,7 @@ class BatchCheck:
         self._names: list[str | None] | None = None
         #: Each column field's value per send (None: absent, or the send goes one at a time).
         self._values: dict[str, list[Any]] = {}
+        self._planned: tuple[int, PlannedColumns] | None = None
         if len(items) >= COLUMN_MIN:
             self._columns, self._values = _parse_columns(items)
         if self._columns is None:
@@ -165,9 +178,7 @@ class BatchCheck:
             return validate_batch(
                 self._parsed, now_ms=now_ms, views=views, may_send=may_send, limits=limits
             )
-        when = validate_columns(
-            self._columns, now_ms=now_ms, views=views, may_send=may_send, limits=limits
-        )
+        when = self._when(now_ms=now_ms, views=views, may_send=may_send, limits=limits)
         one = dict(
             zip(
                 self._one,
@@ -193,6 +204,72 @@ class BatchCheck:
             for i, plan in zip(rows, self._plans(rows, when, now_ms), strict=True):
                 planned[i] = plan
         return cast(list[Planned], planned)
+
+    def plain(
+        self,
+        *,
+        now_ms: int,
+        views: Mapping[str, DestinationView],
+        ids: IdGenerator,
+        may_send: Callable[[str], bool] | None = None,
+        limits: SendLimits = _DEFAULT_LIMITS,
+    ) -> tuple[list[TarryError | None], AcceptedColumns] | None:
+        """``validate``'s answers as columns, for a batch whose sends the columns decided
+        alone and that are plain (``PLAIN_FIELDS`` only, each due after ``now_ms``): each send's
+        refusal (None where accepted), and the accepted sends, named by ``ids``. None when the
+        batch is not such a batch: ``validate`` answers it (without checking it twice)."""
+        columns = self._columns
+        if columns is None or self._one or self._has_other_fields():
+            return None
+        when = self._when(now_ms=now_ms, views=views, may_send=may_send, limits=limits)
+        errors: list[TarryError | None] = columns.errors.tolist()
+        taken = np.flatnonzero(~columns.marks.decided)
+        due = when.deliver_at_ms[taken]
+        if len(taken) and int(due.min()) <= now_ms:
+            return None  # released at once: the general path does that
+        rows: list[int] = taken.tolist()
+        every = len(rows) == len(self.items)
+        # (no destination column when no send names one: every send is refused then)
+        destinations, bodies = self._values.get("destination", []), self._values.get("body")
+        if not every:
+            destinations = [destinations[i] for i in rows]
+            bodies = None if bodies is None else [bodies[i] for i in rows]
+        accepted = AcceptedColumns(
+            rows=rows,
+            ids=ids.new_due_many(now_ms, due).astype("U26").tolist(),
+            destination=destinations,
+            body=_utf8(bodies, len(rows)),
+            sent_at_ms=now_ms,
+            deliver_at_ms=due,
+            expires_at_ms=when.expires_at_ms[taken],
+        )
+        return errors, accepted
+
+    def _has_other_fields(self) -> bool:
+        """A send of the batch gives a field outside ``PLAIN_FIELDS``."""
+        return any(
+            any(v is not None for v in values)
+            for name, values in self._values.items()
+            if name not in PLAIN_FIELDS
+        )
+
+    def _when(
+        self,
+        *,
+        now_ms: int,
+        views: Mapping[str, DestinationView],
+        may_send: Callable[[str], bool] | None,
+        limits: SendLimits,
+    ) -> PlannedColumns:
+        """``validate_columns`` of the batch at ``now_ms``, once (``plain`` then ``validate``
+        ask for the same)."""
+        assert self._columns is not None
+        if self._planned is None or self._planned[0] != now_ms:
+            when = validate_columns(
+                self._columns, now_ms=now_ms, views=views, may_send=may_send, limits=limits
+            )
+            self._planned = (now_ms, when)
+        return self._planned[1]
 
     def _plans(self, rows: list[int], when: PlannedColumns, now_ms: int) -> Iterator[SendPlan]:
         """The plans of ``rows`` (column-checked, accepted), in order, from the field values
@@ -231,6 +308,15 @@ class BatchCheck:
             when.deliver_at_ms[taken].tolist(),
             [None if e < 0 else e for e in expires],
         )
+
+
+def _utf8(texts: list[str | None] | None, n: int) -> list[bytes]:
+    """Each body's bytes (None, or no body field in the batch: empty)."""
+    if texts is None:
+        return [b""] * n
+    if None in texts:
+        return [b"" if text is None else text.encode("utf-8") for text in texts]
+    return list(map(str.encode, cast(list[str], texts)))
 
 
 def _parse_columns(items: Sequence[Any]) -> tuple[ParsedColumns | None, dict[str, list[Any]]]:

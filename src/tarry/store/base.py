@@ -51,13 +51,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
+from tarry.model.accepted import AcceptedColumns
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
 
 T = TypeVar("T")
 
-__all__ = ["ClusterStore", "DelayedStore", "QueueDatabase", "SharedDelayedStore", "StoreOutcome"]
+__all__ = [
+    "ClusterStore",
+    "ColumnStore",
+    "DelayedStore",
+    "QueueDatabase",
+    "SharedDelayedStore",
+    "StoreOutcome",
+]
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__, a
@@ -170,6 +178,19 @@ class SharedDelayedStore(DelayedStore, Protocol):
         """Inside the caller's transaction on ``conn``: lock the message's row while it is still
         scheduled and set its failure count, so the transaction can dead-letter it; False (and
         nothing changed) when it was cancelled or finished meanwhile."""
+        ...
+
+
+@runtime_checkable
+class ColumnStore(Protocol):
+    """A store that keeps a batch of plain messages given as columns (``AcceptedColumns``),
+    without a ``Message`` per row: the send path's common case (``tarry.engine.sending``).
+    The engine checks for it once, when it is built; a store without it is given the same
+    messages as objects (``AcceptedColumns.messages``) through ``store``."""
+
+    async def store_columns(self, batch: AcceptedColumns) -> None:
+        """``store(batch.messages())``: durably keep them, in one commit, all created (plain
+        messages have no ``message_id`` to de-duplicate by). Raises ``Unavailable``."""
         ...
 
 

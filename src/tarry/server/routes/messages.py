@@ -52,7 +52,8 @@ async def send_batch(request: Request) -> JSON:
 def _result(result: SendResult | TarryError, principal: Principal) -> dict[str, Any]:
     if isinstance(result, TarryError):
         return {"error": result.to_dict()}
-    return principal.sent_view(result.to_public())
+    public = result.to_public()
+    return principal.sent_view(public) if result.copies else public  # it shows copies only
 
 
 def _instant(value: str | None, name: str) -> int | None:

@@ -78,7 +78,7 @@ class Placed:
 
 
 def place(
-    dues: Sequence[int],
+    dues: Sequence[int] | I64,
     records: Sequence[bytes],
     *,
     layout: Layout,
@@ -91,7 +91,7 @@ def place(
     split so that no run spans segments (a single larger record is a run of its own).
     ``partitions_of(keys)`` gives the partitions of a list of keys, in order."""
     n = len(records)
-    due = np.fromiter(dues, np.int64, n)
+    due = dues if isinstance(dues, np.ndarray) else np.fromiter(dues, np.int64, n)
     lengths = np.fromiter(map(len, records), np.int64, n)
     keys = layout.keys_for(due, now_ms)
     first = int(keys[0])

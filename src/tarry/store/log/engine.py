@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from tarry.errors import NotCancellable, NotFound, TarryError, Unavailable
+from tarry.model.accepted import AcceptedColumns
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.log import clean, cleanup
-from tarry.store.log.batch import place
+from tarry.store.log.appending import Appender, NewRecords
 from tarry.store.log.checkpoint import Checkpoints
 from tarry.store.log.dedupe import admit
 from tarry.store.log.figures import write_path
@@ -56,10 +57,11 @@ from tarry.store.log.record import (
     encode_message,
     encode_messages,
 )
+from tarry.store.log.record_columns import encode_plain_columns
 from tarry.store.log.recovery import Recovered
 from tarry.store.log.scrub import scrub_all
 from tarry.store.log.segment import SegmentFiles
-from tarry.store.log.table import RECENT_MAX, PartitionTable
+from tarry.store.log.table import PartitionTable
 from tarry.store.log.wal import WalLog
 from tarry.store.log.writer import GroupWriter
 
@@ -124,6 +126,7 @@ class LogStore:
         )
         #: De-duplication keys of messages being written (not yet in ``state.dedupe``).
         self._unwritten: dict[int, Message] = {}
+        self._appender = Appender(table, self.layout, self.writer, self._unwritten)
         self._last_upkeep_ms = 0
         self._opened = False
         self._upkeeping: asyncio.Task[None] | None = None
@@ -238,47 +241,31 @@ class LogStore:
             accepted, hashes, keyed = messages, keys, []
         if not accepted:
             return outcomes
-        now_ms = max(self.table.now_ms, accepted[0].sent_at_ms)
-        placed = place(
-            [m.deliver_at_ms for m in accepted],
+        new = NewRecords(
             encode_messages(accepted, hashes),
-            layout=self.layout,
-            now_ms=now_ms,
-            segment_bytes=self.writer.segment_bytes,
-            partitions_of=lambda keys: self.table.partitions_for(keys, now_ms=now_ms),
+            [m.deliver_at_ms for m in accepted],
+            list(map(_destination, accepted)),
+            max(map(_sent_at, accepted)),
+            accepted,
+            keyed,
         )
-        dedupe = self.state.dedupe
-
-        def on_written(positions: list[int]) -> None:
-            for key, message in keyed:
-                dedupe[key] = message.id
-                self._unwritten.pop(key, None)
-            destination = accepted[0].destination
-            if all(map(destination.__eq__, map(_destination, accepted))):
-                self.state.scheduled[destination] += len(accepted)
-            else:
-                self.state.scheduled.update(m.destination for m in accepted)
-            rows, latest_sent = placed.rows, None
-            for run, partition in enumerate(placed.partitions):
-                partition.total += rows[run + 1] - rows[run]
-                if partition.index is not None:
-                    if latest_sent is None:
-                        latest_sent = max(map(_sent_at, accepted))
-                    base = positions[run]
-                    self.table.recent.update(placed.index(run, base, accepted, latest_sent))
-            if len(self.table.recent) > RECENT_MAX:
-                self.table.recent.clear()
-            self.table.changes += len(accepted)
-
-        items = placed.slices()
-        try:
-            await self.writer.append(items, durable=True, on_written=on_written)
-        except BaseException:
-            for key, message in keyed:
-                if self._unwritten.get(key) is message:
-                    del self._unwritten[key]
-            raise
+        await self._appender.append(new, now_ms=max(self.table.now_ms, accepted[0].sent_at_ms))
         return outcomes
+
+    async def store_columns(self, batch: AcceptedColumns) -> None:
+        """``store`` of plain messages given as columns (``ColumnStore``): their records are
+        encoded from the columns, no message object made for them."""
+        self._check()
+        if not len(batch):
+            return
+        new = NewRecords(
+            encode_plain_columns(batch),
+            batch.deliver_at_ms,
+            batch.destination,
+            batch.sent_at_ms,
+            batch.messages(),
+        )
+        await self._appender.append(new, now_ms=max(self.table.now_ms, batch.sent_at_ms))
 
     # --- due messages -----------------------------------------------------------------------
     async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:

@@ -1,0 +1,102 @@
+"""The accepted sends of one request as columns, for the common case: plain sends (destination,
+body, a delay or a time, a TTL) to local queues, each its own message. The engine stores them
+through a store that takes columns (``tarry.store.base.ColumnStore``) and answers them from
+the same columns, with no request, plan or message object per send; ``messages`` gives the
+object form to those that read messages one by one (event listeners), built once, when first
+read.
+
+What does not fit (a topic, a route, ``message_id``, headers, a send due at once, ...) takes the
+general path (``tarry.engine.sending``), which makes one ``Message`` per copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import overload
+
+import numpy as np
+import numpy.typing as npt
+
+from tarry.model.message import Message, plain_message
+
+__all__ = ["AcceptedColumns", "ColumnMessages"]
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(slots=True)
+class AcceptedColumns:
+    """Plain accepted sends, row ``k`` being the send at ``rows[k]`` of its request; every
+    message sent at ``sent_at_ms`` and kept as scheduled, with every field not here at its
+    default (``plain_message``)."""
+
+    rows: list[int]
+    #: Tarry ids (``IdGenerator.new_due_many``), 26 ASCII characters each.
+    ids: list[str]
+    destination: list[str]
+    body: list[bytes]
+    sent_at_ms: int
+    deliver_at_ms: I64
+    #: -1: never expires.
+    expires_at_ms: I64
+    _messages: ColumnMessages | None = field(default=None, init=False)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def messages(self) -> ColumnMessages:
+        """The rows as ``Message``s (made once, when first read)."""
+        if self._messages is None:
+            self._messages = ColumnMessages(self)
+        return self._messages
+
+
+class ColumnMessages(Sequence[Message]):
+    """``AcceptedColumns`` as a sequence of ``Message``s: its length known at once, the
+    objects made in one pass the first time one is read."""
+
+    __slots__ = ("_columns", "_made")
+
+    def __init__(self, columns: AcceptedColumns) -> None:
+        self._columns = columns
+        self._made: list[Message] | None = None
+
+    def __len__(self) -> int:
+        return len(self._columns.rows)
+
+    @property
+    def columns(self) -> AcceptedColumns:
+        """The columns the messages stand for (a listener may read them instead)."""
+        return self._columns
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Message]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self._all())
+
+    def _all(self) -> list[Message]:
+        if self._made is None:
+            c = self._columns
+            sent = c.sent_at_ms
+            expires: list[int | None] = [None if e < 0 else e for e in c.expires_at_ms.tolist()]
+            self._made = list(
+                map(
+                    plain_message,
+                    c.ids,
+                    c.destination,
+                    c.body,
+                    repeat(sent),
+                    c.deliver_at_ms.tolist(),
+                    expires,
+                )
+            )
+        return self._made
