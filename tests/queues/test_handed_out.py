@@ -1,0 +1,210 @@
+"""Acks of rows the SQLite queue database handed out, from its memory of them
+(``store/sqlite/handed_out.py``, ``queues/receipts.ack_handed_out``): the same rows, counts,
+unknown receipts and acked messages as reading the rows, without reading them; the memory is
+never the truth (a row no longer in flight under the receipt is not acked)."""
+
+from __future__ import annotations
+
+import copy
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tarry.model.ids import IdGenerator
+from tarry.model.message import Message
+from tarry.model.queue_args import QueueArgs
+from tarry.queues.catalog import Catalog, QueueEntry
+from tarry.queues.sequence import Sequencer
+from tarry.queues.ttl_change import restamp_expiry
+from tarry.queues.txn import QueueTxn
+from tarry.store.sqlite.database import _connect
+from tarry.store.sqlite.handed_out import HandedOut
+from tarry.store.sqlite.schema import is_keyed, migrate
+
+NOW = 1_700_000_000_000
+IDS = IdGenerator()
+
+
+def _database(path: Path, *, memory: bool) -> sqlite3.Connection:
+    conn = _connect(str(path))
+    migrate(conn, queues_only=True)
+    conn.keyed = is_keyed(conn)
+    conn.handed_out = HandedOut() if memory else None
+    return conn
+
+
+@pytest.fixture
+def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    conn = _database(tmp_path / "queues.db", memory=True)
+    yield conn
+    conn.close()
+
+
+class Queue:
+    """One queue ``orders`` of ``conn``, each call its own transaction at its own time."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.catalog = Catalog()
+        self.catalog.queues["orders"] = QueueEntry("orders", QueueArgs(), NOW, NOW)
+        self.catalog.recompute()
+        self.seq = Sequencer()
+        self.events: list[Any] = []
+
+    def run(self, now_ms: int, work: Callable[[QueueTxn], Any]) -> Any:
+        txn = QueueTxn(
+            self.conn,
+            now_ms=now_ms,
+            catalog=self.catalog,
+            ids=IDS,
+            seq=self.seq,
+            waiting={},
+            error_queue="tarry.errors",
+        )
+        self.conn.execute("BEGIN")
+        result = work(txn)
+        txn.flush()
+        self.conn.execute("COMMIT")
+        self.events += txn.events
+        return result
+
+    def release(self, batch: list[Message]) -> None:
+        self.run(NOW, lambda txn: txn.enqueue_many(copy.deepcopy(batch), "orders"))
+
+    def receive(self, now_ms: int, count: int, visibility_ms: int = 1000) -> list[str]:
+        taken = self.run(
+            now_ms,
+            lambda txn: txn.receive("orders", max_messages=count, visibility_ms=visibility_ms),
+        )
+        return [receipt for _, receipt in taken]
+
+    def ack(self, now_ms: int, receipts: list[str]) -> tuple[int, list[str]]:
+        return self.run(  # type: ignore[no-any-return]
+            now_ms, lambda txn: txn.settle("orders", receipts, ack=True, requeue=False)
+        )
+
+
+def _message(i: int) -> Message:
+    return Message(
+        id=IDS.new(NOW),
+        destination="orders",
+        body=b"body %d" % i,
+        headers={"n": str(i)} if i % 2 else {},
+        sent_at_ms=NOW - 10,
+        deliver_at_ms=NOW,
+        expires_at_ms=None,
+        updated_at_ms=NOW,
+    )
+
+
+BATCH = [_message(i) for i in range(6)]
+
+
+def _statements(conn: sqlite3.Connection) -> list[str]:
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    return seen
+
+
+def test_an_ack_from_memory_leaves_what_reading_the_rows_leaves(tmp_path: Path) -> None:
+    """Rows, counts, unknown receipts (a repeat, a stale one, a made-up one: those are looked
+    up) and the acked events' messages are the same with the memory as without it; with it, an
+    ack of remembered receipts reads no row."""
+    outcomes = []
+    for memory in (False, True):
+        conn = _database(tmp_path / f"{memory}.db", memory=memory)
+        queue = Queue(conn)
+        queue.release(BATCH)
+        first = queue.receive(NOW + 1, 4)
+        # Two of them come back after their visibility timeout: a redelivery, new receipts.
+        queue.ack(NOW + 2, first[:2])
+        again = queue.receive(NOW + 5_000, 3)
+        receipts = [*again, again[0], first[2], "01AAAA.999"]
+        done, unknown = queue.ack(NOW + 5_001, receipts)
+        result = (done, [receipts.index(r, 1) for r in unknown])
+        rest = queue.receive(NOW + 5_002, 6)
+        seen = _statements(conn)
+        assert queue.ack(NOW + 5_003, rest) == (len(rest), [])
+        conn.set_trace_callback(None)
+        reads = [s for s in seen if s.lstrip().upper().startswith("SELECT")]
+        acked = [copy.copy(e[1]) for e in queue.events if e[0] == "acked"]
+        rows = conn.execute(  # receipts are made anew in each run
+            "SELECT *, receipt IS NULL FROM messages ORDER BY rowid"
+        ).fetchall()
+        rows = [r[:25] + r[26:] for r in rows]
+        outcomes.append((result, acked, rows, reads))
+        conn.close()
+    (plain, plain_acked, plain_rows, plain_reads), (kept, kept_acked, kept_rows, reads) = outcomes
+    assert kept == plain
+    assert kept == (3, [3, 4, 5])  # the repeat, the stale one and the made-up one
+    assert kept_acked == plain_acked
+    assert kept_rows == plain_rows
+    assert plain_reads and not reads
+
+
+def test_a_remembered_receipt_no_longer_held_acks_nothing(conn: sqlite3.Connection) -> None:
+    queue = Queue(conn)
+    queue.release(BATCH[:2])
+    old = queue.receive(NOW + 1, 2, visibility_ms=10)
+    new = queue.receive(NOW + 100, 1)  # the first one again: its old receipt is over
+    assert queue.ack(NOW + 101, [old[0]]) == (0, [old[0]])
+    queue.run(NOW + 102, lambda txn: txn.settle("orders", [old[1]], ack=False, requeue=True))
+    assert queue.ack(NOW + 103, [old[1]]) == (0, [old[1]])
+    assert queue.ack(NOW + 104, new) == (1, [])
+    states = [r[0] for r in conn.execute("SELECT state FROM messages ORDER BY seq")]
+    assert states == ["acked", "ready"]
+
+
+def test_an_ack_from_memory_tells_the_queue_expiry_a_policy_gave_since(
+    conn: sqlite3.Connection,
+) -> None:
+    queue = Queue(conn)
+    queue.release(BATCH[:1])
+    receipts = queue.receive(NOW + 1, 1)
+    queue.run(NOW + 2, lambda txn: restamp_expiry(txn.conn, "orders", 60_000))
+    assert queue.ack(NOW + 3, receipts) == (1, [])
+    (acked,) = [e[1] for e in queue.events if e[0] == "acked"]
+    assert acked.queue_expires_at_ms == NOW + 60_000
+
+
+def test_the_ack_finds_its_rows_by_key_not_through_the_in_flight_index(
+    conn: sqlite3.Connection,
+) -> None:
+    """Through the in-flight index the ack would walk every message a consumer holds."""
+    queue = Queue(conn)
+    queue.release(BATCH[:3])
+    receipts = queue.receive(NOW + 1, 3)
+    seen = _statements(conn)
+    queue.ack(NOW + 2, receipts)
+    conn.set_trace_callback(None)
+    (update,) = [s for s in seen if s.startswith("UPDATE")]
+    plan = " ".join(str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {update}"))
+    assert "INTEGER PRIMARY KEY" in plan and "messages_held" not in plan
+
+
+def test_the_memory_forgets_the_oldest_rows_first_and_those_are_still_acked(
+    tmp_path: Path,
+) -> None:
+    conn = _database(tmp_path / "queues.db", memory=False)
+    conn.handed_out = HandedOut(max_rows=3, max_body_bytes=1_000)
+    queue = Queue(conn)
+    queue.release(BATCH[:5])
+    receipts = queue.receive(NOW + 1, 5)
+    assert len(conn.handed_out) == 3
+    assert queue.ack(NOW + 2, receipts) == (5, [])
+    assert len(conn.handed_out) == 0
+    conn.close()
+
+
+def test_the_memory_is_bounded_by_body_bytes() -> None:
+    memory = HandedOut(max_rows=100, max_body_bytes=10)
+    for key in range(4):
+        memory.keep(key, (f"r.{key}", (), NOW), 4)
+    assert len(memory) == 2
+    assert memory.get(0, "r.0") is None and memory.get(3, "r.3") is not None
+    assert memory.get(3, "r.other") is None
+    memory.keep(3, ("r.again", (), NOW), 4)  # received again: replaces its entry
+    assert memory.get(3, "r.3") is None and len(memory) == 2
