@@ -72,8 +72,10 @@ class SQLiteStore:
         await self.db.close()
 
     # The local queues share this database (``tarry.queues.local``); they run their work here.
-    async def write(self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False) -> T:
-        return await self.db.write(work, durable=durable)
+    async def write(
+        self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False, first: bool = False
+    ) -> T:
+        return await self.db.write(work, durable=durable, first=first)
 
     async def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return await self.db.read(work)
