@@ -106,10 +106,12 @@ def ack_handed_out(
     conn: SqlConnection, queue: str, receipts: Sequence[str], *, now_ms: int
 ) -> tuple[dict[str, Message], list[str]]:
     """Ack the messages of ``queue`` in flight under ``receipts`` that the connection's memory
-    of handed-out rows holds (``store.sqlite.handed_out``), without reading their rows: one
+    of handed-out rows holds (``store.sqlite.handed_out``), without reading their rows: an
     UPDATE that checks each is still in flight under its receipt. Returns the messages acked,
-    by receipt, and the receipts left for ``held_by_receipt`` (not remembered; a receipt given
-    twice is left there the second time, where it finds its row acked already)."""
+    by receipt, and the receipts left for ``held_by_receipt``: those not remembered (and a
+    receipt given twice, the second time, where it finds its row acked already); all of them
+    when some remembered row is no longer in flight under its receipt (rare: its UPDATE is
+    undone, and ``held_by_receipt`` tells which)."""
     memory: HandedOut | None = getattr(conn, "handed_out", None)
     if memory is None or not receipts:
         return {}, list(receipts)
@@ -127,31 +129,30 @@ def ack_handed_out(
     for key in kept:
         memory.forget(key)
     keys = list(kept)
-    # Found by rowid alone (``+`` keeps the other columns' indexes out of the plan: the
-    # in-flight index would walk every message in flight in the queue). A policy may have
-    # changed the queue expiry of messages in flight (``ttl_change``): read back.
-    acked: dict[int, Any] = {}
+    conn.execute("SAVEPOINT remembered")
+    changed = 0
     for start in range(0, len(keys), _CHUNK):
         chunk = keys[start : start + _CHUNK]
         where, args = in_list(conn, "rowid", chunk)
         held, receipt_args = in_list(conn, "receipt", [kept[k][0] for k in chunk])
-        acked.update(
-            conn.execute(
-                "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
-                f"updated_at_ms = ? WHERE {where} AND +{held} AND +queue = ? "
-                "AND +state = 'delivered' RETURNING rowid, queue_expires_at_ms",
-                [now_ms, *args, *receipt_args, queue],
-            ).fetchall()
-        )
+        # Found by rowid alone: ``+`` keeps the other columns' indexes out of the plan (the
+        # in-flight index would walk every message in flight in the queue).
+        changed += conn.execute(
+            "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
+            f"updated_at_ms = ? WHERE {where} AND +{held} AND +queue = ? "
+            "AND +state = 'delivered'",
+            [now_ms, *args, *receipt_args, queue],
+        ).rowcount
+    if changed != len(keys):
+        conn.execute("ROLLBACK TO remembered")
+        conn.execute("RELEASE remembered")
+        return {}, list(receipts)
+    conn.execute("RELEASE remembered")
     done: dict[str, Message] = {}
-    for key, (receipt, row, received_at_ms) in kept.items():
-        if key in acked:
-            message = as_delivered(row, received_at_ms)
-            message.queue_expires_at_ms = acked[key]
-            message.state = MessageState.ACKED
-            done[receipt] = message
-        else:  # no longer in flight under it: what ``held_by_receipt`` would say too
-            rest.append(receipt)
+    for receipt, row, received_at_ms in kept.values():
+        message = as_delivered(row, received_at_ms)
+        message.state = MessageState.ACKED
+        done[receipt] = message
     return done, rest
 
 

@@ -4,8 +4,9 @@ listeners what it acked (``QueueTxn.settle``).
 
 It is a memory, not the truth: the ack's UPDATE itself checks that each row is still in flight
 under the receipt acked, and a row it does not hold (evicted, or handed out before a restart) is
-read from the table as before. Bounded by count and by body bytes: a consumer that never acks
-costs only the oldest entries, which are forgotten first.
+read from the table as before. A write that changes a message in flight other than by its state
+(a policy's new queue expiry, ``queues/ttl_change.py``) clears it. Bounded by count and by body
+bytes: a consumer that never acks costs only the oldest entries, which are forgotten first.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class HandedOut:
         if found is None or found[0][0] != receipt:
             return None
         return found[0]
+
+    def clear(self) -> None:
+        self._rows.clear()
+        self._body_bytes = 0
 
     def forget(self, key: int) -> None:
         found = self._rows.pop(key, None)
