@@ -11,6 +11,7 @@ bytes: a consumer that never acks costs only the oldest entries, which are forgo
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,8 +26,9 @@ class HandedOut:
     def __init__(self, *, max_rows: int = 100_000, max_body_bytes: int = 64 * 1024 * 1024) -> None:
         self._max_rows = max_rows
         self._max_body_bytes = max_body_bytes
-        #: Row key → (entry, its body's size), oldest first.
-        self._rows: dict[int, tuple[Entry, int]] = {}
+        #: Row key → (entry, its body's size), oldest first (an OrderedDict forgets its first
+        #: in constant time; a dict would walk the slots its earlier first ones left).
+        self._rows: OrderedDict[int, tuple[Entry, int]] = OrderedDict()
         self._body_bytes = 0
 
     def __len__(self) -> int:
@@ -39,7 +41,7 @@ class HandedOut:
         self._rows[key] = (entry, body_bytes)
         self._body_bytes += body_bytes
         while len(self._rows) > self._max_rows or self._body_bytes > self._max_body_bytes:
-            self.forget(next(iter(self._rows)))
+            self._body_bytes -= self._rows.popitem(last=False)[1][1]
 
     def get(self, key: int, receipt: str) -> Entry | None:
         """The row of ``key`` when it was handed out under ``receipt``."""
