@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from foundation import percentile, thread_cpu_s  # noqa: E402
-from logstore import _bench_engine, _store_all, messages  # noqa: E402
+from logstore import _bench_engine, _store_all, messages, start_trickle  # noqa: E402
 
 from tarry.server.app import tune_runtime  # noqa: E402
 from tarry.store.sqlite.database import Database  # noqa: E402
@@ -113,14 +113,7 @@ async def _contended(tmp: Path, rate: int, seconds: float) -> dict[str, Any]:
     engine.add_listener(lambda event: released([event]), many=released)
     Database.write = _timing_releases(waits, commits)  # type: ignore[method-assign]
     try:
-        await engine.store.next_due_time()
-        count = int(rate * seconds)
-        lead_ms = 3000
-        await _store_all(
-            engine.store, messages(count, lambda i, now: now + lead_ms + i * 1000 // rate)
-        )
-        tune_runtime()
-        engine._spawn(engine.dispatcher.run)
+        count = await start_trickle(engine, rate, seconds)
         received = 0
 
         async def consume() -> None:
