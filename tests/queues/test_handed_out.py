@@ -81,6 +81,11 @@ class Queue:
         )
         return [receipt for _, receipt in taken]
 
+    def received(self, count: int) -> list[str]:
+        """``count`` messages released, then received at once: their receipts."""
+        self.release(BATCH[:count])
+        return self.receive(NOW + 1, count)
+
     def ack(self, now_ms: int, receipts: list[str]) -> tuple[int, list[str]]:
         return self.run(  # type: ignore[no-any-return]
             now_ms, lambda txn: txn.settle("orders", receipts, ack=True, requeue=False)
@@ -162,8 +167,7 @@ def test_an_ack_from_memory_tells_the_queue_expiry_a_policy_gave_since(
     conn: sqlite3.Connection,
 ) -> None:
     queue = Queue(conn)
-    queue.release(BATCH[:1])
-    receipts = queue.receive(NOW + 1, 1)
+    receipts = queue.received(1)
     queue.run(NOW + 2, lambda txn: restamp_expiry(txn.conn, "orders", 60_000))
     assert queue.ack(NOW + 3, receipts) == (1, [])
     (acked,) = [e[1] for e in queue.events if e[0] == "acked"]
@@ -175,8 +179,7 @@ def test_the_ack_finds_its_rows_by_key_not_through_the_in_flight_index(
 ) -> None:
     """Through the in-flight index the ack would walk every message a consumer holds."""
     queue = Queue(conn)
-    queue.release(BATCH[:3])
-    receipts = queue.receive(NOW + 1, 3)
+    receipts = queue.received(3)
     seen = _statements(conn)
     queue.ack(NOW + 2, receipts)
     conn.set_trace_callback(None)
@@ -191,8 +194,7 @@ def test_the_memory_forgets_the_oldest_rows_first_and_those_are_still_acked(
     conn = _database(tmp_path / "queues.db", memory=False)
     conn.handed_out = HandedOut(max_rows=3, max_body_bytes=1_000)
     queue = Queue(conn)
-    queue.release(BATCH[:5])
-    receipts = queue.receive(NOW + 1, 5)
+    receipts = queue.received(5)
     assert len(conn.handed_out) == 3
     assert queue.ack(NOW + 2, receipts) == (5, [])
     assert len(conn.handed_out) == 0
