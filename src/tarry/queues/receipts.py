@@ -16,7 +16,7 @@ from typing import Any
 from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.store.sql import SqlConnection, in_list, row_key, row_lock
-from tarry.store.sqlite.handed_out import HandedOut
+from tarry.store.sqlite.row_memory import RowMemory
 from tarry.store.sqlite.rows import COLUMNS, from_row
 
 __all__ = [
@@ -36,6 +36,7 @@ RECEIPT_SQL = "CAST(? AS TEXT) || '.' || {key}"
 _ALL = ", ".join(COLUMNS)
 _QUEUE = COLUMNS.index("queue")
 _BODY = COLUMNS.index("body")
+_SEQ = COLUMNS.index("seq")
 _STATE = COLUMNS.index("state")
 _RECEIPT = COLUMNS.index("receipt")
 #: The largest ``rowid`` SQLite gives a row.
@@ -106,21 +107,21 @@ def ack_handed_out(
     conn: SqlConnection, queue: str, receipts: Sequence[str], *, now_ms: int
 ) -> tuple[dict[str, Message], list[str]]:
     """Ack the messages of ``queue`` in flight under ``receipts`` that the connection's memory
-    of handed-out rows holds (``store.sqlite.handed_out``), without reading their rows: an
+    of handed-out rows holds (``store.sqlite.row_memory``), without reading their rows: an
     UPDATE that checks each is still in flight under its receipt. Returns the messages acked,
     by receipt, and the receipts left for ``held_by_receipt``: those not remembered (and a
     receipt given twice, the second time, where it finds its row acked already); all of them
     when some remembered row is no longer in flight under its receipt (rare: its UPDATE is
     undone, and ``held_by_receipt`` tells which)."""
-    memory: HandedOut | None = getattr(conn, "handed_out", None)
+    memory: RowMemory | None = getattr(conn, "handed_out", None)
     if memory is None or not receipts:
         return {}, list(receipts)
     kept: dict[int, tuple[str, Sequence[Any], int]] = {}
     rest: list[str] = []
     for receipt in receipts:
         key = key_named(receipt, integer=True)
-        entry = None if key is None or key in kept else memory.get(key, receipt)
-        if entry is None:
+        entry = None if key is None or key in kept else memory.get(key)
+        if entry is None or entry[0] != receipt:
             rest.append(receipt)
         else:
             kept[key] = entry
@@ -162,7 +163,8 @@ def hand_out(
     """The messages of ``rows`` (``SELECT_SQL``'s columns, then the row key) as the receive of
     ``receive_id`` hands them out, each with its receipt; remembered for their ack where the
     connection keeps such a memory."""
-    memory: HandedOut | None = getattr(conn, "handed_out", None)
+    memory: RowMemory | None = getattr(conn, "handed_out", None)
+    released: RowMemory | None = getattr(conn, "released", None)
     taken = []
     for row in rows:
         columns, key = row[:-1], row[-1]
@@ -170,6 +172,8 @@ def hand_out(
         taken.append((as_delivered(columns, now_ms), receipt))
         if memory is not None:
             memory.keep(key, (receipt, columns, now_ms), len(columns[_BODY] or b""))
+        if released is not None:  # ready no more: the release's row is over
+            released.forget(columns[_SEQ])
     return taken
 
 

@@ -26,6 +26,7 @@ from tarry.model.queue_args import Overflow
 from tarry.model.reports import report_message
 from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog
+from tarry.queues.ready_rows import ready_rows
 from tarry.queues.receipts import RECEIPT_SQL, hand_out, settled_by_receipt
 from tarry.queues.sequence import Sequencer
 from tarry.store.sql import SqlConnection, id_column, id_key, in_list, row_key, row_lock
@@ -38,6 +39,7 @@ from tarry.store.sqlite.rows import (
     insert_released,
     insert_rows,
     is_plain,
+    released_row,
     to_insert,
 )
 
@@ -275,6 +277,10 @@ class QueueTxn:
                 ]
         finally:
             self.conn.execute("RELEASE flush")
+        if (memory := getattr(self.conn, "released", None)) is not None:
+            for queue, written in plain.items():
+                for _, row in written:
+                    memory.keep(row[4], released_row(queue, self.now_ms, row), len(row[1]))
 
     def _write_gathered(self, rows: list[tuple[Message, int, Insert]], plain: _Plain) -> bool:
         """``flush``'s writes: ``rows`` with multi-row INSERTs (``insert_rows``; a key conflict
@@ -349,18 +355,14 @@ class QueueTxn:
         visibility timeout ended (usually none: that query finds nothing in the in-flight
         index's range)."""
         self.flush()
-        lock = row_lock(self.conn, skip_locked=True)
+        order = f"ORDER BY seq LIMIT ?{row_lock(self.conn, skip_locked=True)}"
         args = (*self._takeable_args(queue, unexpired=unexpired), limit)
-        found: list[list[Any]] = [
-            self.conn.execute(
-                f"SELECT {_ALL}, {row_key(self.conn)} FROM messages "
-                f"WHERE {_takeable_in(state, unexpired=unexpired)} "
-                f"ORDER BY seq LIMIT ?{lock}",
-                args,
-            ).fetchall()
-            for state in QUEUED_STATES
-        ]
-        ready, returned = found
+        ready = ready_rows(self.conn, _takeable_in("ready", unexpired=unexpired), args, order)
+        returned = self.conn.execute(
+            f"SELECT {_ALL}, {row_key(self.conn)} FROM messages "
+            f"WHERE {_takeable_in('delivered', unexpired=unexpired)} {order}",
+            args,
+        ).fetchall()
         if not returned:
             return ready
         return list(heapq.merge(ready, returned, key=lambda row: row[_SEQ]))[:limit]

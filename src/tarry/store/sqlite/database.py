@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from tarry.errors import StorageFault, TarryError, Unavailable
 from tarry.store.faults import storage_fault
-from tarry.store.sqlite.handed_out import HandedOut
+from tarry.store.sqlite.row_memory import RowMemory
 from tarry.store.sqlite.schema import is_keyed, migrate
 
 __all__ = ["Database"]
@@ -110,7 +110,8 @@ class Database:
         conn.execute(f"PRAGMA journal_size_limit={_WAL_KEEP_BYTES}")
         migrate(conn, queues_only=self._queues_only)
         conn.keyed = is_keyed(conn)
-        conn.handed_out = HandedOut()
+        conn.released = RowMemory()
+        conn.handed_out = RowMemory()
         self._conn = conn
         if self.path is not None:
             self._checkpointer = threading.Thread(
@@ -281,8 +282,10 @@ class Connection(sqlite3.Connection):
 
     #: Rows are found through ``key`` (a queue database of its own), not ``id``.
     keyed = False
-    #: The writing connection's memory of the rows receives handed out (``handed_out``).
-    handed_out: HandedOut | None = None
+    #: The writing connection's memory of the rows releases wrote, by ``seq``, and of those
+    #: receives handed out, by row key (``row_memory``).
+    released: RowMemory | None = None
+    handed_out: RowMemory | None = None
 
 
 def _connect(target: str) -> Connection:

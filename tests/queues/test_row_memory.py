@@ -1,7 +1,8 @@
-"""Acks of rows the SQLite queue database handed out, from its memory of them
-(``store/sqlite/handed_out.py``, ``queues/receipts.ack_handed_out``): the same rows, counts,
-unknown receipts and acked messages as reading the rows, without reading them; the memory is
-never the truth (a row no longer in flight under the receipt is not acked)."""
+"""Receives of rows the SQLite queue database released and acks of rows it handed out, from its
+memory of them (``store/sqlite/row_memory.py``, ``queues/ready_rows.py``,
+``queues/receipts.ack_handed_out``): the same rows, counts, unknown receipts and messages as
+reading the rows, without reading every column; the memory is never the truth (a row no
+longer in flight under the receipt is not acked)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from tarry.queues.sequence import Sequencer
 from tarry.queues.ttl_change import restamp_expiry
 from tarry.queues.txn import QueueTxn
 from tarry.store.sqlite.database import _connect
-from tarry.store.sqlite.handed_out import HandedOut
+from tarry.store.sqlite.row_memory import RowMemory
+from tarry.store.sqlite.rows import SELECT_SQL
 from tarry.store.sqlite.schema import is_keyed, migrate
 
 NOW = 1_700_000_000_000
@@ -32,7 +34,8 @@ def _database(path: Path, *, memory: bool) -> sqlite3.Connection:
     conn = _connect(str(path))
     migrate(conn, queues_only=True)
     conn.keyed = is_keyed(conn)
-    conn.handed_out = HandedOut() if memory else None
+    conn.released = RowMemory() if memory else None
+    conn.handed_out = RowMemory() if memory else None
     return conn
 
 
@@ -96,11 +99,11 @@ def _message(i: int) -> Message:
     return Message(
         id=IDS.new(NOW),
         destination="orders",
-        body=b"body %d" % i,
+        body=b"" if i == 4 else b"body %d" % i,
         headers={"n": str(i)} if i % 2 else {},
         sent_at_ms=NOW - 10,
         deliver_at_ms=NOW,
-        expires_at_ms=None,
+        expires_at_ms=NOW + 60_000 if i == 2 else None,
         updated_at_ms=NOW,
     )
 
@@ -163,15 +166,44 @@ def test_a_remembered_receipt_no_longer_held_acks_nothing(conn: sqlite3.Connecti
     assert states == ["acked", "ready"]
 
 
-def test_an_ack_from_memory_tells_the_queue_expiry_a_policy_gave_since(
+def test_a_released_row_in_memory_is_the_row_the_table_holds(conn: sqlite3.Connection) -> None:
+    queue = Queue(conn)
+    queue.catalog.queues["orders"].args = QueueArgs(message_ttl_ms=30_000)
+    queue.catalog.recompute()
+    queue.release(BATCH)
+    memory = conn.released
+    assert memory is not None
+    rows = conn.execute(f"{SELECT_SQL.replace(' FROM', ', rowid FROM')} ORDER BY seq").fetchall()
+    remembered = [(*memory.get(row[20]), row[-1]) for row in rows if memory.get(row[20])]
+    assert len(remembered) == 3  # the plain ones (no headers)
+    assert remembered == [row for row in rows if memory.get(row[20])]
+
+
+def test_a_receive_of_remembered_rows_reads_no_body(conn: sqlite3.Connection) -> None:
+    queue = Queue(conn)
+    queue.release([m for m in BATCH if not m.headers])
+    seen = _statements(conn)
+    assert len(queue.receive(NOW + 1, 10)) == 3
+    conn.set_trace_callback(None)
+    reads = [s.split(" FROM ")[0] for s in seen if "state = 'ready'" in s]
+    assert reads == ["SELECT seq, rowid"]
+    assert len(conn.released or ()) == 0
+
+
+def test_a_receive_and_an_ack_from_memory_tell_the_queue_expiry_a_policy_gave_since(
     conn: sqlite3.Connection,
 ) -> None:
     queue = Queue(conn)
-    receipts = queue.received(1)
+    queue.release([BATCH[0], BATCH[4]])  # both plain: remembered at their release
+    receipts = queue.receive(NOW + 1, 1)
     queue.run(NOW + 2, lambda txn: restamp_expiry(txn.conn, "orders", 60_000))
     assert queue.ack(NOW + 3, receipts) == (1, [])
     (acked,) = [e[1] for e in queue.events if e[0] == "acked"]
     assert acked.queue_expires_at_ms == NOW + 60_000
+    ((later, _),) = queue.run(
+        NOW + 4, lambda txn: txn.receive("orders", max_messages=1, visibility_ms=10)
+    )
+    assert later.queue_expires_at_ms == NOW + 60_000
 
 
 def test_the_ack_finds_its_rows_by_key_not_through_the_in_flight_index(
@@ -192,7 +224,7 @@ def test_the_memory_forgets_the_oldest_rows_first_and_those_are_still_acked(
     tmp_path: Path,
 ) -> None:
     conn = _database(tmp_path / "queues.db", memory=False)
-    conn.handed_out = HandedOut(max_rows=3, max_body_bytes=1_000)
+    conn.handed_out = RowMemory(max_rows=3, max_body_bytes=1_000)
     queue = Queue(conn)
     receipts = queue.received(5)
     assert len(conn.handed_out) == 3
@@ -202,11 +234,10 @@ def test_the_memory_forgets_the_oldest_rows_first_and_those_are_still_acked(
 
 
 def test_the_memory_is_bounded_by_body_bytes() -> None:
-    memory = HandedOut(max_rows=100, max_body_bytes=10)
+    memory = RowMemory(max_rows=100, max_body_bytes=10)
     for key in range(4):
         memory.keep(key, (f"r.{key}", (), NOW), 4)
     assert len(memory) == 2
-    assert memory.get(0, "r.0") is None and memory.get(3, "r.3") is not None
-    assert memory.get(3, "r.other") is None
+    assert memory.get(0) is None and memory.get(3) == ("r.3", (), NOW)
     memory.keep(3, ("r.again", (), NOW), 4)  # received again: replaces its entry
-    assert memory.get(3, "r.3") is None and len(memory) == 2
+    assert memory.get(3) == ("r.again", (), NOW) and len(memory) == 2
