@@ -110,7 +110,9 @@ class Database:
         conn.execute(f"PRAGMA journal_size_limit={_WAL_KEEP_BYTES}")
         migrate(conn, queues_only=self._queues_only)
         conn.keyed = is_keyed(conn)
-        conn.released = RowMemory()
+        # A queue database of its own takes released messages as new rows, worth remembering;
+        # the SQLite store's release changes rows it already holds.
+        conn.released = RowMemory() if self._queues_only else None
         conn.handed_out = RowMemory()
         self._conn = conn
         if self.path is not None:
