@@ -232,6 +232,23 @@ async def _release_rate(
         await engine.stop()
 
 
+#: How long after they are stored the first of ``start_trickle``'s messages falls due.
+TRICKLE_LEAD_MS = 3000
+
+
+async def start_trickle(engine: Engine, rate: int, seconds: float) -> int:
+    """Store ``rate`` messages a second for ``seconds`` (returns how many), falling due one
+    after another from ``TRICKLE_LEAD_MS`` on, and start the dispatcher's own loop."""
+    await engine.store.next_due_time()
+    count = int(rate * seconds)
+    await _store_all(
+        engine.store, messages(count, lambda i, now: now + TRICKLE_LEAD_MS + i * 1000 // rate)
+    )
+    tune_runtime()
+    engine._spawn(engine.dispatcher.run)
+    return count
+
+
 async def _trickle(tmp: Path, rate: int, seconds: float, tick_ms: int | None) -> dict[str, Any]:
     """Release ``rate`` msg/s for ``seconds`` through the dispatcher's own loop (``run``, with
     its sleeps), the messages falling due one after another from 3 s after they were stored;
@@ -239,15 +256,8 @@ async def _trickle(tmp: Path, rate: int, seconds: float, tick_ms: int | None) ->
     name = f"trickle-{rate}-{tick_ms}"
     engine = await _bench_engine(tmp / name, "log", listeners=True, tick_ms=tick_ms)
     try:
-        await engine.store.next_due_time()
-        count = int(rate * seconds)
-        lead_ms = 3000
-        await _store_all(
-            engine.store, messages(count, lambda i, now: now + lead_ms + i * 1000 // rate)
-        )
-        tune_runtime()
-        engine._spawn(engine.dispatcher.run)
-        await asyncio.sleep(lead_ms / 1000 - 0.5)
+        count = await start_trickle(engine, rate, seconds)
+        await asyncio.sleep(TRICKLE_LEAD_MS / 1000 - 0.5)
         threads, cpu = thread_cpu_s(os.getpid()), time.process_time()
         rounds = engine.dispatcher.stats.rounds
         while engine.dispatcher.stats.released < count:

@@ -2,6 +2,7 @@
 ack, in-process through the engine on the log store (the default); prints JSON.
 
     .venv/bin/python bench/queuelife.py [--messages 50000] [--receive 1000] [--listeners]
+    .venv/bin/python bench/queuelife.py --contended [--rate 10000] [--seconds 10]
 
 ``--messages`` messages of 100 bytes, due at once, are stored first (not measured); then the
 dispatcher releases them all (``release``), and one consumer receives up to ``--receive`` at a
@@ -26,10 +27,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from foundation import thread_cpu_s  # noqa: E402
-from logstore import _bench_engine, _store_all, messages  # noqa: E402
+from foundation import percentile, thread_cpu_s  # noqa: E402
+from logstore import _bench_engine, _store_all, messages, start_trickle  # noqa: E402
 
 from tarry.server.app import tune_runtime  # noqa: E402
+from tarry.store.sqlite.database import Database  # noqa: E402
 
 
 def _db_thread_ids() -> set[int]:
@@ -69,15 +71,91 @@ async def _life(tmp: Path, count: int, receive: int, listeners: bool) -> dict[st
         await engine.stop()
 
 
+def _timing_releases(waits: list[float], commits: list[float]) -> Any:
+    """``Database.write`` that times each release's transaction (its work is the release's)."""
+    write = Database.write
+
+    async def timed(self: Database, work: Any, **options: Any) -> Any:
+        if not getattr(work, "__qualname__", "").startswith("_release."):
+            return await write(self, work, **options)
+        submitted = time.perf_counter()
+
+        def started(conn: Any) -> Any:
+            waits.append((time.perf_counter() - submitted) * 1000)
+            return work(conn)
+
+        try:
+            return await write(self, started, **options)
+        finally:
+            commits.append((time.perf_counter() - submitted) * 1000)
+
+    return timed
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(percentile(values, 50), 2),
+        "p99": round(percentile(values, 99), 2),
+        "max": round(max(values), 2),
+    }
+
+
+async def _contended(tmp: Path, rate: int, seconds: float) -> dict[str, Any]:
+    engine = await _bench_engine(tmp / "contended", "log", listeners=True)
+    waits: list[float] = []
+    commits: list[float] = []
+    late: list[float] = []
+    early = 0
+
+    def released(events: Any) -> None:
+        late.extend(t - m.deliver_at_ms for e, m, t, _, _ in events if e == "released")
+
+    engine.add_listener(lambda event: released([event]), many=released)
+    Database.write = _timing_releases(waits, commits)  # type: ignore[method-assign]
+    try:
+        count = await start_trickle(engine, rate, seconds)
+        received = 0
+
+        async def consume() -> None:
+            nonlocal received, early
+            while received < count:
+                got = await engine.receive("bench", max_messages=50, wait_ms=1000)
+                now = time.time() * 1000
+                early += sum(1 for d in got if d.message.deliver_at_ms > now)
+                received += len(got)
+                if got:
+                    await engine.ack("bench", [d.receipt for d in got])
+
+        await asyncio.wait_for(asyncio.gather(consume(), consume()), seconds + 60)
+        return {
+            "rate_per_s": rate,
+            "seconds": seconds,
+            "received": received,
+            "early": early,
+            "release_transactions": len(commits),
+            "release_waited_for_the_thread_ms": _spread(waits),
+            "release_waited_for_its_commit_ms": _spread(commits),
+            "release_lateness_ms": _spread(late),
+        }
+    finally:
+        await engine.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--receive", type=int, default=1000)
     parser.add_argument("--listeners", action="store_true")
+    parser.add_argument("--contended", action="store_true")
+    parser.add_argument("--rate", type=int, default=10_000)
+    parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tarry-queuelife-") as tmp:
-        result = asyncio.run(_life(Path(tmp), args.messages, args.receive, args.listeners))
-    result["listeners"] = args.listeners
+        if args.contended:
+            result = asyncio.run(_contended(Path(tmp), args.rate, args.seconds))
+        else:
+            result = asyncio.run(_life(Path(tmp), args.messages, args.receive, args.listeners))
+            result["listeners"] = args.listeners
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, indent=2))
 

@@ -6,7 +6,7 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -50,6 +50,63 @@ async def test_writes_arriving_during_a_commit_are_committed_without_the_event_l
     # Then the thread went on to the second write by itself, and both callers get theirs
     assert second_ran_at and second_ran_at[0] < blocked_until
     assert await one == 1 and await two == 2
+
+
+async def test_a_first_write_goes_ahead_of_the_writes_waiting_and_of_the_rest_of_a_batch(
+    db: Database,
+) -> None:
+    # Given writes queued behind one that holds the database thread, so that they run as one
+    # transaction, the first of them holding the thread in turn
+    ran: list[str] = []
+    holding = {name: threading.Event() for name in ("x", "n1")}
+    inside = {name: threading.Event() for name in ("x", "n1")}
+
+    def write(name: str) -> Callable[[sqlite3.Connection], str]:
+        def work(conn: sqlite3.Connection) -> str:
+            ran.append(name)
+            if name in holding:
+                inside[name].set()
+                assert holding[name].wait(5)
+            conn.execute("CREATE TABLE IF NOT EXISTS t (name TEXT)")
+            conn.execute("INSERT INTO t VALUES (?)", (name,))
+            return name
+
+        return work
+
+    x = asyncio.ensure_future(db.write(write("x")))
+    assert await asyncio.to_thread(inside["x"].wait, 5)
+    normal = [asyncio.ensure_future(db.write(write(n))) for n in ("n1", "n2", "n3")]
+    await asyncio.sleep(0)
+    holding["x"].set()
+    assert await asyncio.to_thread(inside["n1"].wait, 5)
+    # When a release comes while that transaction runs its first write
+    release = asyncio.ensure_future(db.write(write("release"), first=True))
+    await asyncio.sleep(0)
+    holding["n1"].set()
+    # Then the transaction ends after that write, the release runs next, then the rest
+    assert await release == "release"
+    assert [await w for w in (x, *normal)] == ["x", "n1", "n2", "n3"]
+    assert ran == ["x", "n1", "release", "n2", "n3"]
+    rows = await db.read(lambda conn: conn.execute("SELECT name FROM t ORDER BY rowid").fetchall())
+    assert [r[0] for r in rows] == ran
+
+
+async def test_a_first_write_that_fails_fails_alone(db: Database) -> None:
+    await db.write(lambda conn: conn.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)"))
+
+    def bad(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute("INSERT INTO t VALUES (1)")
+
+    results = await asyncio.gather(
+        db.write(lambda conn: conn.execute("INSERT INTO t VALUES (2)")),
+        db.write(bad, first=True),
+        db.write(lambda conn: conn.execute("INSERT INTO t VALUES (3)"), first=True),
+        return_exceptions=True,
+    )
+    assert isinstance(results[1], Unavailable)
+    rows = await db.read(lambda conn: conn.execute("SELECT x FROM t ORDER BY x").fetchall())
+    assert rows == [(2,), (3,)]
 
 
 async def test_a_failing_write_fails_alone_and_the_others_of_its_batch_commit(

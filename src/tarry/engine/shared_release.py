@@ -64,7 +64,7 @@ async def release(
         return txn, refused
 
     try:
-        txn, refused = await ctx.qdb.write(work)
+        txn, refused = await ctx.qdb.write(work, first=True)
     finally:
         ctx.store.release_claims([m.id for m in batch])
     ctx.after(txn)

@@ -14,10 +14,20 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tarry.model.message import Message
+from tarry.model.state import MessageState
 from tarry.store.sql import SqlConnection, in_list, row_key, row_lock
+from tarry.store.sqlite.row_memory import RowMemory
 from tarry.store.sqlite.rows import COLUMNS, from_row
 
-__all__ = ["RECEIPT_SQL", "held_by_receipt", "receipt_of"]
+__all__ = [
+    "RECEIPT_SQL",
+    "ack_handed_out",
+    "as_delivered",
+    "hand_out",
+    "held_by_receipt",
+    "receipt_of",
+    "settled_by_receipt",
+]
 
 #: The SQL of a row's receipt, ``?`` being the receive's id and ``{key}`` ``row_key``; the same
 #: text as ``receipt_of``.
@@ -25,6 +35,8 @@ RECEIPT_SQL = "CAST(? AS TEXT) || '.' || {key}"
 
 _ALL = ", ".join(COLUMNS)
 _QUEUE = COLUMNS.index("queue")
+_BODY = COLUMNS.index("body")
+_SEQ = COLUMNS.index("seq")
 _STATE = COLUMNS.index("state")
 _RECEIPT = COLUMNS.index("receipt")
 #: The largest ``rowid`` SQLite gives a row.
@@ -48,14 +60,11 @@ def held_by_receipt(
     named: dict[str, Any] = {}
     older: list[str] = []
     for receipt in dict.fromkeys(receipts):
-        _, dot, suffix = receipt.rpartition(".")
-        if dot and (suffix.isdecimal() if integer else suffix):
-            row: Any = int(suffix) if integer else suffix
-            # A number past SQLite's 64-bit rowids names no row (and cannot be bound).
-            if not integer or row <= _LAST_ROWID:
-                named[receipt] = row
-                continue
-        older.append(receipt)
+        row = key_named(receipt, integer=integer)
+        if row is None:
+            older.append(receipt)
+        else:
+            named[receipt] = row
     by_key = {row[-1]: row for row in _rows(conn, key, set(named.values()))}
     # Through the receipt index alone, so that only it can answer (a planner without
     # statistics would otherwise walk the whole queue).
@@ -69,6 +78,127 @@ def held_by_receipt(
         if _holds(row, receipt, queue):
             found[receipt] = (row[-1], from_row(row[:-1]))
     return found
+
+
+def key_named(receipt: str, *, integer: bool) -> Any:
+    """The row key ``receipt`` names (an int when ``integer``, as SQLite's ``rowid``), or None
+    for a receipt not of the form ``receipt_of`` makes."""
+    _, dot, suffix = receipt.rpartition(".")
+    if dot and (suffix.isdecimal() if integer else suffix):
+        row: Any = int(suffix) if integer else suffix
+        # A number past SQLite's 64-bit rowids names no row (and cannot be bound).
+        if not integer or row <= _LAST_ROWID:
+            return row
+    return None
+
+
+def as_delivered(row: Sequence[Any], now_ms: int) -> Message:
+    """The message of ``row`` (``SELECT_SQL``'s columns, as a receive read it) as that receive's
+    UPDATE leaves it (``QueueTxn.receive``)."""
+    message = from_row(row)
+    message.redelivered = message.redelivered or message.delivery_count > 0
+    message.delivery_count += 1
+    message.state = MessageState.DELIVERED
+    message.updated_at_ms = now_ms
+    return message
+
+
+def ack_handed_out(
+    conn: SqlConnection, queue: str, receipts: Sequence[str], *, now_ms: int
+) -> tuple[dict[str, Message], list[str]]:
+    """Ack the messages of ``queue`` in flight under ``receipts`` that the connection's memory
+    of handed-out rows holds (``store.sqlite.row_memory``), without reading their rows: an
+    UPDATE that checks each is still in flight under its receipt. Returns the messages acked,
+    by receipt, and the receipts left for ``held_by_receipt``: those not remembered (and a
+    receipt given twice, the second time, where it finds its row acked already); all of them
+    when some remembered row is no longer in flight under its receipt (rare: its UPDATE is
+    undone, and ``held_by_receipt`` tells which)."""
+    memory: RowMemory | None = getattr(conn, "handed_out", None)
+    if memory is None or not receipts:
+        return {}, list(receipts)
+    kept: dict[int, tuple[str, Sequence[Any], int]] = {}
+    rest: list[str] = []
+    for receipt in receipts:
+        key = key_named(receipt, integer=True)
+        entry = None if key is None or key in kept else memory.get(key)
+        if entry is None or entry[0] != receipt:
+            rest.append(receipt)
+        else:
+            kept[key] = entry
+    if not kept:
+        return {}, rest
+    for key in kept:
+        memory.forget(key)
+    keys = list(kept)
+    conn.execute("SAVEPOINT remembered")
+    changed = 0
+    for start in range(0, len(keys), _CHUNK):
+        chunk = keys[start : start + _CHUNK]
+        where, args = in_list(conn, "rowid", chunk)
+        held, receipt_args = in_list(conn, "receipt", [kept[k][0] for k in chunk])
+        # Found by rowid alone: ``+`` keeps the other columns' indexes out of the plan (the
+        # in-flight index would walk every message in flight in the queue).
+        changed += conn.execute(
+            "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
+            f"updated_at_ms = ? WHERE {where} AND +{held} AND +queue = ? "
+            "AND +state = 'delivered'",
+            [now_ms, *args, *receipt_args, queue],
+        ).rowcount
+    if changed != len(keys):
+        conn.execute("ROLLBACK TO remembered")
+        conn.execute("RELEASE remembered")
+        return {}, list(receipts)
+    conn.execute("RELEASE remembered")
+    done: dict[str, Message] = {}
+    for receipt, row, received_at_ms in kept.values():
+        message = as_delivered(row, received_at_ms)
+        message.state = MessageState.ACKED
+        done[receipt] = message
+    return done, rest
+
+
+def hand_out(
+    conn: SqlConnection, rows: Sequence[Any], receive_id: str, now_ms: int
+) -> list[tuple[Message, str]]:
+    """The messages of ``rows`` (``SELECT_SQL``'s columns, then the row key) as the receive of
+    ``receive_id`` hands them out, each with its receipt; remembered for their ack where the
+    connection keeps such a memory."""
+    memory: RowMemory | None = getattr(conn, "handed_out", None)
+    released: RowMemory | None = getattr(conn, "released", None)
+    taken = []
+    for row in rows:
+        columns, key = row[:-1], row[-1]
+        receipt = receipt_of(receive_id, key)
+        taken.append((as_delivered(columns, now_ms), receipt))
+        if memory is not None:
+            memory.keep(key, (receipt, columns, now_ms), len(columns[_BODY] or b""))
+        if released is not None:  # ready no more: the release's row is over
+            released.forget(columns[_SEQ])
+    return taken
+
+
+def settled_by_receipt(
+    conn: SqlConnection, queue: str, receipts: Sequence[str], *, ack: bool, now_ms: int
+) -> tuple[list[Message], dict[Any, Message], list[str]]:
+    """The messages of ``queue`` in flight under ``receipts``, in the receipts' order; of
+    those, the ones still to write, by row key (an ack writes the others itself, see
+    ``ack_handed_out``); and the receipts that name no message in flight."""
+    acked, rest = ack_handed_out(conn, queue, receipts, now_ms=now_ms) if ack else ({}, receipts)
+    held = held_by_receipt(conn, queue, rest) if rest else {}
+    unknown: list[str] = []
+    settled: dict[Any, Message] = {}
+    in_order: list[Message] = []
+    for receipt in receipts:
+        message = acked.pop(receipt, None)
+        if message is None:
+            found = held.get(receipt)
+            # The same receipt twice: the second finds nothing.
+            if found is None or found[0] in settled:
+                unknown.append(receipt)
+                continue
+            settled[found[0]] = message = found[1]
+        in_order.append(message)
+    return in_order, settled, unknown
 
 
 def _holds(row: Any, receipt: str, queue: str) -> bool:

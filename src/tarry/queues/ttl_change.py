@@ -12,6 +12,11 @@ __all__ = ["restamp_expiry"]
 def restamp_expiry(conn: SqlConnection, queue: str, ttl_ms: int | None) -> None:
     """The queue's message TTL in force became ``ttl_ms``: each message waiting in ``queue``
     keeps the earlier of its own expiry and the new TTL from when it entered the queue."""
+    # Queued messages change here: what releases wrote and receives handed out no longer
+    # says their expiry.
+    for memory in (getattr(conn, "released", None), getattr(conn, "handed_out", None)):
+        if memory is not None:
+            memory.clear()
     for state in QUEUED_STATES:
         conn.execute(
             # Portable SQL (SQLite and PostgreSQL): CASE, not min(a, b) or least().

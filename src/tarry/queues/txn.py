@@ -26,7 +26,8 @@ from tarry.model.queue_args import Overflow
 from tarry.model.reports import report_message
 from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog
-from tarry.queues.receipts import RECEIPT_SQL, held_by_receipt, receipt_of
+from tarry.queues.ready_rows import ready_rows
+from tarry.queues.receipts import RECEIPT_SQL, hand_out, settled_by_receipt
 from tarry.queues.sequence import Sequencer
 from tarry.store.sql import SqlConnection, id_column, id_key, in_list, row_key, row_lock
 from tarry.store.sqlite.rows import (
@@ -38,6 +39,7 @@ from tarry.store.sqlite.rows import (
     insert_released,
     insert_rows,
     is_plain,
+    released_row,
     to_insert,
 )
 
@@ -275,6 +277,10 @@ class QueueTxn:
                 ]
         finally:
             self.conn.execute("RELEASE flush")
+        if (memory := getattr(self.conn, "released", None)) is not None:
+            for queue, written in plain.items():
+                for _, row in written:
+                    memory.keep(row[4], released_row(queue, self.now_ms, row), len(row[1]))
 
     def _write_gathered(self, rows: list[tuple[Message, int, Insert]], plain: _Plain) -> bool:
         """``flush``'s writes: ``rows`` with multi-row INSERTs (``insert_rows``; a key conflict
@@ -349,18 +355,14 @@ class QueueTxn:
         visibility timeout ended (usually none: that query finds nothing in the in-flight
         index's range)."""
         self.flush()
-        lock = row_lock(self.conn, skip_locked=True)
+        order = f"ORDER BY seq LIMIT ?{row_lock(self.conn, skip_locked=True)}"
         args = (*self._takeable_args(queue, unexpired=unexpired), limit)
-        found: list[list[Any]] = [
-            self.conn.execute(
-                f"SELECT {_ALL}, {row_key(self.conn)} FROM messages "
-                f"WHERE {_takeable_in(state, unexpired=unexpired)} "
-                f"ORDER BY seq LIMIT ?{lock}",
-                args,
-            ).fetchall()
-            for state in QUEUED_STATES
-        ]
-        ready, returned = found
+        ready = ready_rows(self.conn, _takeable_in("ready", unexpired=unexpired), args, order)
+        returned = self.conn.execute(
+            f"SELECT {_ALL}, {row_key(self.conn)} FROM messages "
+            f"WHERE {_takeable_in('delivered', unexpired=unexpired)} {order}",
+            args,
+        ).fetchall()
         if not returned:
             return ready
         return list(heapq.merge(ready, returned, key=lambda row: row[_SEQ]))[:limit]
@@ -504,15 +506,7 @@ class QueueTxn:
             f"updated_at_ms = ? WHERE {where}",
             [prefix, now + visibility_ms, now, *keys],
         )
-        taken = []
-        for row in rows:
-            # As the UPDATE set them, from the row as it was.
-            message = from_row(row[:-1])
-            message.redelivered = message.redelivered or message.delivery_count > 0
-            message.delivery_count += 1
-            message.state = MessageState.DELIVERED
-            message.updated_at_ms = now
-            taken.append((message, receipt_of(prefix, row[-1])))
+        taken = hand_out(self.conn, rows, prefix, now)
         self.events += [("received", message, now, queue, None) for message, _ in taken]
         return taken
 
@@ -523,16 +517,9 @@ class QueueTxn:
         Acks are written together: one UPDATE per chunk of rows, found by their row key."""
         self.flush()
         now = self.now_ms
-        held = held_by_receipt(self.conn, queue, receipts)
-        unknown: list[str] = []
-        settled: dict[Any, Message] = {}
-        for receipt in receipts:
-            found = held.get(receipt)
-            # The same receipt twice: the second finds nothing.
-            if found is None or found[0] in settled:
-                unknown.append(receipt)
-            else:
-                settled[found[0]] = found[1]
+        in_order, settled, unknown = settled_by_receipt(
+            self.conn, queue, receipts, ack=ack, now_ms=now
+        )
         key = row_key(self.conn)
         if ack:
             keys = list(settled)
@@ -543,10 +530,10 @@ class QueueTxn:
                     f"updated_at_ms = ? WHERE {where}",
                     [now, *chunk],
                 )
-            for message in settled.values():
+            for message in in_order:
                 message.state = MessageState.ACKED
-            self.events += [("acked", m, now, queue, None) for m in settled.values()]
-            return len(settled), unknown
+            self.events += [("acked", m, now, queue, None) for m in in_order]
+            return len(in_order), unknown
         for row, message in settled.items():
             if requeue:
                 # Back to its old place; it keeps its original expiry.

@@ -249,8 +249,11 @@ class QueueDatabase(Protocol):
     async def close(self) -> None: ...
 
     async def write(
-        self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False
-    ) -> T: ...
+        self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False, first: bool = False
+    ) -> T:
+        """``first``: a release, which goes ahead of the writes waiting where the database
+        runs its writes one after another (SQLite)."""
+        ...
 
     async def read(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
 

@@ -102,9 +102,12 @@ class PostgresStore:
         await self.db.close()
 
     # --- the engine's shared transactions (same face as SQLiteStore.write/read) ---------------
-    async def write(self, work: Callable[[PgConnection], T], *, durable: bool = False) -> T:
+    async def write(
+        self, work: Callable[[PgConnection], T], *, durable: bool = False, first: bool = False
+    ) -> T:
         """Run ``work`` in one transaction. Every commit is durable (PostgreSQL's own
-        ``synchronous_commit`` decides); ``durable`` is accepted for the common face."""
+        ``synchronous_commit`` decides); ``durable`` is accepted for the common face, and so is
+        ``first`` (transactions run side by side on the pool's connections)."""
         return await self.db.run(work)
 
     async def read(self, work: Callable[[PgConnection], T]) -> T:

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from tarry.errors import StorageFault, TarryError, Unavailable
 from tarry.store.faults import storage_fault
+from tarry.store.sqlite.row_memory import RowMemory
 from tarry.store.sqlite.schema import is_keyed, migrate
 
 __all__ = ["Database"]
@@ -32,6 +33,8 @@ __all__ = ["Database"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], Any]
+#: A write waiting for the database thread: its work, its caller's future, whether durable.
+Job = tuple[Work, "asyncio.Future[Any]", bool]
 #: Batches the database thread commits before it lets other executor work in (``_flush``).
 _BATCHES_IN_A_ROW = 16
 #: The size a checkpointed WAL is cut back to (about what ``wal_autocheckpoint``'s default of
@@ -61,7 +64,9 @@ class Database:
         self._read_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-db-read")
         self._reader: sqlite3.Connection | None = None
         self._conn: sqlite3.Connection | None = None
-        self._pending: list[tuple[Work, asyncio.Future[Any], bool]] = []
+        self._pending: list[Job] = []
+        #: Writes that go ahead of ``_pending`` (``write(first=True)``: releases).
+        self._first: list[Job] = []
         self._checkpointer: threading.Thread | None = None
         self._closing = threading.Event()
         self._flushing = False
@@ -105,6 +110,10 @@ class Database:
         conn.execute(f"PRAGMA journal_size_limit={_WAL_KEEP_BYTES}")
         migrate(conn, queues_only=self._queues_only)
         conn.keyed = is_keyed(conn)
+        # A queue database of its own takes released messages as new rows, worth remembering;
+        # the SQLite store's release changes rows it already holds.
+        conn.released = RowMemory() if self._queues_only else None
+        conn.handed_out = RowMemory()
         self._conn = conn
         if self.path is not None:
             self._checkpointer = threading.Thread(
@@ -125,7 +134,7 @@ class Database:
             conn.close()
 
     async def close(self) -> None:
-        while self._pending or self._flushing:
+        while self._pending or self._first or self._flushing:
             await asyncio.sleep(0.005)
         self._closing.set()
         if self._checkpointer is not None:
@@ -151,14 +160,21 @@ class Database:
         except sqlite3.Error as exc:
             raise _unavailable(exc) from exc
 
-    async def write(self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False) -> T:
+    async def write(
+        self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False, first: bool = False
+    ) -> T:
         """Run ``work`` inside a transaction shared with other concurrent writes; return once
-        the transaction is committed, and fsynced when ``durable`` (see the module docstring)."""
+        the transaction is committed, and fsynced when ``durable`` (see the module docstring).
+
+        ``first`` (a release: messages already due) goes ahead of the other writes waiting:
+        into a transaction of its own, the next one, and a transaction of other writes under
+        way ends after the write it is running, commits, and leaves the rest for after it. A
+        release then waits for at most one consumer's receive or ack, not for all those queued."""
         self._require()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         with self._lock:
-            self._pending.append((work, future, durable))
+            (self._first if first else self._pending).append((work, future, durable))
             start = not self._flushing
             self._flushing = True
         if start:
@@ -174,17 +190,25 @@ class Database:
         in-memory database's reads) is not starved."""
         for _ in range(_BATCHES_IN_A_ROW):
             with self._lock:
-                batch, self._pending = self._pending, []
+                first = bool(self._first)
+                if first:
+                    batch, self._first = self._first, []
+                else:
+                    batch, self._pending = self._pending, []
                 if not batch:
                     self._flushing = False
                     return
             try:
                 if self._refused:
                     self._give_back_wal()
-                results = self._run_batch(batch)
+                results = self._run_batch(batch, yields=not first)
             except BaseException as exc:  # the commit itself failed: nothing was stored
                 error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
                 results = [(False, error)] * len(batch)
+            if len(results) < len(batch):  # it made way for a ``first`` write: the rest waits
+                with self._lock:
+                    self._pending[:0] = batch[len(results) :]
+                batch = batch[: len(results)]
             self._refused = any(isinstance(value, StorageFault) for _, value in results)
             loop.call_soon_threadsafe(_settle, batch, results)
         self._executor.submit(self._flush, loop)
@@ -199,9 +223,10 @@ class Database:
         except sqlite3.Error as exc:
             log.debug("WAL checkpoint after a refused write failed: %s", exc)
 
-    def _run_batch(
-        self, batch: list[tuple[Work, asyncio.Future[Any], bool]]
-    ) -> list[tuple[bool, Any]]:
+    def _run_batch(self, batch: list[Job], *, yields: bool = False) -> list[tuple[bool, Any]]:
+        """Run ``batch`` in one transaction, each write in a savepoint; one result per write
+        run. With ``yields`` it stops early, after at least one write, once a ``first`` write
+        waits (the writes not run get no result)."""
         conn = self._require()
         results: list[tuple[bool, Any]] = []
         durable = any(d for _, _, d in batch)
@@ -226,6 +251,8 @@ class Database:
                     error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
                     results.append((False, error))
                 conn.execute("RELEASE w")
+                if yields and self._first:
+                    break
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -240,9 +267,7 @@ class Database:
         return self._conn
 
 
-def _settle(
-    batch: list[tuple[Work, asyncio.Future[Any], bool]], results: list[tuple[bool, Any]]
-) -> None:
+def _settle(batch: list[Job], results: list[tuple[bool, Any]]) -> None:
     """On the event loop: each write's result (or error) to its caller."""
     for (_, future, _), (ok, value) in zip(batch, results, strict=True):
         if future.done():  # its caller went away (cancelled)
@@ -259,6 +284,10 @@ class Connection(sqlite3.Connection):
 
     #: Rows are found through ``key`` (a queue database of its own), not ``id``.
     keyed = False
+    #: The writing connection's memory of the rows releases wrote, by ``seq``, and of those
+    #: receives handed out, by row key (``row_memory``).
+    released: RowMemory | None = None
+    handed_out: RowMemory | None = None
 
 
 def _connect(target: str) -> Connection:

@@ -22,6 +22,7 @@ __all__ = [
     "insert_rows",
     "is_plain",
     "kept_by_dedupe_key",
+    "released_row",
     "to_insert",
 ]
 
@@ -268,6 +269,17 @@ def insert_released(
             ).rowcount
             start += count
     return written
+
+
+def released_row(queue: str, now_ms: int, released: Released) -> tuple[Any, ...]:
+    """The row ``insert_released`` writes for ``released``, as ``SELECT_SQL`` reads it back
+    (without the row key): the columns it binds, and the defaults of the others."""
+    id_, body, sent, due, seq, expires, queue_expires = released
+    return (
+        *(id_, queue, None, _READY, bytes(body), "{}", sent, due, expires),
+        *(None, None, None, None, "", _DEAD_LETTER, 1, 0, None, None),
+        *(queue, seq, now_ms, queue_expires, now_ms, None, 0, 0, now_ms),
+    )
 
 
 def dedupe_key(message: Message) -> str | None:

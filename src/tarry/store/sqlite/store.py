@@ -18,7 +18,7 @@ import orjson
 from tarry.errors import InvalidArgument, NotCancellable, NotFound
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
-from tarry.model.state import TERMINAL, MessageState, transition
+from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.sql import SqlConnection, row_lock
 from tarry.store.sqlite.database import Database
@@ -30,6 +30,7 @@ from tarry.store.sqlite.rows import (
     kept_by_dedupe_key,
     to_insert,
 )
+from tarry.store.sqlite.schema import FINISHED
 
 __all__ = [
     "SQLiteStore",
@@ -42,7 +43,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_TERMINAL_SQL = "(" + ",".join(f"'{s.value}'" for s in TERMINAL) + ")"
 
 
 class SQLiteStore:
@@ -72,8 +72,10 @@ class SQLiteStore:
         await self.db.close()
 
     # The local queues share this database (``tarry.queues.local``); they run their work here.
-    async def write(self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False) -> T:
-        return await self.db.write(work, durable=durable)
+    async def write(
+        self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False, first: bool = False
+    ) -> T:
+        return await self.db.write(work, durable=durable, first=first)
 
     async def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return await self.db.read(work)
@@ -216,8 +218,8 @@ class SQLiteStore:
 
         def work(conn: sqlite3.Connection) -> int:
             return conn.execute(
-                f"DELETE FROM messages WHERE rowid IN (SELECT rowid FROM messages WHERE state IN "
-                f"{_TERMINAL_SQL} AND updated_at_ms < ? LIMIT ?)",
+                "DELETE FROM messages WHERE rowid IN (SELECT rowid FROM messages WHERE "
+                f"{FINISHED} AND updated_at_ms < ? LIMIT ?)",
                 (before_ms, limit),
             ).rowcount
 
