@@ -284,7 +284,9 @@ def test_postgres_restarting_mid_run_loses_nothing_and_nodes_recover_unaided(
                 if response.status_code == 201:
                     trickle[response.json()["id"]] = response.json()["deliver_at"]
                 else:
-                    assert response.json()["error"]["code"] == "unavailable"
+                    # Refused while PostgreSQL is away: the store's own refusal, or the
+                    # release lag's once due messages wait behind the outage (both retryable).
+                    assert response.json()["error"]["code"] in ("unavailable", "overloaded")
                     refused += 1
             except httpx.HTTPError:
                 pass
