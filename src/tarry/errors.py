@@ -8,6 +8,7 @@ Hierarchy::
     ├── OptionsError           options_error         400
     ├── Unauthenticated        unauthenticated       401
     ├── NotAuthorized          not_authorized        403
+    │   └── ForbiddenAddress   forbidden_address     403 (a route's address; ``[egress]``)
     ├── NotFound               not_found             404
     ├── UnknownDestination     unknown_destination   404
     ├── PutDisabled            put_disabled          409
@@ -35,6 +36,7 @@ __all__ = [
     "DeliveryFailed",
     "DestinationFull",
     "ExpiryError",
+    "ForbiddenAddress",
     "InUse",
     "InvalidArgument",
     "MessageTooLarge",
@@ -120,6 +122,16 @@ class NotAuthorized(TarryError):
     """Raised when the token lacks the permission for this destination and action."""
 
     code = "not_authorized"
+    http_status = 403
+
+
+class ForbiddenAddress(NotAuthorized):
+    """Raised when a route put through the API points at an address this server does not
+    deliver to (loopback, link-local and cloud metadata, private, multicast, ...), unless
+    ``[egress] allow`` lists it; a subclass of ``NotAuthorized``, so code that catches that
+    still catches it."""
+
+    code = "forbidden_address"
     http_status = 403
 
 

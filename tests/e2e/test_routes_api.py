@@ -225,6 +225,8 @@ def test_route_names_are_names_in_the_token_scopes(make_server, receiver) -> Non
         '[[auth.tokens]]\ntoken = "alice-secret"\nname = "alice"\n'
         'send = ["a.*"]\nadmin = ["a.*"]\n'
         '[[auth.tokens]]\ntoken = "bob-secret"\nname = "bob"\nsend = ["b.*"]\nadmin = ["b.*"]\n'
+        # the receiver is on loopback, which a token server refuses to routes unless allowed
+        '[egress]\nallow = ["127.0.0.1"]\n'
     )
     with Client(server.url, "alice-secret") as alice, Client(server.url, "bob-secret") as bob:
         alice.put_route("a.hook", transport="http", url=receiver.url)

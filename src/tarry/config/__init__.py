@@ -14,12 +14,14 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from tarry.config._base import Section, problems, redact_url
-from tarry.config.routes import RabbitMQConfig, RouteConfig
+from tarry.config.routes import EgressConfig, RabbitMQConfig, RouteConfig
 from tarry.errors import InvalidArgument
+from tarry.model.egress import EgressPolicy
 
 __all__ = [
     "AuthConfig",
     "DispatchConfig",
+    "EgressConfig",
     "JournalConfig",
     "RabbitMQConfig",
     "RouteConfig",
@@ -279,6 +281,7 @@ class TarryConfig(BaseSettings):
     journal: JournalConfig = JournalConfig()
     schedules: ScheduleConfig = ScheduleConfig()
     rabbitmq: RabbitMQConfig = RabbitMQConfig()
+    egress: EgressConfig = EgressConfig()
     routes: dict[str, RouteConfig] = {}
     queues: dict[str, dict[str, Any]] = {}
     """Queues declared at start: ``[queues.orders] message_ttl_ms = 60000``."""
@@ -320,6 +323,11 @@ class TarryConfig(BaseSettings):
                 "(or --dsn)"
             )
         return self
+
+    @property
+    def egress_policy(self) -> EgressPolicy:
+        """Where routes put through the API may deliver (``[egress]``, tokens or not)."""
+        return self.egress.policy(authenticated=bool(self.auth.tokens))
 
     @property
     def db_path(self) -> Path:

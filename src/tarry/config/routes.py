@@ -1,5 +1,6 @@
 """Configuration of what lies outside tarry: routes (``[routes.NAME]`` and ``PUT
-/v1/routes/{name}``) and the AMQP ingress (``[rabbitmq]``)."""
+/v1/routes/{name}``), where the API's routes may deliver (``[egress]``) and the AMQP ingress
+(``[rabbitmq]``)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from pydantic import (
 
 from tarry.config._base import Section, problems, redact_url
 from tarry.errors import InvalidArgument
+from tarry.model.egress import EgressPolicy, parse_allow_entry
 from tarry.model.route_policy import POLICY_FIELDS, RoutePolicy
 
-__all__ = ["RabbitMQConfig", "RouteConfig"]
+__all__ = ["EgressConfig", "RabbitMQConfig", "RouteConfig"]
 
 _POLICY_KEYS = set(POLICY_FIELDS)
 
@@ -178,6 +180,37 @@ class RouteConfig(Section):
         data["headers"] = {k: "***" for k in self.headers}
         data["secrets"] = [secret_fingerprint(s) for s in self.secrets]
         return data
+
+
+class EgressConfig(Section):
+    """Where routes put through the API (``PUT /v1/routes/{name}``) may deliver (README, "Route
+    destinations and server-side requests"). Routes of ``tarry.toml`` are the operator's own and
+    are not checked."""
+
+    internal: Literal["auto", "refuse", "allow"] = "auto"
+    """``refuse``: such a route may not reach loopback, link-local (cloud metadata), private,
+    multicast or other addresses that are not globally routable, unless ``allow`` lists them;
+    checked when the route is put and at each connection, after DNS resolution. ``allow``: no
+    check. ``auto``: ``refuse`` when ``[auth]`` has tokens, ``allow`` when it has none (such a
+    server listens on loopback only: a developer's own machine)."""
+    allow: list[str] = []
+    """Exceptions: host names (exact), addresses and CIDR blocks, e.g. ``["hooks.internal",
+    "10.1.2.0/24", "127.0.0.1"]``."""
+
+    @field_validator("allow")
+    @classmethod
+    def _entries(cls, allow: list[str]) -> list[str]:
+        try:
+            for entry in allow:
+                parse_allow_entry(entry)
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from None
+        return allow
+
+    def policy(self, *, authenticated: bool) -> EgressPolicy:
+        """The guard in force, given whether the server has tokens."""
+        allow_all = self.internal == "allow" or (self.internal == "auto" and not authenticated)
+        return EgressPolicy.from_entries(self.allow, allow_all=allow_all)
 
 
 class RabbitMQConfig(Section):

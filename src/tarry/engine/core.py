@@ -8,6 +8,7 @@ import asyncio
 import logging
 import sqlite3
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from functools import partial
 from typing import IO, Any, cast
 
 from tarry.config import TarryConfig
@@ -104,7 +105,7 @@ class Engine:
                 qdb=self.qdb,
                 catalog=lambda: self.catalog,
                 now_ms=self.clock.now_ms,
-                build=lambda name, route: build_transport(name, route, clock=self.clock),
+                build=partial(build_transport, clock=self.clock, egress=config.egress_policy),
                 count_waiting=self.store.count_scheduled,
                 find=self.list_messages,
                 give_up=self.path.give_up,

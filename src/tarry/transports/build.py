@@ -7,6 +7,7 @@ from typing import Any
 
 from tarry.config import RouteConfig
 from tarry.errors import InvalidArgument
+from tarry.model.egress import ALLOW_ALL, EgressPolicy
 from tarry.model.time import Clock
 from tarry.transports.base import Transport
 
@@ -25,13 +26,17 @@ def rabbitmq_module() -> Any:
     return rabbitmq_topology
 
 
-def build_transport(name: str, route: RouteConfig, *, clock: Clock | None = None) -> Transport:
+def build_transport(
+    name: str, route: RouteConfig, *, clock: Clock | None = None, egress: EgressPolicy = ALLOW_ALL
+) -> Transport:
     """A new transport for route ``name`` (it connects on first use). Raises
-    ``invalid_argument`` when this build cannot speak the route's transport."""
+    ``invalid_argument`` when this build cannot speak the route's transport, and
+    ``forbidden_address`` when ``egress`` refuses an HTTP route's address (the default: the
+    operator's own routes, unchecked)."""
     if route.transport == "http":
         from tarry.transports.http import HttpTransport
 
-        return HttpTransport(route, clock=clock)
+        return HttpTransport(route, clock=clock, egress=egress)
     if route.transport == "rabbitmq":
         transport: Transport = rabbitmq_module().rabbitmq_transport(name, route, clock=clock)
         return transport

@@ -3,6 +3,8 @@
 2xx means accepted. 408, 429, 5xx, connection errors and timeouts are transient (retried);
 other 4xx are permanent (the error queue at once). httpx's exceptions are translated in one
 place, ``_delivery_failed``. A route with ``secrets`` signs each attempt (``signing.py``).
+A route put through the API is checked against ``[egress]`` when built and at each connection
+(``egress.py``); a refused address fails the delivery for good (``forbidden_address``).
 A 429 or 503 carries the receiver's ``Retry-After`` (as given:
 seconds or an HTTP-date) in ``details["retry_after"]``; the dispatcher starts nothing for the
 route before it.
@@ -13,9 +15,11 @@ from __future__ import annotations
 import httpx
 
 from tarry.config import RouteConfig, redact_url
-from tarry.errors import DeliveryFailed
+from tarry.errors import DeliveryFailed, ForbiddenAddress
+from tarry.model.egress import ALLOW_ALL, EgressPolicy
 from tarry.model.message import Message
 from tarry.model.time import Clock, SystemClock
+from tarry.transports.egress import GuardedTransport
 from tarry.transports.signing import Signer
 
 __all__ = ["HttpTransport"]
@@ -32,7 +36,9 @@ class HttpTransport:
         *,
         client: httpx.AsyncClient | None = None,
         clock: Clock | None = None,
+        egress: EgressPolicy = ALLOW_ALL,
     ) -> None:
+        egress.check_url(route.url)
         self.route = route
         self._clock = clock or SystemClock()
         self._signer = Signer(route.secrets) if route.secrets else None
@@ -44,7 +50,10 @@ class HttpTransport:
         # and no request waits for a connection inside httpx (where a burst timed out).
         cap = route.policy.concurrency
         limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
-        self._client = client or httpx.AsyncClient(timeout=route.timeout_ms / 1000, limits=limits)
+        guarded = None if egress.allow_all else GuardedTransport(egress, limits=limits)
+        self._client = client or httpx.AsyncClient(
+            timeout=route.timeout_ms / 1000, limits=limits, transport=guarded
+        )
 
     def headers_for(self, message: Message) -> dict[str, str]:
         headers = dict(message.headers)
@@ -70,6 +79,8 @@ class HttpTransport:
             )
         except httpx.HTTPError as exc:
             raise _delivery_failed(self._shown_url, exc) from exc
+        except ForbiddenAddress as exc:
+            raise DeliveryFailed(exc.message, reason=exc.code, permanent=True) from exc
         status = response.status_code
         if 200 <= status < 300:
             return
