@@ -293,3 +293,42 @@ async def test_while_releases_are_behind_the_ingress_requeues_and_stores_once_ca
     # ... and stored once the server caught up
     found = await find(engine, "while-behind", timeout_s=60)
     assert found.body == b"late"
+
+
+@pytest.mark.rabbitmq
+async def test_a_scoped_ingress_rejects_another_tenants_destination_with_not_authorized(
+    broker: Broker, make_engine
+) -> None:
+    # Given a token server whose ingress acts as billing's token
+    tokens = [
+        {"token": "billing-secret", "name": "billing", "send": ["billing.*"]},
+        {"token": "root-secret", "name": "root", "send": ["*"]},
+    ]
+    engine = await make_engine(
+        {
+            "auth": {"tokens": tokens},
+            "rabbitmq": {"url": broker.url, "ingress": True, "ingress_token": "billing"},
+            "queues": {"billing.q": {}, "orders.q": {}},
+        }
+    )
+    await asyncio.wait_for(engine.ingress.ready.wait(), 10)
+    # When a producer publishes one message for billing and one for orders
+    for destination, message_id in (("orders.q", "theirs"), ("billing.q", "mine")):
+        await asyncio.to_thread(
+            publish, broker, b"x", {"tarry-destination": destination}, message_id=message_id
+        )
+    # Then orders' is rejected to the dead-letter exchange, intact, saying why
+    properties, body = await asyncio.to_thread(get_rejected, broker)
+    assert properties.message_id == "theirs" and body == b"x"
+    assert properties.headers["tarry-error-code"] == "not_authorized"
+    assert "'orders.q'" in properties.headers["tarry-error-message"]
+    # And billing's is stored; nothing reached orders.q, nothing is left in the ingress queue
+    deadline = time.monotonic() + 5
+    while engine.ingress.stats.accepted < 1:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert engine.ingress.stats.rejected == 1
+    (delivery,) = await engine.receive("billing.q", wait_ms=5000)
+    assert delivery.message.message_id == "mine"
+    assert await engine.receive("orders.q", wait_ms=0) == []
+    assert broker.count("tarry.schedule") == 0

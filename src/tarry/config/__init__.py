@@ -324,6 +324,32 @@ class TarryConfig(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _ingress_acts_as_a_token(self) -> TarryConfig:
+        self.ingress_token_config  # noqa: B018 - raises ValueError for a name that is no token
+        if self.rabbitmq.ingress and self.auth.tokens and self.rabbitmq.ingress_token is None:
+            raise ValueError(
+                "rabbitmq.ingress on a server with [[auth.tokens]] needs rabbitmq.ingress_token "
+                "= the name of the token whose send globs its messages are checked against "
+                '(one with send = ["*"] lets it send anywhere)'
+            )
+        return self
+
+    @property
+    def ingress_token_config(self) -> TokenConfig | None:
+        """The token the AMQP ingress acts as (``rabbitmq.ingress_token``), None without one."""
+        name = self.rabbitmq.ingress_token
+        if name is None:
+            return None
+        found = [t for t in self.auth.tokens if t.name == name]
+        if len(found) != 1:
+            named = ", ".join(repr(t.name) for t in self.auth.tokens if t.name) or "none"
+            raise ValueError(
+                f"rabbitmq.ingress_token {name!r} must name exactly one [[auth.tokens]] entry "
+                f"({len(found)} do; token names: {named})"
+            )
+        return found[0]
+
     @property
     def egress_policy(self) -> EgressPolicy:
         """Where routes put through the API may deliver (``[egress]``, tokens or not)."""

@@ -220,6 +220,12 @@ class RabbitMQConfig(Section):
     ingress: bool = False
     """Consume ``ingress_queue`` and schedule what arrives there."""
     ingress_queue: str = "tarry.schedule"
+    ingress_token: str | None = None
+    """The ``name`` of the ``[[auth.tokens]]`` entry the ingress acts as: each message it takes
+    is checked against that token's ``send`` globs (its destination, and ``reply_to`` when it
+    asks for reports), as ``POST /v1/messages`` with that token would be, and one refused goes
+    to ``dead_letter_exchange`` with code ``not_authorized``. Required when tokens are
+    configured (a token with ``send = ["*"]`` lets the ingress send anywhere)."""
     queue_type: Literal["quorum", "classic"] = "quorum"
     """Type of the ingress queue when tarry declares it."""
     dead_letter_exchange: str = "tarry.schedule.rejected"

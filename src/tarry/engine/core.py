@@ -192,7 +192,7 @@ class Engine:
                 self._spawn(self.journal.run)
         await catalog_admin.declare_configured(self.ctx)
         if self.config.rabbitmq.ingress:
-            self.ingress = await start_ingress(self.config.rabbitmq, self.send_batch)
+            self.ingress = await start_ingress(self.config, self.send_batch)
         await self.schedules.start()  # before the dispatcher: long-overdue ones are missed
         if background:
             self._spawn(self.dispatcher.run)

@@ -9,20 +9,23 @@ import fcntl
 import logging
 import os
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from functools import partial
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from tarry.config import RabbitMQConfig, TarryConfig
+from tarry.config import TarryConfig
+from tarry.engine.principal import Principal
+from tarry.engine.types import MayAccess
 from tarry.errors import Unavailable
 from tarry.model.time import Clock
 from tarry.transports.build import rabbitmq_module
 
 if TYPE_CHECKING:
     from tarry.journal.writer import Journal
-    from tarry.transports.amqp_ingress import AmqpIngress, SendBatch
+    from tarry.transports.amqp_ingress import AmqpIngress
 
-__all__ = ["lock_data_dir", "open_journal", "start_ingress", "supervise"]
+__all__ = ["ingress_sends", "lock_data_dir", "open_journal", "start_ingress", "supervise"]
 
 log = logging.getLogger("tarry.engine.core")
 
@@ -85,11 +88,31 @@ def open_journal(config: TarryConfig, clock: Clock) -> Journal:
     )
 
 
-async def start_ingress(config: RabbitMQConfig, send_batch: SendBatch) -> AmqpIngress:
-    """Consume sends from RabbitMQ into ``send_batch`` (needs the ``rabbitmq`` extra)."""
+class ScopedSendBatch(Protocol):
+    """The engine's ``send_batch``: sends checked with ``may_send`` (None: no auth)."""
+
+    def __call__(
+        self, items: Sequence[Mapping[str, Any]], *, may_send: MayAccess | None = None
+    ) -> Awaitable[Sequence[object]]: ...
+
+
+def ingress_sends(
+    config: TarryConfig, send_batch: ScopedSendBatch
+) -> Callable[[Sequence[Mapping[str, Any]]], Awaitable[Sequence[object]]]:
+    """``send_batch`` as the AMQP ingress calls it: with ``rabbitmq.ingress_token``, each message
+    is checked as a send of that token (``Principal.may_send`` in the send rules, as the HTTP
+    API checks a request's token); without tokens, unchecked."""
+    token = config.ingress_token_config
+    may_send = Principal(token).may_send if token is not None else None
+    return partial(send_batch, may_send=may_send)
+
+
+async def start_ingress(config: TarryConfig, send_batch: ScopedSendBatch) -> AmqpIngress:
+    """Consume sends from RabbitMQ into ``send_batch`` (needs the ``rabbitmq`` extra), scoped
+    to the ingress's token (``ingress_sends``)."""
     rabbitmq_module()
     from tarry.transports.amqp_ingress import AmqpIngress
 
-    ingress = AmqpIngress(config, send_batch=send_batch)
+    ingress = AmqpIngress(config.rabbitmq, send_batch=ingress_sends(config, send_batch))
     await ingress.start()
     return ingress

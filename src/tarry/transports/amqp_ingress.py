@@ -19,7 +19,9 @@ The ``message_id`` and ``correlation_id`` properties become the message's (so a 
 other header is carried along as text.
 
 Guarantees: the message goes through the same rules as ``POST /v1/messages`` (the engine's send
-path and ``tarry.model.validate``) and is acked only after tarry stored it durably. One that
+path and ``tarry.model.validate``), with the permissions of ``[rabbitmq] ingress_token`` on a
+server with tokens (``send_batch`` comes scoped: ``tarry.engine.lifecycle.ingress_sends``), and
+is acked only after tarry stored it durably. One that
 breaks a rule is published, with publisher confirms, to ``dead_letter_exchange`` carrying
 ``tarry-error-code`` and ``tarry-error-message`` headers, and only then acked. When the store
 cannot accept (``unavailable``), the server is behind on releases (``overloaded``: the ingress
