@@ -54,6 +54,8 @@ ids = IdGenerator()
         ({"retry_jitter": 1.5}, "retry_jitter (1.5) must be between 0 and 1"),
         ({"on_failure_report_to": 7}, "on_failure_report_to must be a queue, topic or route"),
         ({"on_failure_report_to": "hooks"}, "route 'hooks' cannot report its failures to itself"),
+        ({"dead_letter_to": 7}, "dead_letter_to must be a queue name"),
+        ({"dead_letter_to": "has space"}, "dead_letter_to"),
     ],
 )
 def test_a_bad_policy_field_is_refused_naming_the_field_and_the_fix(
@@ -68,7 +70,8 @@ def test_a_good_policy_is_read_with_its_defaults() -> None:
     policy = parse_route_policy({"rate_per_s": 2, "concurrency": 3, "retries": 4})
     assert policy == RoutePolicy(rate_per_s=2.0, concurrency=3, retries=4, retry_jitter=0.2)
     assert policy.limited and not RoutePolicy(retries=3).limited
-    assert RoutePolicy(on_failure_report_to="ops").names() == ["ops"]
+    named = parse_route_policy({"on_failure_report_to": "ops", "dead_letter_to": "ops.dead"})
+    assert (named.on_failure_report_to, named.dead_letter_to) == ("ops", "ops.dead")
 
 
 def test_a_toml_route_with_a_bad_policy_is_a_config_error_naming_the_route(tmp_path) -> None:

@@ -161,7 +161,8 @@ class DispatchConfig(Section):
     """First retry delay; doubles per attempt up to ``retry_backoff_max_ms``."""
     retry_backoff_max_ms: int = Field(60_000, ge=0)
     error_queue: str = "tarry.error"
-    """Where undeliverable messages go (created on start)."""
+    """Where undeliverable messages go (created on start), unless their route or queue names a
+    ``dead_letter_to`` queue of its own (every tenant's failures meet here otherwise)."""
     time_to_trigger_store_ms: int = Field(30_000, gt=0)
     time_to_trigger_fetch_ms: int = Field(30_000, gt=0)
     time_to_trigger_dispatch_ms: int = Field(30_000, gt=0)

@@ -60,6 +60,11 @@ class RouteConfig(Section):
     on_failure_report_to: str | None = None
     """A queue, topic or route that gets a JSON report when a message for this route is
     dead-lettered (reason, original id, destination, attempts)."""
+    dead_letter_to: str | None = None
+    """The queue a message for this route goes to when it is dead-lettered, instead of
+    ``[dispatch] error_queue`` (shared by every tenant): name one inside the tenant's names so
+    its token reads its own failures. Not a declared queue when a message dies: the error
+    queue."""
     _policy: Any = PrivateAttr(default=None)
     exchange: str = ""
     """``rabbitmq``, mode ``store``: the exchange a due message is published to (``""``: the

@@ -9,17 +9,28 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from tarry.config import TarryConfig
 from tarry.engine.waiters import Waiters
 from tarry.model.events import Event
+from tarry.model.route_policy import RoutePolicy
 from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore, QueueDatabase
 from tarry.transports.base import Transport
 
-__all__ = ["EngineContext"]
+__all__ = ["EngineContext", "MakeTxn"]
+
+
+class MakeTxn(Protocol):
+    """A queue transaction on ``conn`` at ``now_ms``; ``error_queue``: where it dead-letters
+    delivery failures (default: ``[dispatch] error_queue``)."""
+
+    def __call__(
+        self, conn: sqlite3.Connection, now_ms: int, error_queue: str | None = None, /
+    ) -> QueueTxn: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +46,7 @@ class EngineContext:
     transports: Mapping[str, Transport]
     waiters: Waiters
     #: A queue transaction on ``conn`` at ``now_ms``.
-    txn: Callable[[sqlite3.Connection, int], QueueTxn]
+    txn: MakeTxn
     #: After a transaction committed: tell its events, wake the consumers of what it filled.
     after: Callable[[QueueTxn], None]
     #: Tell the listeners about changes already made.
@@ -43,3 +54,19 @@ class EngineContext:
     #: A message falls due at ``deliver_at_ms`` (committed at ``now_ms``): wake the dispatcher
     #: here, and on the other nodes where they share the store.
     due: Callable[[int, int], None]
+    #: The delivery policy of a route (None: not a route).
+    policy_for: Callable[[str], RoutePolicy | None]
+
+    def failure_queue(self, destination: str) -> str:
+        """Where a message for ``destination`` goes when it cannot be delivered: the route's
+        ``dead_letter_to``, or the local queue's own ``dead_letter_to`` in force, so a tenant
+        reads its own failures; else (or when that names no declared queue, so a failure is
+        never dropped) the shared ``[dispatch] error_queue``."""
+        policy = self.policy_for(destination)
+        target = policy.dead_letter_to if policy is not None else None
+        entry = self.catalog.queues.get(destination)
+        if target is None and entry is not None:
+            target = entry.effective.dead_letter_to
+        if target is not None and target in self.catalog.queues:
+            return target
+        return self.config.dispatch.error_queue

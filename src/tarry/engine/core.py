@@ -96,6 +96,7 @@ class Engine:
             after=self._after,
             emit=self._emit_all,
             due=self._due,
+            policy_for=lambda name: self.routes.policy_for(name),
         )
         self.path = pick(self.ctx, still_held=link.still_held)
         self.routes = RouteBook(
@@ -230,7 +231,7 @@ class Engine:
     def _emit_all(self, events: Sequence[Event]) -> None:
         emit_all(self._listeners, events)
 
-    def _txn(self, conn: sqlite3.Connection, now_ms: int) -> QueueTxn:
+    def _txn(self, conn: sqlite3.Connection, now_ms: int, dlq: str | None = None) -> QueueTxn:
         return QueueTxn(
             conn,
             now_ms=now_ms,
@@ -238,7 +239,7 @@ class Engine:
             ids=self.ids,
             seq=self._seq,
             waiting=self.waiters.count,
-            error_queue=self.config.dispatch.error_queue,
+            error_queue=dlq or self.config.dispatch.error_queue,
         )
 
     def _after(self, txn: QueueTxn) -> None:

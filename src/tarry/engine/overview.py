@@ -101,12 +101,17 @@ async def dead_letter_groups(qdb: QueueDatabase, queue: str) -> list[dict[str, A
 
 
 async def dead_letters(ctx: EngineContext) -> list[dict[str, Any]]:
-    """Each dead-letter queue (the error queue, and every queue some queue's arguments in
-    force dead-letter into) with its messages grouped by ``deaths[0]``."""
+    """Each dead-letter queue (the error queue, every queue some queue's arguments in force
+    dead-letter into, and every route's ``dead_letter_to``) with its messages grouped by
+    ``deaths[0]``."""
     targets = {ctx.config.dispatch.error_queue}
     for entry in ctx.catalog.queues.values():
         if entry.effective.dead_letter_to is not None:
             targets.add(entry.effective.dead_letter_to)
+    for route in ctx.transports:
+        policy = ctx.policy_for(route)
+        if policy is not None and policy.dead_letter_to is not None:
+            targets.add(policy.dead_letter_to)
     return [
         {"queue": name, "groups": await dead_letter_groups(ctx.qdb, name)}
         for name in sorted(targets)

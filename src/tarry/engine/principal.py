@@ -137,10 +137,15 @@ class Principal:
             self.require(self.may_send(target), "dead-letter into", target, scope="send")
 
     def require_route_policy(self, policy: RoutePolicy) -> None:
-        """A route's failure reports write into ``on_failure_report_to`` (like ``reply_to``):
-        the token that sets the route must be able to send there."""
-        for target in policy.names():
-            self.require(self.may_send(target), "report route failures to", target, scope="send")
+        """A route's failure reports write into ``on_failure_report_to`` (like ``reply_to``),
+        its dead letters into ``dead_letter_to``: the token that sets the route must be able to
+        send to both."""
+        for target, action in (
+            (policy.on_failure_report_to, "report route failures to"),
+            (policy.dead_letter_to, "dead-letter route failures into"),
+        ):
+            if target is not None:
+                self.require(self.may_send(target), action, target, scope="send")
 
     def require_policy(self, policy: Policy, *, action: str) -> None:
         """Set or delete ``policy``: admin on its name, a pattern inside the token's admin globs
@@ -188,8 +193,13 @@ class Principal:
         return {**info, "subscriptions": [q for q in info["subscriptions"] if self.may_describe(q)]}
 
     def route_view(self, route: dict[str, Any]) -> dict[str, Any]:
-        """A route's public form (``RouteEntry.to_public``): its report target as seen."""
-        return {**route, "on_failure_report_to": self.shown(route.get("on_failure_report_to"))}
+        """A route's public form (``RouteEntry.to_public``): its report and dead-letter
+        targets as seen."""
+        return {
+            **route,
+            "on_failure_report_to": self.shown(route.get("on_failure_report_to")),
+            "dead_letter_to": self.shown(route.get("dead_letter_to")),
+        }
 
     def sent_view(self, result: dict[str, Any]) -> dict[str, Any]:
         """A send's answer: a topic's copies keep their ids (the publisher may cancel them),

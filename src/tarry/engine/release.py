@@ -185,7 +185,7 @@ async def give_up(ctx: EngineContext, message: Message, error: DeliveryFailed) -
     text = f"{error.reason}: {error.message}"
 
     def work(conn: sqlite3.Connection) -> QueueTxn:
-        txn = ctx.txn(conn, now)
+        txn = ctx.txn(conn, now, ctx.failure_queue(message.destination))
         if txn.adopt(message):
             txn.dead_letter(
                 message, from_queue=None, reason=DeathReason.DELIVERY_FAILED, error=text

@@ -80,7 +80,7 @@ async def give_up(ctx: EngineContext, message: Message, error: DeliveryFailed) -
     store = cast(SharedDelayedStore, ctx.store)  # this path runs only for one (``ctx.shared``)
 
     def work(conn: sqlite3.Connection) -> QueueTxn:
-        txn = ctx.txn(conn, now)
+        txn = ctx.txn(conn, now, ctx.failure_queue(message.destination))
         if not store.lock_for_give_up(conn, message.id, failures=message.failures):
             return txn  # cancelled or finished meanwhile
         txn.dead_letter(message, from_queue=None, reason=DeathReason.DELIVERY_FAILED, error=text)

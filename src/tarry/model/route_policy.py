@@ -16,7 +16,11 @@ Fields (each optional; unset means "no limit" or "the ``[dispatch]`` default"):
 - ``retry_jitter``: each retry delay is spread by ± this fraction (default 0.2), so a receiver
   that failed many messages at once is not hit by all their retries at once;
 - ``on_failure_report_to``: a queue, topic or route that gets a report (JSON) when a message for
-  this route is dead-lettered.
+  this route is dead-lettered;
+- ``dead_letter_to``: the queue a message for this route goes to when it is dead-lettered
+  (instead of ``[dispatch] error_queue``, which every tenant's failures share), so a tenant
+  reads its own failures; a name that is no declared queue when a message dies falls back to
+  the error queue (a failure is never dropped).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ POLICY_FIELDS = (
     "retry_backoff_max_ms",
     "retry_jitter",
     "on_failure_report_to",
+    "dead_letter_to",
 )
 
 
@@ -73,15 +78,12 @@ class RoutePolicy:
     retry_backoff_max_ms: int | None = None
     retry_jitter: float = DEFAULT_JITTER
     on_failure_report_to: str | None = None
+    dead_letter_to: str | None = None
 
     @property
     def limited(self) -> bool:
         """Deliveries to this route go through its own lane (a rate or a concurrency cap)."""
         return self.rate_per_s is not None or self.concurrency is not None
-
-    def names(self) -> list[str]:
-        """The names this policy makes tarry send to (authorised like ``reply_to``)."""
-        return [self.on_failure_report_to] if self.on_failure_report_to else []
 
 
 def _number(data: Mapping[str, Any], key: str, *, whole: bool) -> float | int | None:
@@ -175,6 +177,11 @@ def parse_route_policy(
                 f"route {route!r} cannot report its failures to itself; name a queue (for "
                 "example tarry.error) or another route in on_failure_report_to"
             )
+    dead_letter_to = data.get("dead_letter_to")
+    if dead_letter_to is not None:
+        if not isinstance(dead_letter_to, str):
+            raise InvalidArgument(f"dead_letter_to must be a queue name, not {dead_letter_to!r}")
+        check_name(dead_letter_to, field="dead_letter_to")
     return RoutePolicy(
         rate_per_s=None if rate is None else float(rate),
         concurrency=default_concurrency if concurrency is None else concurrency,
@@ -183,6 +190,7 @@ def parse_route_policy(
         retry_backoff_max_ms=backoff_max,
         retry_jitter=DEFAULT_JITTER if jitter is None else float(jitter),
         on_failure_report_to=report_to,
+        dead_letter_to=dead_letter_to,
     )
 
 

@@ -340,6 +340,11 @@ class RouteInfo(BaseModel):
         description="queue, topic or route told when a message is dead-lettered (*** when "
         "this token may not inspect it)",
     )
+    dead_letter_to: str | None = Field(
+        None,
+        description="queue a dead-lettered message goes to instead of the error queue (*** when "
+        "this token may not inspect it)",
+    )
 
 
 class RouteDeleted(BaseModel):
