@@ -14,3 +14,10 @@ send = ["{tenant}.*"]
 receive = ["{tenant}.*"]
 admin = ["{tenant}.*"]
 """
+
+
+def root_token(*scopes: str) -> str:
+    """``[[auth.tokens]]`` named ``root`` (secret ``root-secret``) with ``"*"`` in each of
+    ``scopes`` (default: send, receive and admin)."""
+    lines = [f'{scope} = ["*"]' for scope in scopes or ("send", "receive", "admin")]
+    return '\n[[auth.tokens]]\ntoken = "root-secret"\nname = "root"\n' + "\n".join(lines) + "\n"

@@ -12,16 +12,9 @@ import httpx
 import pytest
 
 from tests.e2e.receiver import wait_until
-from tests.tokens import tenant_token
+from tests.tokens import root_token, tenant_token
 
-ROOT = """
-[[auth.tokens]]
-token = "root-secret"
-name = "root"
-send = ["*"]
-receive = ["*"]
-admin = ["*"]
-"""
+ROOT = root_token()
 
 
 def tenant(url: str, who: str = "billing") -> httpx.Client:

@@ -7,17 +7,13 @@ from __future__ import annotations
 import httpx
 
 from tests.e2e.receiver import wait_until
-from tests.tokens import tenant_token
+from tests.tokens import root_token, tenant_token
 
 CONFIG = (
     tenant_token("billing")
     + tenant_token("orders")
+    + root_token("receive")
     + """
-[[auth.tokens]]
-token = "root-secret"
-name = "root"
-receive = ["*"]
-
 # the receiver is on loopback, which a token server refuses to routes unless allowed
 [egress]
 allow = ["127.0.0.1"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,14 +18,7 @@ from tarry.model.egress import EgressPolicy
 from tarry.model.message import Message
 from tarry.transports.build import build_transport
 from tarry.transports.http import HttpTransport
-from tests.e2e.receiver import Receiver
-
-
-@pytest.fixture
-def internal() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
+from tests.e2e.receiver import receiver as receiver  # the internal service (a fixture)
 
 
 @pytest.fixture
@@ -65,23 +57,23 @@ def transport(url: str, policy: EgressPolicy) -> HttpTransport:
 
 
 async def test_a_name_that_resolves_to_loopback_is_refused_at_delivery_for_good(
-    internal, dns
+    receiver, dns
 ) -> None:
     # Given a route to a public-looking name, which the put could not refuse
     dns["hooks.attacker.example"] = ["127.0.0.1"]
-    http = transport(f"http://hooks.attacker.example:{internal.port}/hook", EgressPolicy())
+    http = transport(f"http://hooks.attacker.example:{receiver.port}/hook", EgressPolicy())
     # When a message is delivered, the name resolves to this machine
     with pytest.raises(DeliveryFailed) as failed:
         await http.deliver(message())
     await http.close()
     # Then nothing reaches the internal service, and the failure is permanent, saying why
-    assert internal.attempts == []
+    assert receiver.attempts == []
     assert failed.value.reason == "forbidden_address"
     assert failed.value.details["permanent"]
     assert "hooks.attacker.example (127.0.0.1) is a loopback address" in failed.value.message
 
 
-async def test_one_refused_address_among_public_ones_refuses_the_name(internal, dns) -> None:
+async def test_one_refused_address_among_public_ones_refuses_the_name(receiver, dns) -> None:
     dns["mixed.example"] = ["93.184.215.14", "169.254.169.254"]
     http = transport("http://mixed.example/hook", EgressPolicy())
     with pytest.raises(DeliveryFailed, match="link-local"):
@@ -90,33 +82,33 @@ async def test_one_refused_address_among_public_ones_refuses_the_name(internal, 
 
 
 async def test_an_allowed_network_is_reached_at_the_checked_address_under_its_name(
-    internal, dns
+    receiver, dns
 ) -> None:
     # Given the operator allows 127.0.0.0/8, and a name that resolves there
     dns["hooks.internal"] = ["127.0.0.1"]
     policy = EgressPolicy.from_entries(["127.0.0.0/8"])
-    http = transport(f"http://hooks.internal:{internal.port}/hook", policy)
+    http = transport(f"http://hooks.internal:{receiver.port}/hook", policy)
     # When a message is delivered twice
     await http.deliver(message())
     await http.deliver(message())
     await http.close()
     # Then it arrives, addressed to the route's host name (the connection went to the address)
-    assert [a.body for a in internal.accepted] == [b"hello", b"hello"]
-    assert internal.accepted[0].headers["host"] == f"hooks.internal:{internal.port}"
+    assert [a.body for a in receiver.accepted] == [b"hello", b"hello"]
+    assert receiver.accepted[0].headers["host"] == f"hooks.internal:{receiver.port}"
 
 
-async def test_a_redirect_is_not_followed(internal, dns) -> None:
+async def test_a_redirect_is_not_followed(receiver, dns) -> None:
     # Given an allowed receiver that answers with a redirect (to anywhere)
-    internal.statuses = [302]
+    receiver.statuses = [302]
     dns["hooks.internal"] = ["127.0.0.1"]
     policy = EgressPolicy.from_entries(["hooks.internal"])
-    http = transport(f"http://hooks.internal:{internal.port}/hook", policy)
+    http = transport(f"http://hooks.internal:{receiver.port}/hook", policy)
     # Then the delivery fails for good, one request made
     with pytest.raises(DeliveryFailed) as failed:
         await http.deliver(message())
     await http.close()
     assert failed.value.reason == "http_302" and failed.value.details["permanent"]
-    assert len(internal.attempts) == 1
+    assert len(receiver.attempts) == 1
 
 
 def test_building_a_route_to_a_literal_internal_address_is_refused() -> None:
