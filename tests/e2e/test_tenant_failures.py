@@ -75,3 +75,23 @@ def test_a_dead_letter_queue_outside_the_tokens_names_is_refused_and_hidden(
         # A bad name is a 400 naming the field
         bad = billing.put("/v1/routes/billing.hook", json={**route, "dead_letter_to": 7})
         assert bad.status_code == 400 and "dead_letter_to" in bad.json()["error"]["message"]
+
+
+def test_a_route_deleted_with_force_dead_letters_into_its_own_queue(make_server, receiver) -> None:
+    server = make_server(CONFIG)
+    with client(server.url, "billing") as billing, client(server.url, "root") as root:
+        # Given billing's route with a dead-letter queue, and a message waiting for it
+        assert billing.put("/v1/queues/billing.failures", json={}).status_code == 201
+        route = {"transport": "http", "url": receiver.url, "dead_letter_to": "billing.failures"}
+        assert billing.put("/v1/routes/billing.hook", json=route).status_code == 201
+        waiting = {"destination": "billing.hook", "body": "x", "delay_ms": 600_000}
+        assert billing.post("/v1/messages", json=waiting).status_code == 201
+        # When the route is deleted with force
+        deleted = billing.delete("/v1/routes/billing.hook", params={"force": "true"})
+        assert deleted.json()["dead_lettered"] == 1
+        # Then the waiting message is in billing's queue, not in the shared one
+        got = billing.post("/v1/queues/billing.failures/receive", json={"wait_ms": 5000})
+        [dead] = got.json()["messages"]
+        assert dead["headers"]["tarry-failure"].startswith("route_deleted: ")
+        assert root.post("/v1/queues/tarry.error/receive", json={}).json()["messages"] == []
+    assert receiver.attempts == []

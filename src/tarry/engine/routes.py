@@ -19,7 +19,8 @@ name the file declares later (put, then added to the file, then restarted) is no
 the file declares it (said in the log at every start).
 
 A route cannot be deleted while messages wait for it (``in_use``) unless ``force``: then each of
-them is dead-lettered (reason ``delivery_failed``, failure ``route_deleted: ...``).
+them is dead-lettered (reason ``delivery_failed``, failure ``route_deleted: ...``), to the
+route's ``dead_letter_to`` if it has one.
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ class RouteBook:
         self._hooks = hooks
         #: Routes in force from the catalog: name → (stored JSON, parsed).
         self._stored: dict[str, tuple[str, RouteConfig]] = {}
+        #: Deleted routes whose waiting messages are being dead-lettered (``force``): their
+        #: policy still says where (``dead_letter_to``).
+        self._leaving: dict[str, RoutePolicy] = {}
         self._retiring: set[asyncio.Task[None]] = set()
 
     # --- reading ------------------------------------------------------------------------------
@@ -113,7 +117,7 @@ class RouteBook:
         """The delivery policy of the route ``name`` (None: not a route); a route put at run
         time has its policy too."""
         route = self.find(name)
-        return route.policy if route is not None else None
+        return route.policy if route is not None else self._leaving.get(name)
 
     def get(self, name: str) -> RouteEntry:
         if name in self._configured:
@@ -159,7 +163,7 @@ class RouteBook:
         """Delete a run-time route; returns how many waiting messages were dead-lettered.
         Raises ``not_found``, ``precondition_failed`` (declared in ``tarry.toml``), ``in_use``
         (messages wait for it and not ``force``)."""
-        self.get(name)
+        policy = self.get(name).route.policy
         self._refuse_configured(name, "delete")
         waiting = await self._hooks.count_waiting(name)
         if waiting and not force:
@@ -176,7 +180,13 @@ class RouteBook:
         log.info("route %s deleted", name)
         # After the transport is gone: a message sent meanwhile finds no route and is refused,
         # so what is listed now is all that can still wait for it.
-        return await self._dead_letter_waiting(name) if force else 0
+        if not force:
+            return 0
+        self._leaving[name] = policy
+        try:
+            return await self._dead_letter_waiting(name)
+        finally:
+            del self._leaving[name]
 
     def apply(self, stored: Mapping[str, str]) -> None:
         """Make the transports match the stored routes: at start, after a change here, and
