@@ -117,3 +117,20 @@ def test_building_a_route_to_a_literal_internal_address_is_refused() -> None:
         build_transport("billing.hook", route, egress=EgressPolicy())
     # The operator's own routes (tarry.toml) are built without the guard
     assert isinstance(build_transport("billing.hook", route), HttpTransport)
+
+
+async def test_a_put_resolves_the_name_and_refuses_an_internal_answer(dns) -> None:
+    dns["inside.example"] = ["10.1.2.3"]
+    dns["outside.example"] = ["93.184.215.14"]
+    made = [
+        transport(f"https://{name}/hook", EgressPolicy())
+        for name in ("inside.example", "outside.example", "nowhere.invalid")
+    ]
+    with pytest.raises(ForbiddenAddress, match=r"inside.example \(10.1.2.3\) is a private"):
+        await made[0].check_address()
+    # A public answer passes, and so does a name that does not resolve yet (each connection
+    # checks it again)
+    await made[1].check_address()
+    await made[2].check_address()
+    for http in made:
+        await http.close()

@@ -3,9 +3,10 @@
 A token that may put a route could otherwise make the server POST to what only the server
 reaches: services on its own loopback, a cloud's metadata endpoint (``169.254.169.254``, which
 hands out credentials), the private network behind it. ``EgressPolicy`` refuses such
-destinations twice: when the route is put (an address literal, or a name that is local by
-definition such as ``localhost``) and at every connection, after DNS resolution, so a name that
-resolves (or re-resolves) to a refused address is caught too. The operator opens exceptions
+destinations when the route is put (an address literal, a name that is local by definition such
+as ``localhost``, and, in ``tarry.transports.egress``, what a name resolves to then) and at
+every connection, after DNS resolution, so a name that re-resolves to a refused address is
+caught too. The operator opens exceptions
 with ``[egress] allow`` (host names, addresses, CIDR blocks).
 
 Refused: every address that is not globally routable (loopback, link-local, private, shared

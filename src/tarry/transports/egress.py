@@ -24,7 +24,21 @@ import httpx
 
 from tarry.model.egress import EgressPolicy
 
-__all__ = ["GuardedTransport"]
+__all__ = ["GuardedTransport", "checked_addresses"]
+
+
+async def checked_addresses(
+    policy: EgressPolicy, host: str, port: int, timeout: float | None
+) -> list[str]:
+    """``host``'s addresses, each checked (``forbidden_address`` for the first refused one: a
+    name with one refused address among public ones is refused, whichever a connection would
+    have used). Raises ``OSError`` or ``TimeoutError`` when it does not resolve."""
+    async with asyncio.timeout(timeout):
+        found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
+    for address in addresses:
+        policy.check_address(host, ipaddress.ip_address(address.split("%")[0]))
+    return addresses
 
 
 class _GuardedBackend(httpcore.AsyncNetworkBackend):
@@ -41,17 +55,9 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         socket_options: typing.Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         try:
-            async with asyncio.timeout(timeout):
-                found = await asyncio.get_running_loop().getaddrinfo(
-                    host, port, type=socket.SOCK_STREAM
-                )
+            addresses = await checked_addresses(self._policy, host, port, timeout)
         except (OSError, TimeoutError) as exc:
             raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
-        # Every address first: a name with one refused address among public ones is refused,
-        # whichever of them a connection would have used.
-        for address in addresses:
-            self._policy.check_address(host, ipaddress.ip_address(address.split("%")[0]))
         last: Exception = httpcore.ConnectError(f"{host} resolved to no address")
         for address in addresses:
             try:

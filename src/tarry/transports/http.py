@@ -19,12 +19,14 @@ from tarry.errors import DeliveryFailed, ForbiddenAddress
 from tarry.model.egress import ALLOW_ALL, EgressPolicy
 from tarry.model.message import Message
 from tarry.model.time import Clock, SystemClock
-from tarry.transports.egress import GuardedTransport
+from tarry.transports.egress import GuardedTransport, checked_addresses
 from tarry.transports.signing import Signer
 
 __all__ = ["HttpTransport"]
 
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
+#: How long a put waits for the route's host to resolve before leaving it to delivery time.
+_RESOLVE_TIMEOUT_S = 2.0
 #: Statuses whose ``Retry-After`` says when the receiver takes requests again (RFC 9110).
 _RETRY_AFTER_STATUS = frozenset({429, 503})
 
@@ -39,6 +41,7 @@ class HttpTransport:
         egress: EgressPolicy = ALLOW_ALL,
     ) -> None:
         egress.check_url(route.url)
+        self._egress = egress
         self.route = route
         self._clock = clock or SystemClock()
         self._signer = Signer(route.secrets) if route.secrets else None
@@ -54,6 +57,19 @@ class HttpTransport:
         self._client = client or httpx.AsyncClient(
             timeout=route.timeout_ms / 1000, limits=limits, transport=guarded
         )
+
+    async def check_address(self) -> None:
+        """Resolve the route's host now and raise ``forbidden_address`` when the guard refuses
+        what it resolves to, so a put is refused at once rather than its deliveries later. A
+        name that does not resolve yet passes (each connection checks it again)."""
+        if self._egress.allow_all:
+            return
+        url = httpx.URL(self.route.url)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            await checked_addresses(self._egress, url.host, port, _RESOLVE_TIMEOUT_S)
+        except (OSError, TimeoutError):
+            pass
 
     def headers_for(self, message: Message) -> dict[str, str]:
         headers = dict(message.headers)
