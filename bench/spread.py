@@ -508,6 +508,20 @@ def part_spread(
     warmer machine nor the first place favours one side; a pair is one repetition's two runs."""
     cases: dict[str, dict[str, dict[str, Any]]] = {}
     runs: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {}
+    #: Runs that failed (a batch refused, e.g. ``overloaded`` on a busy machine): left out of
+    #: ``cases``, ``runs`` and every ratio, and listed here; the others still run.
+    failed: list[dict[str, Any]] = []
+
+    def attempt(tree: Tree, store: str, spread_name: str, rep: int, **options: Any) -> Any:
+        try:
+            return run_case(tmp, tree, store, spread_name, repetition=rep, **options)
+        except (RuntimeError, httpx.HTTPError) as exc:
+            failed.append(
+                {"tree": tree.name, "store": store, "spread": spread_name, "repetition": rep}
+                | {"error": str(exc)[:300], "load_average": load()}
+            )
+            print(f"{tree.name} {store} {spread_name} #{rep} failed: {exc}", file=sys.stderr)
+            return None
 
     def note(tree: Tree, store: str, spread_name: str, result: dict[str, Any], rep: int) -> None:
         runs.setdefault(tree.name, {}).setdefault(store, {}).setdefault(spread_name, []).append(
@@ -525,18 +539,19 @@ def part_spread(
     for spread_name in SPREADS:
         for tree, stores in trees:
             for store in stores:
-                result = run_case(
-                    tmp,
+                result = attempt(
                     tree,
                     store,
                     spread_name,
+                    0,
                     messages=messages,
                     clients=clients,
                     client=client,
                     strace_batches=strace_batches,
                 )
-                cases.setdefault(tree.name, {}).setdefault(store, {})[spread_name] = result
-                note(tree, store, spread_name, result, 0)
+                if result is not None:
+                    cases.setdefault(tree.name, {}).setdefault(store, {})[spread_name] = result
+                    note(tree, store, spread_name, result, 0)
     for rep in range(1, repeat):
         spreads = REPEATED if rep % 2 == 0 else REPEATED[::-1]
         ordered = trees if rep % 2 == 0 else trees[::-1]
@@ -545,19 +560,19 @@ def part_spread(
                 for store in stores:
                     if store not in repeat_stores:
                         continue
-                    result = run_case(
-                        tmp,
+                    result = attempt(
                         tree,
                         store,
                         spread_name,
+                        rep,
                         messages=messages,
                         clients=clients,
                         client=client,
                         strace_batches=0,
                         restart=False,
-                        repetition=rep,
                     )
-                    note(tree, store, spread_name, result, rep)
+                    if result is not None:
+                        note(tree, store, spread_name, result, rep)
                     _remove(tmp / case_dir(tree, store, spread_name, rep))
     return {
         "messages_per_case": messages,
@@ -566,6 +581,7 @@ def part_spread(
         "repeat": repeat,
         "cases": cases,
         "runs": runs,
+        "failed": failed,
     }
 
 
@@ -606,18 +622,15 @@ def spread_ratios(
     restart = "first_due_received_s"
     runs = runs or {}
     out: dict[str, Any] = {}
-    for tree, stores in cases.items():
-        for store, by_spread in stores.items():
+    for tree, stores in runs.items():
+        for store, repeated in stores.items():
             for far in ("day", "year"):
-                if far in by_spread and "near" in by_spread:
-                    key = f"{tree}.{store}.{far}_to_near"
-                    out[key] = {
-                        RATE: ratio(by_spread[far][RATE], by_spread["near"][RATE]),
-                        CPU: ratio(by_spread[far][CPU], by_spread["near"][CPU]),
-                    }
-                    repeated = runs.get(tree, {}).get(store, {})
-                    if len(repeated.get(far, ())) > 1:
-                        out[key] = paired(repeated[far], repeated["near"]) or out[key]
+                # every run's pair (with one repetition, the first's: the single run)
+                found = paired(repeated.get(far, []), repeated.get("near", []))
+                if found is not None:
+                    if len(found["pairs"]) == 1:
+                        del found["pairs"]
+                    out[f"{tree}.{store}.{far}_to_near"] = found
     for tree, stores in cases.items():
         if "log" in stores and "sqlite" in stores:
             for spread_name, log_case in stores["log"].items():
