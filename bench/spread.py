@@ -35,7 +35,8 @@ the near and year cases of ``--repeat-stores`` (default log) N times each, on ev
 on a fresh server, alternating the order (near, year / year, near; and the trees likewise). The
 year-to-near and this-to-baseline ratios are then the medians of the repetitions' pairs
 (``pairs`` beside them; every run in ``runs``); the restart, disk and strace figures come from
-the first repetition. ``--repeat 1`` is the single run of before.
+the first repetition. ``--repeat 1`` is the single run of before. Before any of it, a near case
+on each tree warms the machine up, not counted (``warm_up``; ``--no-warm-up``: none).
 """
 
 from __future__ import annotations
@@ -500,6 +501,7 @@ def part_spread(
     strace_batches: int,
     repeat: int = 1,
     repeat_stores: tuple[str, ...] = ("log",),
+    warm: bool = True,
 ) -> dict[str, Any]:
     """Every case once (``cases``), then the near and year cases of ``repeat_stores`` again
     until each has run ``repeat`` times, each on a fresh server (``runs``: every run's rate and
@@ -534,6 +536,26 @@ def part_spread(
         )
         print(f"{tree.name} {store} {spread_name} #{rep}: {json.dumps(result)}", file=sys.stderr)
 
+    # A warm-up case on each tree first, not counted: the first server of a run meets a cold
+    # machine (in one run its near case ran at 40 % of the next ones' rate), which favoured
+    # the year against it in the first pair.
+    warm_up: dict[str, Any] = {}
+    if warm:
+        for tree, stores in trees:
+            result = attempt(
+                tree,
+                stores[0],
+                "near",
+                -1,
+                messages=messages,
+                clients=clients,
+                client=client,
+                strace_batches=0,
+                restart=False,
+            )
+            _remove(tmp / case_dir(tree, stores[0], "near", -1))
+            if result is not None:
+                warm_up[tree.name] = {k: result[k] for k in (RATE, CPU, "load_average")}
     # Spread by spread, every tree and store one after the other: a ratio compares runs
     # taken in the same minutes.
     for spread_name in SPREADS:
@@ -579,6 +601,7 @@ def part_spread(
         "clients": clients,
         "client": client,
         "repeat": repeat,
+        "warm_up": warm_up,
         "cases": cases,
         "runs": runs,
         "failed": failed,
@@ -851,6 +874,11 @@ def main() -> None:
         help="the stores repeated (default log; the others run once)",
     )
     parser.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="no uncounted near case on each tree before the measured ones",
+    )
+    parser.add_argument(
         "--strace-batches",
         type=int,
         default=20,
@@ -909,6 +937,7 @@ def main() -> None:
                 strace_batches=args.strace_batches,
                 repeat=args.repeat,
                 repeat_stores=tuple(args.repeat_stores),
+                warm=not args.no_warm_up,
             )
             spread["ratios"] = spread_ratios(spread["cases"], spread["runs"])
             results["spread"] = spread
