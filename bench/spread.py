@@ -29,6 +29,14 @@ of an older main, or its ``src``; or ``git archive COMMIT src | tar -x -C DIR`` 
 ``--stores`` (default log,sqlite) run on this tree, ``--baseline-stores`` (default log) on the
 baseline. ``ratios``: day and year against near (rate, server CPU per message); log against
 sqlite; this tree against the baseline.
+
+A case lasts about a second, so one pair of runs says little: ``--repeat N`` (default 5) runs
+the near and year cases of ``--repeat-stores`` (default log) N times each, on every tree, each
+on a fresh server, alternating the order (near, year / year, near; and the trees likewise). The
+year-to-near and this-to-baseline ratios are then the medians of the repetitions' pairs
+(``pairs`` beside them; every run in ``runs``); the restart, disk and strace figures come from
+the first repetition. ``--repeat 1`` is the single run of before. Before any of it, a near case
+on each tree warms the machine up, not counted (``warm_up``; ``--no-warm-up``: none).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,6 +85,9 @@ SPREADS = {
     "day": (1_000, DAY_MS),
     "year": (1_000, 365 * DAY_MS),
 }
+#: The cases ``--repeat`` runs again (the issue's goal compares them).
+REPEATED = ("near", "year")
+RATE, CPU = "messages_per_s", "server_cpu_us_per_message"
 JSON_HEADERS = {"content-type": "application/json"}
 STORE_METRICS = ("tarry_store_fsyncs_total", "tarry_store_group_commits_total")
 #: The producer path's fsyncs: the write-ahead log's (a checkpoint's are the others' labels).
@@ -352,6 +364,11 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 # --- the spread part --------------------------------------------------------------------------
+def case_dir(tree: Tree, store: str, spread_name: str, repetition: int) -> str:
+    name = f"{tree.name}-{store}-{spread_name}"
+    return f"{name}-r{repetition}" if repetition else name
+
+
 def run_case(
     tmp: Path,
     tree: Tree,
@@ -362,12 +379,16 @@ def run_case(
     clients: int,
     client: str,
     strace_batches: int,
+    restart: bool = True,
+    repetition: int = 0,
 ) -> dict[str, Any]:
+    """One case on a fresh server; with ``restart`` its restart after kill -9 and its disk
+    once checkpointed too (a repetition leaves them out: they are timed once)."""
     rng = random.Random(22)
     spread = SPREADS[spread_name]
     bodies = batch_bodies(1 + messages // BATCH, spread, rng)
     warm_up = bodies.pop(0)
-    data_dir = tmp / f"{tree.name}-{store}-{spread_name}"
+    data_dir = tmp / case_dir(tree, store, spread_name, repetition)
     started = time.perf_counter()
     proc, url = start_server(data_dir, store, env=tree.env)
     try:
@@ -407,13 +428,17 @@ def run_case(
                 wal = after[WAL_FSYNCS] - counters.get(WAL_FSYNCS, 0.0)
                 result["wal_fsyncs_per_group_commit_metrics"] = ratio(wal, commits)
             result["group_commits_per_batch_metrics"] = ratio(commits, len(bodies))
-        proc, url, result["restart_after_kill"] = kill_and_restart(proc, url, data_dir, store, tree)
-        result["disk_bytes_after_restart"] = disk_bytes(data_dir)["store"]
+        if restart:
+            proc, url, result["restart_after_kill"] = kill_and_restart(
+                proc, url, data_dir, store, tree
+            )
+            result["disk_bytes_after_restart"] = disk_bytes(data_dir)["store"]
     finally:
         stop(proc)
-    # A graceful stop ends with a checkpoint (the log store's WAL before it deleted): the
-    # disk the goal means ("once checkpointed").
-    result["disk_to_raw_checkpointed"] = round(disk_bytes(data_dir)["store"] / raw, 3)
+    if restart:
+        # A graceful stop ends with a checkpoint (the log store's WAL before it deleted): the
+        # disk the goal means ("once checkpointed").
+        result["disk_to_raw_checkpointed"] = round(disk_bytes(data_dir)["store"] / raw, 3)
     if strace_batches:
         result["strace"] = strace_case(tmp, tree, store, spread_name, strace_batches)
     result["case_wall_s"] = round(time.perf_counter() - started, 1)
@@ -474,53 +499,169 @@ def part_spread(
     clients: int,
     client: str,
     strace_batches: int,
+    repeat: int = 1,
+    repeat_stores: tuple[str, ...] = ("log",),
+    warm: bool = True,
 ) -> dict[str, Any]:
+    """Every case once (``cases``), then the near and year cases of ``repeat_stores`` again
+    until each has run ``repeat`` times, each on a fresh server (``runs``: every run's rate and
+    CPU, the first included). A repetition alternates the order of the spreads and of the
+    trees (near, year / year, near; this, baseline / baseline, this), so that neither the
+    warmer machine nor the first place favours one side; a pair is one repetition's two runs."""
     cases: dict[str, dict[str, dict[str, Any]]] = {}
+    runs: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {}
+    #: Runs that failed (a batch refused, e.g. ``overloaded`` on a busy machine): left out of
+    #: ``cases``, ``runs`` and every ratio, and listed here; the others still run.
+    failed: list[dict[str, Any]] = []
+
+    def attempt(tree: Tree, store: str, spread_name: str, rep: int, **options: Any) -> Any:
+        try:
+            return run_case(tmp, tree, store, spread_name, repetition=rep, **options)
+        except (RuntimeError, httpx.HTTPError) as exc:
+            failed.append(
+                {"tree": tree.name, "store": store, "spread": spread_name, "repetition": rep}
+                | {"error": str(exc)[:300], "load_average": load()}
+            )
+            print(f"{tree.name} {store} {spread_name} #{rep} failed: {exc}", file=sys.stderr)
+            return None
+
+    def note(tree: Tree, store: str, spread_name: str, result: dict[str, Any], rep: int) -> None:
+        runs.setdefault(tree.name, {}).setdefault(store, {}).setdefault(spread_name, []).append(
+            {
+                "repetition": rep,
+                "messages_per_s": result["messages_per_s"],
+                "server_cpu_us_per_message": result["server_cpu_us_per_message"],
+                "load_average": result["load_average"],
+            }
+        )
+        print(f"{tree.name} {store} {spread_name} #{rep}: {json.dumps(result)}", file=sys.stderr)
+
+    # A warm-up case on each tree first, not counted: the first server of a run meets a cold
+    # machine (in one run its near case ran at 40 % of the next ones' rate), which favoured
+    # the year against it in the first pair.
+    warm_up: dict[str, Any] = {}
+    if warm:
+        for tree, stores in trees:
+            result = attempt(
+                tree,
+                stores[0],
+                "near",
+                -1,
+                messages=messages,
+                clients=clients,
+                client=client,
+                strace_batches=0,
+                restart=False,
+            )
+            _remove(tmp / case_dir(tree, stores[0], "near", -1))
+            if result is not None:
+                warm_up[tree.name] = {k: result[k] for k in (RATE, CPU, "load_average")}
     # Spread by spread, every tree and store one after the other: a ratio compares runs
     # taken in the same minutes.
     for spread_name in SPREADS:
         for tree, stores in trees:
             for store in stores:
-                result = run_case(
-                    tmp,
+                result = attempt(
                     tree,
                     store,
                     spread_name,
+                    0,
                     messages=messages,
                     clients=clients,
                     client=client,
                     strace_batches=strace_batches,
                 )
-                cases.setdefault(tree.name, {}).setdefault(store, {})[spread_name] = result
-                print(f"{tree.name} {store} {spread_name}: {json.dumps(result)}", file=sys.stderr)
-    return {"messages_per_case": messages, "clients": clients, "client": client, "cases": cases}
+                if result is not None:
+                    cases.setdefault(tree.name, {}).setdefault(store, {})[spread_name] = result
+                    note(tree, store, spread_name, result, 0)
+    for rep in range(1, repeat):
+        spreads = REPEATED if rep % 2 == 0 else REPEATED[::-1]
+        ordered = trees if rep % 2 == 0 else trees[::-1]
+        for spread_name in spreads:
+            for tree, stores in ordered:
+                for store in stores:
+                    if store not in repeat_stores:
+                        continue
+                    result = attempt(
+                        tree,
+                        store,
+                        spread_name,
+                        rep,
+                        messages=messages,
+                        clients=clients,
+                        client=client,
+                        strace_batches=0,
+                        restart=False,
+                    )
+                    if result is not None:
+                        note(tree, store, spread_name, result, rep)
+                    _remove(tmp / case_dir(tree, store, spread_name, rep))
+    return {
+        "messages_per_case": messages,
+        "clients": clients,
+        "client": client,
+        "repeat": repeat,
+        "warm_up": warm_up,
+        "cases": cases,
+        "runs": runs,
+        "failed": failed,
+    }
 
 
-def spread_ratios(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 3) if values else float("nan")
+
+
+def paired(runs: list[dict[str, Any]], against: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``runs`` ÷ ``against``, rate and server CPU a message, each repetition's pair (the two
+    runs of one repetition), and the median of the pairs' ratios; None without a pair."""
+    by_rep = {run["repetition"]: run for run in against}
+    pairs = [
+        {
+            "repetition": run["repetition"],
+            "messages_per_s": ratio(run[RATE], by_rep[run["repetition"]][RATE]),
+            "server_cpu_us_per_message": ratio(run[CPU], by_rep[run["repetition"]][CPU]),
+        }
+        for run in runs
+        if run["repetition"] in by_rep
+    ]
+    if not pairs:
+        return None
+    return {
+        RATE: _median([p[RATE] for p in pairs]),
+        CPU: _median([p[CPU] for p in pairs]),
+        "pairs": pairs,
+    }
+
+
+def spread_ratios(
+    cases: dict[str, dict[str, dict[str, Any]]],
+    runs: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] | None = None,
+) -> dict[str, Any]:
     """Day and year against near, log against sqlite, this tree against the baseline: rates
-    and server CPU per message, each pair from the same run."""
-    rate, cpu = "messages_per_s", "server_cpu_us_per_message"
+    and server CPU per message, each pair from the same run. With ``runs`` (``part_spread``),
+    a ratio between cases that ran more than once is the median of its pairs' ratios, the pairs
+    listed beside it; the medians of each side's runs in ``medians``."""
     restart = "first_due_received_s"
+    runs = runs or {}
     out: dict[str, Any] = {}
-    for tree, stores in cases.items():
-        for store, by_spread in stores.items():
+    for tree, stores in runs.items():
+        for store, repeated in stores.items():
             for far in ("day", "year"):
-                if far in by_spread and "near" in by_spread:
-                    key = f"{tree}.{store}.{far}_to_near"
-                    out[key] = {
-                        "messages_per_s": ratio(by_spread[far][rate], by_spread["near"][rate]),
-                        "server_cpu_us_per_message": ratio(
-                            by_spread[far][cpu], by_spread["near"][cpu]
-                        ),
-                    }
+                # every run's pair (with one repetition, the first's: the single run)
+                found = paired(repeated.get(far, []), repeated.get("near", []))
+                if found is not None:
+                    if len(found["pairs"]) == 1:
+                        del found["pairs"]
+                    out[f"{tree}.{store}.{far}_to_near"] = found
     for tree, stores in cases.items():
         if "log" in stores and "sqlite" in stores:
             for spread_name, log_case in stores["log"].items():
                 sqlite_case = stores["sqlite"].get(spread_name)
                 if sqlite_case is not None:
                     out[f"{tree}.log_to_sqlite.{spread_name}"] = {
-                        "messages_per_s": ratio(log_case[rate], sqlite_case[rate]),
-                        "server_cpu_us_per_message": ratio(log_case[cpu], sqlite_case[cpu]),
+                        RATE: ratio(log_case[RATE], sqlite_case[RATE]),
+                        CPU: ratio(log_case[CPU], sqlite_case[CPU]),
                         "restart_first_due_received_s": ratio(
                             log_case["restart_after_kill"][restart] or 0,
                             sqlite_case["restart_after_kill"][restart] or 0,
@@ -531,14 +672,33 @@ def spread_ratios(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]
             for spread_name, case in by_spread.items():
                 base = cases["baseline"].get(store, {}).get(spread_name)
                 if base is not None:
-                    out[f"this_to_baseline.{store}.{spread_name}"] = {
-                        "messages_per_s": ratio(case[rate], base[rate]),
-                        "server_cpu_us_per_message": ratio(case[cpu], base[cpu]),
+                    key = f"this_to_baseline.{store}.{spread_name}"
+                    out[key] = {
+                        RATE: ratio(case[RATE], base[RATE]),
+                        CPU: ratio(case[CPU], base[CPU]),
                         "restart_first_due_received_s": ratio(
                             case["restart_after_kill"][restart] or 0,
                             base["restart_after_kill"][restart] or 0,
                         ),
                     }
+                    ours = runs.get("this", {}).get(store, {}).get(spread_name, [])
+                    theirs = runs.get("baseline", {}).get(store, {}).get(spread_name, [])
+                    if len(ours) > 1 and len(theirs) > 1:
+                        medians = paired(ours, theirs)
+                        if medians is not None:
+                            out[key].update(medians)
+    medians: dict[str, Any] = {}
+    for tree, stores in runs.items():
+        for store, by_spread in stores.items():
+            for spread_name, those in by_spread.items():
+                if len(those) > 1:
+                    medians[f"{tree}.{store}.{spread_name}"] = {
+                        RATE: _median([r[RATE] for r in those]),
+                        CPU: _median([r[CPU] for r in those]),
+                        "runs": len(those),
+                    }
+    if medians:
+        out["medians"] = medians
     return out
 
 
@@ -701,6 +861,24 @@ def main() -> None:
         "--client", choices=CLIENTS, default="stdlib", help="how they post (default stdlib)"
     )
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="runs of the near and year cases each (default 5), on fresh servers, alternating"
+        " their order; the year-to-near ratios are the medians of the runs' pairs",
+    )
+    parser.add_argument(
+        "--repeat-stores",
+        type=lambda t: t.split(","),
+        default=["log"],
+        help="the stores repeated (default log; the others run once)",
+    )
+    parser.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="no uncounted near case on each tree before the measured ones",
+    )
+    parser.add_argument(
         "--strace-batches",
         type=int,
         default=20,
@@ -757,8 +935,11 @@ def main() -> None:
                 clients=args.clients,
                 client=args.client,
                 strace_batches=args.strace_batches,
+                repeat=args.repeat,
+                repeat_stores=tuple(args.repeat_stores),
+                warm=not args.no_warm_up,
             )
-            spread["ratios"] = spread_ratios(spread["cases"])
+            spread["ratios"] = spread_ratios(spread["cases"], spread["runs"])
             results["spread"] = spread
         if args.only in (None, "restart-pending"):
             results["restart_pending"] = part_restart_pending(tmp, trees, args.restart_pending)

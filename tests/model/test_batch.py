@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import pytest
@@ -9,13 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarry.errors import InvalidArgument, TarryError, UnknownDestination
+from tarry.model.accepted import AcceptedColumns
 from tarry.model.batch import (
     COLUMN_MIN,
+    PLAIN_FIELDS,
     BatchCheck,
     destinations_of,
     parse_batch,
     validate_batch,
 )
+from tarry.model.fields import FIELDS, field_names
 from tarry.model.ids import IdGenerator, id_due_ms
 from tarry.model.message import MAX_DELAY_MS, SendPlan, SendRequest
 from tarry.model.validate import DestinationView, TargetView, parse_send, validate_send
@@ -272,3 +276,49 @@ def test_a_plain_batch_with_every_send_refused_is_answered_with_its_refusals() -
     errors, accepted = got
     assert len(accepted) == 0
     assert _answers(errors) == _answers(validate_batch(parse_batch(items), now_ms=NOW, views={}))
+
+
+#: A valid value of each field a plain send may not give (``report`` needs ``reply_to``).
+_NOT_PLAIN = {
+    "body_base64": {"body_base64": "eA=="},
+    "headers": {"headers": {"a": "b"}},
+    "message_id": {"message_id": "k"},
+    "correlation_id": {"correlation_id": "c"},
+    "reply_to": {"reply_to": "q"},
+    "report": {"reply_to": "q", "report": "expiration"},
+    "on_undeliverable": {"on_undeliverable": "discard"},
+    "group_id": {"group_id": "g"},
+    "retain": {"retain": True},
+    "persistent": {"persistent": True},
+}
+
+
+def test_plain_fields_are_the_column_fields_that_accepted_columns_hold() -> None:
+    # The field table decides: each plain field is read column-wise into a column that
+    # AcceptedColumns carries, and every other field of a send is listed below as not plain
+    held = {f.name for f in dataclass_fields(AcceptedColumns)}
+    for f in FIELDS:
+        plain = f.column is not None and f.checked is not None and f.checked[0] in held
+        assert (f.name in PLAIN_FIELDS) is plain
+    assert PLAIN_FIELDS | set(_NOT_PLAIN) == field_names()
+    assert not PLAIN_FIELDS & set(_NOT_PLAIN)
+
+
+@pytest.mark.parametrize("name", sorted(_NOT_PLAIN))
+def test_a_send_giving_a_field_that_is_not_plain_leaves_the_batch_to_the_general_path(
+    name: str,
+) -> None:
+    items = [{"destination": "q", "body": "x", "delay_ms": 10} for _ in range(COLUMN_MIN)]
+    items[7] = {"destination": "q", "delay_ms": 10, **_NOT_PLAIN[name]}
+    assert BatchCheck(items).plain(now_ms=NOW, views=_QUEUES_ONLY, ids=IdGenerator()) is None
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN_FIELDS - {"destination", "delay_ms"}))
+def test_a_send_giving_plain_fields_only_is_answered_as_columns(name: str) -> None:
+    value = {"body": "y", "deliver_at": NOW + 50, "ttl_ms": 10**6}[name]
+    items: list[dict[str, Any]] = [{"destination": "q", "delay_ms": 10} for _ in range(COLUMN_MIN)]
+    items[7] = {"destination": "q", name: value}
+    if name != "deliver_at":
+        items[7]["delay_ms"] = 10
+    got = BatchCheck(items).plain(now_ms=NOW, views=_QUEUES_ONLY, ids=IdGenerator())
+    assert got is not None and got[0][7] is None

@@ -14,6 +14,7 @@ plain sends (``tarry.model.accepted``), the server's common case.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import fields as dataclass_fields
 from itertools import repeat
 from typing import Any, cast
 
@@ -23,7 +24,7 @@ import pyarrow as pa
 from tarry.errors import TarryError
 from tarry.model.accepted import AcceptedColumns
 from tarry.model.columns import ParsedColumns, PlannedColumns, parse_columns, validate_columns
-from tarry.model.fields import COLUMN_FIELDS
+from tarry.model.fields import COLUMN_FIELDS, fields_into
 from tarry.model.ids import IdGenerator
 from tarry.model.message import SendPlan, SendRequest, Undeliverable
 from tarry.model.rules import Rule, destination_rules
@@ -121,8 +122,10 @@ COLUMN_MIN = 256
 _COLUMN_FIELDS = tuple(COLUMN_FIELDS)
 _COLUMN_SET = frozenset(_COLUMN_FIELDS)
 _NO_FIELDS: dict[str, Any] = {}
-#: The fields of a plain send (``BatchCheck.plain``): each its own message, no key, no options.
-PLAIN_FIELDS = frozenset({"destination", "body", "delay_ms", "deliver_at", "ttl_ms"})
+#: The fields of a plain send (``BatchCheck.plain``): each its own message, no key, no options;
+#: derived from the field table, the column-decided fields whose checked column
+#: ``AcceptedColumns`` holds (destination, body, delay or time, TTL).
+PLAIN_FIELDS = fields_into({f.name for f in dataclass_fields(AcceptedColumns)})
 
 
 class BatchCheck:

@@ -2,7 +2,8 @@
 
 - the validator's field list (``SEND_FIELDS`` in ``validate.py``), which refuses unknown fields;
 - the column-wise rules' fields (``COLUMN_FIELDS``) and the Arrow type each is read as there
-  (``tarry.model.columns``, ``tarry.model.batch``);
+  (``tarry.model.columns``, ``tarry.model.batch``), and of those the fields of a plain send,
+  the ones ``AcceptedColumns`` holds (``fields_into``: ``PLAIN_FIELDS`` in ``batch.py``);
 - the checked form's columns (``CHECKED_COLUMNS``): what a send is normalised to, with the Arrow
   type of each (``tarry.model.columns``), and from there the Spark import's schema and DDL
   (``tarry.pipeline.validation``);
@@ -16,6 +17,7 @@ derived forms to the table).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from tarry.model.message import MAX_DELAY_MS, MAX_INSTANT_MS, MAX_TTL_MS
@@ -29,6 +31,7 @@ __all__ = [
     "NAME_PATTERN",
     "SendField",
     "field_names",
+    "fields_into",
 ]
 
 #: A queue, topic or destination name (``validate.check_name``), in the syntax JSON Schema and
@@ -175,6 +178,16 @@ FIELDS: tuple[SendField, ...] = (
 def field_names() -> frozenset[str]:
     """Every field a send may carry."""
     return frozenset(f.name for f in FIELDS)
+
+
+def fields_into(columns: Collection[str]) -> frozenset[str]:
+    """The fields the column-wise rules decide whose checked column is one of ``columns``: a
+    send giving no other field is wholly described by those columns."""
+    return frozenset(
+        f.name
+        for f in FIELDS
+        if f.column is not None and f.checked is not None and f.checked[0] in columns
+    )
 
 
 #: The fields the column-wise rules decide, in table order, with the Arrow type they read.
