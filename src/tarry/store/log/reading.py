@@ -18,7 +18,7 @@ from tarry.store.log.scrub import damage_line
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import PartitionTable
 
-__all__ = ["ensure_loaded", "load", "read_message", "read_messages"]
+__all__ = ["ensure_loaded", "load", "pick_due", "read_message", "read_messages"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,32 @@ def ensure_loaded(table: PartitionTable, now_ms: int) -> None:
         assert partition.index is not None
         if partition.end_ms <= now_ms and len(partition.index):
             overdue_indexed += 1
+
+
+def pick_due(table: PartitionTable, files: SegmentFiles, now_ms: int, limit: int) -> list[Held]:
+    """Take up to ``limit`` messages due at ``now_ms`` out of circulation: waiting ones (retries,
+    released claims) first, then the indexed partitions', in due order."""
+    ensure_loaded(table, now_ms)
+    partitions = table.partitions
+    # The due partitions' bytes held in memory are written out before anything is taken
+    # out of circulation: a failed write (a full disk) fails the fetch, losing nothing.
+    due: list[Partition] = []
+    for number in table.numbers:
+        partition = partitions[number]
+        if partition.start_ms > now_ms:
+            break
+        if partition.index is not None:
+            files.flush(partition)
+            due.append(partition)
+    picked = [held for _, held in table.due_waiting(now_ms, limit)]
+    for partition in due:
+        if len(picked) >= limit:
+            break
+        assert partition.index is not None
+        number = partition.number
+        for at, pos in partition.index.pop_due(now_ms, limit - len(picked)):
+            picked.append(Held(number, pos, at, ""))
+    return picked
 
 
 def read_message(table: PartitionTable, files: SegmentFiles, held: Held) -> Message | None:
