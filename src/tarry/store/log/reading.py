@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import cast
 
 import numpy as np
 
@@ -104,6 +105,18 @@ def read_messages(
     table: PartitionTable, files: SegmentFiles, helds: list[Held]
 ) -> list[Message | None]:
     """``read_message`` of each, reading each partition's records in one go."""
+    if not helds:
+        return []
+    number = helds[0].number
+    if all(held.number == number for held in helds):  # a round's batch: mostly one partition
+        partition = table.partitions.get(number)
+        if partition is None:
+            return [None] * len(helds)
+        positions = [held.pos for held in helds]
+        got = files.read_messages(partition, positions)
+        if str not in set(map(type, got)):
+            return cast(list[Message | None], got)
+        return [_readable(table, partition, pos, g) for pos, g in zip(positions, got, strict=True)]
     out: list[Message | None] = [None] * len(helds)
     by_number: dict[int, list[int]] = {}
     for i, held in enumerate(helds):
@@ -115,11 +128,17 @@ def read_messages(
         positions = [helds[i].pos for i in indexes]
         got = files.read_messages(partition, positions)
         for i, pos, message in zip(indexes, positions, got, strict=True):
-            if isinstance(message, Message):
-                out[i] = message
-            else:
-                _damaged(table, partition, pos, message)
+            out[i] = _readable(table, partition, pos, message)
     return out
+
+
+def _readable(
+    table: PartitionTable, partition: Partition, pos: int, got: Message | str
+) -> Message | None:
+    if isinstance(got, Message):
+        return got
+    _damaged(table, partition, pos, got)
+    return None
 
 
 def _damaged(table: PartitionTable, partition: Partition, pos: int, reason: str) -> None:
