@@ -8,26 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tarry.model.ids import IdGenerator
-from tarry.model.message import Message
-from tarry.store.log import LogStore
-
-NOW = 1_700_000_000_000
-G = 60_000
-ids = IdGenerator()
-
-
-def message(due_ms: int, body: bytes) -> Message:
-    return Message(
-        id=ids.new_due(NOW, due_ms),
-        destination="q",
-        body=body,
-        headers={},
-        sent_at_ms=NOW,
-        deliver_at_ms=due_ms,
-        expires_at_ms=None,
-        updated_at_ms=NOW,
-    )
+from tests.store.test_log_recovery import NOW, G, message, opened
 
 
 def _flip_a_byte_of(root: Path, body: bytes) -> Path:
@@ -48,8 +29,7 @@ async def test_a_damaged_record_is_reported_and_left_out_of_the_round(
 ) -> None:
     # Given three messages due together, in one partition or a partition each, indexed and
     # their records on disk, and then the middle one's record damaged
-    store = LogStore(tmp_path / "log", granularity_ms=G, prefetch_ms=3 * G)
-    await store.open()
+    store = await opened(tmp_path / "log", prefetch_ms=3 * G)
     try:
         step = G if spread else 1  # a partition each, or one for all
         batch = [message(NOW + 5 + k * step, b"body-%d" % k) for k in range(3)]
