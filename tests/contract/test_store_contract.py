@@ -127,6 +127,22 @@ async def test_a_claimed_message_is_not_fetched_again_until_its_lease_ends(store
     assert [x.id for x in await store.fetch_due(NOW + 1000, limit=10, lease_ms=1000)] == [m.id]
 
 
+async def test_each_claim_lapses_at_its_own_lease_however_they_were_taken(store) -> None:
+    # Given a long claim, then a short one taken after it
+    long, short, late = message(0), message(1), message(400)
+    await store.store([long, short, late])
+    assert [x.id for x in await store.fetch_due(NOW, limit=1, lease_ms=10_000)] == [long.id]
+    assert [x.id for x in await store.fetch_due(NOW + 1, limit=1, lease_ms=100)] == [short.id]
+    # Then the short claim lapses at its own time and not before, a message falling due
+    # meanwhile is taken as usual, and the long claim stays out until its lease ends
+    hour = 3_600_000
+    assert await store.fetch_due(NOW + 100, limit=10, lease_ms=hour) == []
+    assert [x.id for x in await store.fetch_due(NOW + 101, limit=10, lease_ms=hour)] == [short.id]
+    assert [x.id for x in await store.fetch_due(NOW + 400, limit=10, lease_ms=hour)] == [late.id]
+    assert await store.fetch_due(NOW + 9_999, limit=10, lease_ms=hour) == []
+    assert [x.id for x in await store.fetch_due(NOW + 10_000, limit=10, lease_ms=1)] == [long.id]
+
+
 async def test_next_due_time_is_the_earliest_unclaimed_due_time(store) -> None:
     assert await store.next_due_time() is None
     await store.store([message(300), message(100)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
+import numpy as np
 import pytest
 
 from tarry.errors import Overloaded
@@ -99,6 +100,27 @@ def test_the_forecast_counts_ready_and_accepted_messages_at_the_consumers_pace()
     # Once their due times passed (released, so among the ready), they no longer count twice.
     lag.sampled(now + 600, [("q", QueueHead(oldest_due_ms=now + 500, ready=0))], limit_ms=LIMIT)
     assert lag.lag_ms("q") == 100
+
+
+@pytest.mark.parametrize("queues", [("q",), ("q", "other", "q", "gone")])
+def test_accepted_as_columns_forecasts_as_the_same_messages_do(queues: tuple[str, ...]) -> None:
+    # Given two trackers whose consumers keep the same pace on "q" and "other"
+    by_message, by_columns = DeliveryLag(), DeliveryLag()
+    for lag in (by_message, by_columns):
+        now = _consumed_at_pace(lag, "q", per_s=1_000)
+        _consumed_at_pace(lag, "other", per_s=1_000)
+    # When one is told of a batch as messages and the other as its columns (destinations
+    # and due times; some beyond the forecast, some for a queue nobody reads)
+    due = [now + 37 * k for k in range(1_200)] + [now + BEHIND_HORIZON_MS + 1]
+    destinations = [queues[k % len(queues)] for k in range(len(due))]
+    by_message.accepted([_message(q, at) for q, at in zip(destinations, due, strict=True)], now)
+    by_columns.accepted_due(destinations, np.array(due, dtype=np.int64), now)
+    # Then both forecast the same lag for every queue
+    for lag in (by_message, by_columns):
+        heads = [(q, QueueHead(now - 5, 100)) for q in ("q", "other")]
+        lag.sampled(now, heads, limit_ms=60_000)
+    assert by_columns.snapshot() == by_message.snapshot()
+    assert by_columns.lag_ms("q") > 0
 
 
 def test_arrivals_beyond_full_consumers_pace_forecast_lag_and_within_it_none() -> None:

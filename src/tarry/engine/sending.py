@@ -278,9 +278,8 @@ class Sender:
             results[row] = SendResult(
                 id, scheduled, due, None if expires_at < 0 else expires_at, True, destination
             )
-        messages = accepted.messages()
-        self.ctx.emit(EventRun("scheduled", messages, now))
-        self.ctx.waiters.lag.accepted(messages, now)
+        self.ctx.emit(EventRun("scheduled", accepted.messages(), now))
+        self.ctx.waiters.lag.accepted_due(accepted.destination, accepted.deliver_at_ms, now)
         self.ctx.due(int(accepted.deliver_at_ms.min()), now)
         return results
 

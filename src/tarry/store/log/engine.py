@@ -46,7 +46,7 @@ from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash
 from tarry.store.log.layout import Layout
 from tarry.store.log.locate import Located, list_page, locate_many
 from tarry.store.log.opening import recover
-from tarry.store.log.reading import ensure_loaded, load, read_message, read_messages
+from tarry.store.log.reading import load, pick_due, read_message, read_messages
 from tarry.store.log.record import (
     CANCELLED,
     FAILED,
@@ -68,6 +68,9 @@ from tarry.store.log.writer import GroupWriter
 __all__ = ["LogStore"]
 
 log = logging.getLogger(__name__)
+
+#: A time later than any lease runs out.
+_NEVER = 2**63 - 1
 
 _sent_at = attrgetter("sent_at_ms")
 _message_id, _destination = attrgetter("message_id"), attrgetter("destination")
@@ -107,6 +110,8 @@ class LogStore:
         self.partitions = table.partitions
         self._numbers = table.numbers
         self._claims, self._waiting, self._leaving = table.claims, table.waiting, table.leaving
+        #: No claim's lease runs out before this (claims given back since may leave it early).
+        self._claims_lapse_ms = _NEVER
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-log")
         self._scrub_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-scrub")
         self._scrubbing: asyncio.Task[None] | None = None
@@ -272,47 +277,42 @@ class LogStore:
         self._check()
         table = self.table
         table.now_ms = max(table.now_ms, now_ms)
-        for message_id, held in list(self._claims.items()):
-            if held.until <= now_ms:
-                del self._claims[message_id]
-                table.wait(message_id, held, held.due)
-        ensure_loaded(table, now_ms)
-        # The due partitions' bytes held in memory are written out before anything is taken
-        # out of circulation: a failed write (a full disk) fails the fetch, losing nothing.
-        for number in self._numbers:
-            partition = self.partitions[number]
-            if partition.start_ms > now_ms:
-                break
-            if partition.index is not None:
-                self.files.flush(partition)
-        picked = table.due_waiting(now_ms, limit)
-        for number in self._numbers:
-            if len(picked) >= limit:
-                break
-            partition = self.partitions[number]
-            if partition.start_ms > now_ms:
-                break
-            if partition.index is not None:
-                for due, pos in partition.index.pop_due(now_ms, limit - len(picked)):
-                    picked.append((None, Held(number, pos, due, "")))
+        if self._claims_lapse_ms <= now_ms:
+            self._lapse_claims(now_ms)
+        helds = pick_due(table, self.files, now_ms, limit)
         out: list[Message] = []
-        helds = [held for _, held in picked]
+        failures, claims, until = table.state.failures, self._claims, now_ms + lease_ms
         for held, message in zip(helds, read_messages(table, self.files, helds), strict=True):
             if message is None:
                 continue
-            failure = self.state.failures.get(message.id)
+            failure = failures.get(message.id)
             if failure is not None:
                 if failure.retry_at_ms > now_ms:  # a back-off that outlived a restart
                     table.wait(message.id, held, failure.retry_at_ms)
                     continue
                 message.failures, message.last_error = failure.attempts, failure.error
-            held.destination, held.until = message.destination, now_ms + lease_ms
-            self._claims[message.id] = held
+            held.destination, held.until = message.destination, until
+            claims[message.id] = held
             out.append(message)
+        if out:
+            self._claims_lapse_ms = min(self._claims_lapse_ms, until)
         if now_ms - self._last_upkeep_ms >= self.snapshot_interval_ms and self._upkeeping is None:
             self._last_upkeep_ms = now_ms
             self._upkeeping = asyncio.get_running_loop().create_task(self._upkeep(now_ms))
         return out
+
+    def _lapse_claims(self, now_ms: int) -> None:
+        """Claims whose lease ran out wait again at their due time. Looked for only once the
+        earliest lease may have run out (``_claims_lapse_ms``), not at every round: a round
+        would otherwise walk every claim still out."""
+        table, lapse = self.table, _NEVER
+        for message_id, held in list(self._claims.items()):
+            if held.until <= now_ms:
+                del self._claims[message_id]
+                table.wait(message_id, held, held.due)
+            else:
+                lapse = min(lapse, held.until)
+        self._claims_lapse_ms = lapse
 
     async def _upkeep(self, now_ms: int) -> None:
         """Cleanup, then a snapshot if anything changed (every ``snapshot_interval_ms``)."""

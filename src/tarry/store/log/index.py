@@ -82,9 +82,11 @@ class DueIndex:
         """Up to ``limit`` (due, position) entries due at or before ``now_ms``, in due order."""
         if self._in_min is not None and self._in_min <= now_ms:
             self._merge()
-        end = int(np.searchsorted(self._due, now_ms, side="right"))
-        out: list[tuple[int, int]] = []
         head = self._head
+        out: list[tuple[int, int]] = []
+        if head >= len(self._due) or self._due[head] > now_ms:
+            return out  # nothing due yet: most rounds of a sparse partition
+        end = int(self._due.searchsorted(now_ms, side="right"))
         dead = self.dead
         while head < end and len(out) < limit:
             stop = min(end, head + limit - len(out) + len(dead))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import cast
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from tarry.store.log.scrub import damage_line
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import PartitionTable
 
-__all__ = ["ensure_loaded", "load", "read_message", "read_messages"]
+__all__ = ["ensure_loaded", "load", "pick_due", "read_message", "read_messages"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,32 @@ def ensure_loaded(table: PartitionTable, now_ms: int) -> None:
             overdue_indexed += 1
 
 
+def pick_due(table: PartitionTable, files: SegmentFiles, now_ms: int, limit: int) -> list[Held]:
+    """Take up to ``limit`` messages due at ``now_ms`` out of circulation: waiting ones (retries,
+    released claims) first, then the indexed partitions', in due order."""
+    ensure_loaded(table, now_ms)
+    partitions = table.partitions
+    # The due partitions' bytes held in memory are written out before anything is taken
+    # out of circulation: a failed write (a full disk) fails the fetch, losing nothing.
+    due: list[Partition] = []
+    for number in table.numbers:
+        partition = partitions[number]
+        if partition.start_ms > now_ms:
+            break
+        if partition.index is not None:
+            files.flush(partition)
+            due.append(partition)
+    picked = [held for _, held in table.due_waiting(now_ms, limit)]
+    for partition in due:
+        if len(picked) >= limit:
+            break
+        assert partition.index is not None
+        number = partition.number
+        for at, pos in partition.index.pop_due(now_ms, limit - len(picked)):
+            picked.append(Held(number, pos, at, ""))
+    return picked
+
+
 def read_message(table: PartitionTable, files: SegmentFiles, held: Held) -> Message | None:
     partition = table.partitions.get(held.number)
     if partition is None:
@@ -78,6 +105,18 @@ def read_messages(
     table: PartitionTable, files: SegmentFiles, helds: list[Held]
 ) -> list[Message | None]:
     """``read_message`` of each, reading each partition's records in one go."""
+    if not helds:
+        return []
+    number = helds[0].number
+    if all(held.number == number for held in helds):  # a round's batch: mostly one partition
+        partition = table.partitions.get(number)
+        if partition is None:
+            return [None] * len(helds)
+        positions = [held.pos for held in helds]
+        got = files.read_messages(partition, positions)
+        if str not in set(map(type, got)):
+            return cast(list[Message | None], got)
+        return [_readable(table, partition, pos, g) for pos, g in zip(positions, got, strict=True)]
     out: list[Message | None] = [None] * len(helds)
     by_number: dict[int, list[int]] = {}
     for i, held in enumerate(helds):
@@ -89,11 +128,17 @@ def read_messages(
         positions = [helds[i].pos for i in indexes]
         got = files.read_messages(partition, positions)
         for i, pos, message in zip(indexes, positions, got, strict=True):
-            if isinstance(message, Message):
-                out[i] = message
-            else:
-                _damaged(table, partition, pos, message)
+            out[i] = _readable(table, partition, pos, message)
     return out
+
+
+def _readable(
+    table: PartitionTable, partition: Partition, pos: int, got: Message | str
+) -> Message | None:
+    if isinstance(got, Message):
+        return got
+    _damaged(table, partition, pos, got)
+    return None
 
 
 def _damaged(table: PartitionTable, partition: Partition, pos: int, reason: str) -> None:

@@ -150,14 +150,21 @@ class PartitionTable:
         """Bookkeeping once their RELEASED / CANCELLED / MOVED markers are written, the counts
         changed once per partition and destination (a released batch mostly shares both)."""
         leaving, failures = self.leaving.pop, self.state.failures.pop
-        for message_id, _ in taken:
+        # Counted in the one pass (a ``Counter`` each costs more than the pass at a round's
+        # few dozen messages).
+        numbers: dict[int, int] = {}
+        destinations: dict[str, int] = {}
+        for message_id, held in taken:
             leaving(message_id, None)
             failures(message_id, None)
-        for number, count in Counter(held.number for _, held in taken).items():
+            number, destination = held.number, held.destination
+            numbers[number] = numbers.get(number, 0) + 1
+            destinations[destination] = destinations.get(destination, 0) + 1
+        for number, count in numbers.items():
             partition = self.partitions.get(number)
             if partition is not None:
                 partition.finished += count
-        for destination, count in Counter(held.destination for _, held in taken).items():
+        for destination, count in destinations.items():
             self.state.scheduled[destination] -= count
         self.changes += len(taken)
 
