@@ -18,6 +18,7 @@ from tarry.model.state import MessageState
 from tarry.store.sql import SqlConnection, in_list, row_key, row_lock
 from tarry.store.sqlite.row_memory import RowMemory
 from tarry.store.sqlite.rows import COLUMNS, from_row
+from tarry.store.sqlite.schema import OLD_RECEIPT
 
 __all__ = [
     "RECEIPT_SQL",
@@ -67,8 +68,10 @@ def held_by_receipt(
             named[receipt] = row
     by_key = {row[-1]: row for row in _rows(conn, key, set(named.values()))}
     # Through the receipt index alone, so that only it can answer (a planner without
-    # statistics would otherwise walk the whole queue).
-    by_receipt = {row[_RECEIPT]: row for row in _rows(conn, "receipt", older)}
+    # statistics would otherwise walk the whole queue). SQLite's holds only receipts of the
+    # older form, and is used where the query states that condition (``OLD_RECEIPT``).
+    old_form = f" AND {OLD_RECEIPT}" if integer else ""
+    by_receipt = {row[_RECEIPT]: row for row in _rows(conn, "receipt", older, old_form)}
     found: dict[str, tuple[Any, Message]] = {}
     for receipt, named_key in named.items():
         row = by_key.get(named_key)
@@ -206,13 +209,15 @@ def _holds(row: Any, receipt: str, queue: str) -> bool:
     return bool(row[_RECEIPT] == receipt and row[_QUEUE] == queue and row[_STATE] == "delivered")
 
 
-def _rows(conn: SqlConnection, column: str, values: Iterable[Any]) -> list[Any]:
-    """Every column of the rows whose ``column`` is one of ``values``, then the row key."""
+def _rows(conn: SqlConnection, column: str, values: Iterable[Any], also: str = "") -> list[Any]:
+    """Every column of the rows whose ``column`` is one of ``values`` (and, ``also``, that meet
+    that further condition), then the row key."""
     wanted = list(values)
     out: list[Any] = []
     for start in range(0, len(wanted), _CHUNK):
         where, chunk = in_list(conn, column, wanted[start : start + _CHUNK])
         out += conn.execute(
-            f"SELECT {_ALL}, {row_key(conn)} FROM messages WHERE {where}{row_lock(conn)}", chunk
+            f"SELECT {_ALL}, {row_key(conn)} FROM messages WHERE {where}{also}{row_lock(conn)}",
+            chunk,
         ).fetchall()
     return out
