@@ -129,6 +129,34 @@ async def test_a_failing_write_fails_alone_and_the_others_of_its_batch_commit(
     assert rows == [(2,), (3,)]
 
 
+async def test_a_failing_write_alone_in_its_transaction_leaves_nothing_and_the_next_commits(
+    db: Database,
+) -> None:
+    # Given a table, and a write alone in its transaction (no savepoint of its own) that
+    # writes a row and then fails
+    await db.write(lambda conn: conn.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)"))
+
+    def bad(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute("INSERT INTO t VALUES (1)")
+
+    # When it runs, then it fails and its row is gone
+    with pytest.raises(Unavailable):
+        await db.write(bad)
+    # and the next write alone, and one that raises something else, still work as before
+    await db.write(lambda conn: conn.execute("INSERT INTO t VALUES (2)"))
+
+    def raises(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO t VALUES (3)")
+        raise Unavailable("refused")
+
+    with pytest.raises(Unavailable, match="refused"):
+        await db.write(raises)
+    rows = await db.read(lambda conn: conn.execute("SELECT x FROM t ORDER BY x").fetchall())
+    assert rows == [(2,)]
+    assert await db.write(lambda conn: conn.in_transaction) is True
+
+
 async def test_many_concurrent_writes_all_commit_and_close_waits_for_them(tmp_path: Path) -> None:
     db = Database(tmp_path / "q.db")
     await db.open()

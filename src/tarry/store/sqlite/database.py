@@ -234,10 +234,15 @@ class Database:
         if level != self._level:
             conn.execute(f"PRAGMA synchronous={level}")
             self._level = level
+        # A write alone in its transaction needs no savepoint: if it fails, the transaction
+        # is rolled back whole (a consumer's receive or ack is often alone, and each statement
+        # is a hand-over of the GIL).
+        alone = len(batch) == 1
         conn.execute("BEGIN IMMEDIATE")
         try:
             for work, _, _ in batch:
-                conn.execute("SAVEPOINT w")
+                if not alone:
+                    conn.execute("SAVEPOINT w")
                 try:
                     results.append((True, work(conn)))
                 except Exception as exc:
@@ -247,10 +252,14 @@ class Database:
                         # SQLite rolled the whole transaction back (e.g. a full disk): every
                         # write of this batch is gone, so every one of them must fail.
                         raise
-                    conn.execute("ROLLBACK TO w")
                     error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
                     results.append((False, error))
-                conn.execute("RELEASE w")
+                    if alone:
+                        conn.execute("ROLLBACK")
+                        return results
+                    conn.execute("ROLLBACK TO w")
+                if not alone:
+                    conn.execute("RELEASE w")
                 if yields and self._first:
                     break
             conn.execute("COMMIT")
