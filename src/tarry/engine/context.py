@@ -6,7 +6,6 @@ link's parts, so a part never reaches into the ``Engine`` itself."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore, QueueDatabase
+from tarry.store.sql import QueueConnection
 from tarry.transports.base import Transport
 
 __all__ = ["EngineContext"]
@@ -35,7 +35,7 @@ class EngineContext:
     transports: Mapping[str, Transport]
     waiters: Waiters
     #: A queue transaction on ``conn`` at ``now_ms``.
-    txn: Callable[[sqlite3.Connection, int], QueueTxn]
+    txn: Callable[[QueueConnection, int], QueueTxn]
     #: After a transaction committed: tell its events, wake the consumers of what it filled.
     after: Callable[[QueueTxn], None]
     #: Tell the listeners about changes already made.

@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tarry.store.sql import SqlConnection, in_list, row_key
-from tarry.store.sqlite.row_memory import RowMemory
+from tarry.store.sql import QueueConnection, in_list, row_key
 from tarry.store.sqlite.rows import COLUMNS
 
 __all__ = ["ready_rows"]
@@ -17,10 +16,10 @@ __all__ = ["ready_rows"]
 _ALL = ", ".join(COLUMNS)
 
 
-def ready_rows(conn: SqlConnection, where: str, args: Sequence[Any], order: str) -> list[Any]:
+def ready_rows(conn: QueueConnection, where: str, args: Sequence[Any], order: str) -> list[Any]:
     """The rows ``where`` finds (``SELECT_SQL``'s columns, then the row key), in ``order``
     (``ORDER BY ... LIMIT ...`` and any lock clause, its parameters last in ``args``)."""
-    memory: RowMemory | None = getattr(conn, "released", None)
+    memory = conn.released
     if memory is None:  # PostgreSQL, or a connection that keeps none
         sql = f"SELECT {_ALL}, {row_key(conn)} FROM messages WHERE {where} {order}"
         return list(conn.execute(sql, args).fetchall())

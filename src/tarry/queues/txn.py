@@ -29,7 +29,7 @@ from tarry.queues.catalog import Catalog
 from tarry.queues.ready_rows import ready_rows
 from tarry.queues.receipts import RECEIPT_SQL, hand_out, settled_by_receipt
 from tarry.queues.sequence import Sequencer
-from tarry.store.sql import SqlConnection, id_column, id_key, in_list, row_key, row_lock
+from tarry.store.sql import QueueConnection, id_column, id_key, in_list, row_key, row_lock
 from tarry.store.sqlite.rows import (
     COLUMNS,
     SELECT_SQL,
@@ -72,7 +72,7 @@ def _takeable_in(state: str, *, unexpired: bool) -> str:
 class QueueTxn:
     def __init__(
         self,
-        conn: SqlConnection,
+        conn: QueueConnection,
         *,
         now_ms: int,
         catalog: Catalog,
@@ -277,7 +277,7 @@ class QueueTxn:
                 ]
         finally:
             self.conn.execute("RELEASE flush")
-        if (memory := getattr(self.conn, "released", None)) is not None:
+        if (memory := self.conn.released) is not None:
             for queue, written in plain.items():
                 for _, row in written:
                     memory.keep(row[4], released_row(queue, self.now_ms, row), len(row[1]))

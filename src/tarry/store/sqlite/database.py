@@ -28,11 +28,25 @@ from tarry.store.faults import storage_fault
 from tarry.store.sqlite.row_memory import RowMemory
 from tarry.store.sqlite.schema import is_keyed, migrate
 
-__all__ = ["Database"]
+__all__ = ["Connection", "Database"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-Work = Callable[[sqlite3.Connection], Any]
+
+
+class Connection(sqlite3.Connection):
+    """A connection that knows how its ``messages`` table finds rows by id
+    (``tarry.store.sql.id_column``)."""
+
+    #: Rows are found through ``key`` (a queue database of its own), not ``id``.
+    keyed = False
+    #: The writing connection's memory of the rows releases wrote, by ``seq``, and of those
+    #: receives handed out, by row key (``row_memory``).
+    released: RowMemory | None = None
+    handed_out: RowMemory | None = None
+
+
+Work = Callable[[Connection], Any]
 #: A write waiting for the database thread: its work, its caller's future, whether durable.
 Job = tuple[Work, "asyncio.Future[Any]", bool]
 #: Batches the database thread commits before it lets other executor work in (``_flush``).
@@ -70,8 +84,8 @@ class Database:
         # Reads run on their own connection and thread (WAL readers do not wait for the
         # writer), so the dispatcher's look at the due index never queues behind commits.
         self._read_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-db-read")
-        self._reader: sqlite3.Connection | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._reader: Connection | None = None
+        self._conn: Connection | None = None
         self._pending: list[Job] = []
         #: Writes that go ahead of ``_pending`` (``write(first=True)``: releases).
         self._first: list[Job] = []
@@ -91,7 +105,7 @@ class Database:
         if self.path is not None:
             self._reader = await loop.run_in_executor(self._read_executor, self._open_reader)
 
-    def _open_reader(self) -> sqlite3.Connection:
+    def _open_reader(self) -> Connection:
         conn = _connect(str(self.path))
         conn.execute("PRAGMA cache_size=-32768")
         conn.execute("PRAGMA query_only=ON")
@@ -158,7 +172,7 @@ class Database:
         self._read_executor.shutdown(wait=True)
         self._executor.shutdown(wait=True)
 
-    async def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    async def read(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` on the reading connection; it sees every committed write."""
         writer = self._require()
         loop = asyncio.get_running_loop()
@@ -170,7 +184,7 @@ class Database:
             raise _unavailable(exc) from exc
 
     async def write(
-        self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False, first: bool = False
+        self, work: Callable[[Connection], T], *, durable: bool = False, first: bool = False
     ) -> T:
         """Run ``work`` inside a transaction shared with other concurrent writes; return once
         the transaction is committed, and fsynced when ``durable`` (see the module docstring).
@@ -279,7 +293,7 @@ class Database:
         self.commits += 1
         return results
 
-    def _require(self) -> sqlite3.Connection:
+    def _require(self) -> Connection:
         if self._conn is None:
             raise Unavailable("the store is not open; wait for the server to finish starting")
         return self._conn
@@ -294,18 +308,6 @@ def _settle(batch: list[Job], results: list[tuple[bool, Any]]) -> None:
             future.set_result(value)
         else:
             future.set_exception(value)
-
-
-class Connection(sqlite3.Connection):
-    """A connection that knows how its ``messages`` table finds rows by id
-    (``tarry.store.sql.id_column``)."""
-
-    #: Rows are found through ``key`` (a queue database of its own), not ``id``.
-    keyed = False
-    #: The writing connection's memory of the rows releases wrote, by ``seq``, and of those
-    #: receives handed out, by row key (``row_memory``).
-    released: RowMemory | None = None
-    handed_out: RowMemory | None = None
 
 
 def _connect(target: str) -> Connection:
