@@ -55,6 +55,25 @@ def _older(path: Path, *, keyed: bool, version: int) -> None:
     conn.close()
 
 
+def _migrated(
+    tmp_path: Path, *, keyed: bool, version: int, finished_in: bool
+) -> sqlite3.Connection:
+    """The database ``_older`` makes, opened by this tarry; ``finished_in``: its finished
+    messages' index was made with an ``IN`` list before."""
+    path = tmp_path / "queues.db"
+    _older(path, keyed=keyed, version=version)
+    conn = sqlite3.connect(path, isolation_level=None)
+    assert (" IN " in _index(conn, "messages_finished")) is finished_in
+    migrate(conn, queues_only=keyed)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert is_keyed(conn) is keyed
+    return conn
+
+
+def _plan(conn: sqlite3.Connection, sql: str, args: tuple[object, ...]) -> str:
+    return " ".join(str(row[-1]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", args))
+
+
 def _index(conn: sqlite3.Connection, name: str) -> str:
     row = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (name,)).fetchone()
     return str(row[0])
@@ -64,21 +83,14 @@ def _index(conn: sqlite3.Connection, name: str) -> str:
 def test_a_version_5_database_finds_finished_messages_through_the_comparisons(
     tmp_path: Path, keyed: bool
 ) -> None:
-    path = tmp_path / "queues.db"
-    _older(path, keyed=keyed, version=5)
-    conn = sqlite3.connect(path, isolation_level=None)
-    assert " IN " in _index(conn, "messages_finished")
-    migrate(conn, queues_only=keyed)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert is_keyed(conn) is keyed
+    conn = _migrated(tmp_path, keyed=keyed, version=5, finished_in=True)
     assert _index(conn, "messages_finished").endswith(f"WHERE {FINISHED}")
     assert " IN " not in _index(conn, "messages_finished")
     purge = (
         "SELECT rowid FROM messages WHERE "
         f"{FINISHED} AND updated_at_ms < ? LIMIT 10"  # as the store's purge words it
     )
-    plan = " ".join(str(row[-1]) for row in conn.execute(f"EXPLAIN QUERY PLAN {purge}", (NOW,)))
-    assert "messages_finished" in plan
+    assert "messages_finished" in _plan(conn, purge, (NOW,))
     assert [r[0] for r in conn.execute(purge, (NOW + 1,))] == [1]
     assert [r[0] for r in conn.execute("SELECT state FROM messages ORDER BY rowid")] == [
         "acked",
@@ -112,20 +124,17 @@ def test_a_new_database_has_the_indexes_a_migrated_one_has(tmp_path: Path, keyed
 def test_a_version_6_database_keeps_only_older_receipts_in_the_receipt_index(
     tmp_path: Path, keyed: bool
 ) -> None:
-    path = tmp_path / "queues.db"
-    _older(path, keyed=keyed, version=6)
-    conn = sqlite3.connect(path, isolation_level=None)
-    migrate(conn, queues_only=keyed)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert is_keyed(conn) is keyed
+    conn = _migrated(tmp_path, keyed=keyed, version=6, finished_in=False)
     assert _index(conn, "messages_receipt").endswith(f"WHERE {OLD_RECEIPT}")
     # The index holds the older receipt alone: a receive and an ack of today write none
     indexed = f"SELECT receipt FROM messages INDEXED BY messages_receipt WHERE {OLD_RECEIPT}"
     assert conn.execute(indexed).fetchall() == [(OLD,)]
     # Each receipt still finds its message in flight: the older one through that index
-    lookup = f"SELECT rowid FROM messages WHERE receipt IN (SELECT value FROM json_each(?)) AND {OLD_RECEIPT}"
-    plan = " ".join(str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {lookup}", ("[]",)))
-    assert "messages_receipt" in plan
+    lookup = (
+        "SELECT rowid FROM messages WHERE receipt IN (SELECT value FROM json_each(?)) "
+        f"AND {OLD_RECEIPT}"  # as held_by_receipt words it
+    )
+    assert "messages_receipt" in _plan(conn, lookup, ("[]",))
     new = "01JNEWFORMRECEIVE000000000.4"
     found = held_by_receipt(conn, "orders", [OLD, new, "01JNEWFORMRECEIVE000000000.x"])
     assert {receipt: (key, m.id) for receipt, (key, m) in found.items()} == {
