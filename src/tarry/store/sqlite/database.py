@@ -51,14 +51,6 @@ Work = Callable[[Connection], Any]
 Job = tuple[Work, "asyncio.Future[Any]", bool]
 #: Batches the database thread commits before it lets other executor work in (``_flush``).
 _BATCHES_IN_A_ROW = 16
-#: The writing connection's page cache, in KiB: the SQLite store's (its releases update rows
-#: anywhere in the file), and a queue database of its own's, SQLite's default. A queue
-#: database's writes stay near the end of its tables and indexes (releases append, receives
-#: and acks follow them), while SQLite walks the cache's hash table at many of its commits
-#: (pcache1's truncation past the end of the file, seen in profiles of receives and acks): the
-#: larger the cache has grown, the more each commit costs.
-_CACHE_KIB = 65536
-_QUEUES_CACHE_KIB = 2000
 #: The size a checkpointed WAL is cut back to (about what ``wal_autocheckpoint``'s default of
 #: 1,000 pages keeps).
 _WAL_KEEP_BYTES = 4 * 1024 * 1024
@@ -121,8 +113,7 @@ class Database:
         conn.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
         self._level = self._synchronous.upper()
         conn.execute("PRAGMA foreign_keys=OFF")
-        cache_kib = _QUEUES_CACHE_KIB if self._queues_only else _CACHE_KIB
-        conn.execute(f"PRAGMA cache_size=-{cache_kib}")
+        conn.execute("PRAGMA cache_size=-65536")
         conn.execute("PRAGMA temp_store=MEMORY")
         if self._max_pages is not None:
             conn.execute(f"PRAGMA max_page_count={int(self._max_pages)}")
