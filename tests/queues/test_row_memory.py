@@ -187,8 +187,12 @@ def test_a_receive_of_remembered_rows_reads_no_body(conn: sqlite3.Connection) ->
     seen = _statements(conn)
     assert len(queue.receive(NOW + 1, 10)) == 3
     conn.set_trace_callback(None)
-    reads = [s.split(" FROM ")[0] for s in seen if "state = 'ready'" in s]
-    assert reads == ["SELECT seq, rowid"]
+    # One read, of the ready rows' key, place and state (and whether any in flight lapsed)
+    [read] = [s for s in seen if s.startswith("SELECT")]
+    assert (
+        "SELECT seq, rowid, state FROM messages WHERE queue = 'orders' AND state = 'ready'" in read
+    )
+    assert "body" not in read
     assert len(conn.released or ()) == 0
 
 
@@ -294,3 +298,32 @@ def test_any_mix_of_queue_work_leaves_the_same_with_the_memories_as_without(
     assert remembered[0] == plain[0]
     assert remembered[1] == plain[1]
     assert remembered[2] == plain[2]
+
+
+@pytest.mark.parametrize("memory", [False, True], ids=["read", "remembered"])
+def test_a_receive_takes_lapsed_in_flight_messages_in_their_old_place(
+    tmp_path: Path, memory: bool
+) -> None:
+    # Given four messages released, the first two received under a short visibility timeout
+    conn = _database(tmp_path / "queues.db", memory=memory)
+    queue = Queue(conn)
+    queue.release(BATCH[:4])
+    assert len(queue.receive(NOW + 1, 2, visibility_ms=20)) == 2
+
+    def take(now_ms: int, count: int) -> list[tuple[str, bool, int]]:
+        taken = queue.run(
+            now_ms, lambda txn: txn.receive("orders", max_messages=count, visibility_ms=1000)
+        )
+        return [(m.id, m.redelivered, m.delivery_count) for m, _ in taken]
+
+    # While their timeout runs, a receive takes the ready ones only
+    assert take(NOW + 5, 1) == [(BATCH[2].id, False, 1)]
+    # When it has ended, a receive takes them again first, in queue order, then the ready one
+    assert take(NOW + 50, 5) == [
+        (BATCH[0].id, True, 2),
+        (BATCH[1].id, True, 2),
+        (BATCH[3].id, False, 1),
+    ]
+    # and when more have lapsed than a receive asks for, the first in queue order
+    assert take(NOW + 5_000, 2) == [(BATCH[0].id, True, 3), (BATCH[1].id, True, 3)]
+    conn.close()

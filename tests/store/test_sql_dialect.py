@@ -65,7 +65,7 @@ def test_the_sqlite_migration_rewrites_old_dedupe_keys(tmp_path: Path) -> None:
     conn.executescript(
         # (with the columns later versions index)
         "CREATE TABLE messages (dedupe_key TEXT, queue TEXT, seq INTEGER, state TEXT, "
-        "visible_at_ms INTEGER, updated_at_ms INTEGER); PRAGMA user_version = 1;"
+        "visible_at_ms INTEGER, updated_at_ms INTEGER, receipt TEXT); PRAGMA user_version = 1;"
     )
     conn.execute("INSERT INTO messages (dedupe_key) VALUES (?)", ("\x00q\x00m-1",))
     # When this tarry opens it, the key is rewritten with the unit separator

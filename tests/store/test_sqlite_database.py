@@ -23,6 +23,12 @@ async def db(tmp_path: Path) -> AsyncIterator[Database]:
     await opened.close()
 
 
+def _conflicting(conn: sqlite3.Connection) -> None:
+    """A write that writes a row, then fails on a key conflict with it (undone whole)."""
+    conn.execute("INSERT INTO t VALUES (1)")
+    conn.execute("INSERT INTO t VALUES (1)")
+
+
 async def test_writes_arriving_during_a_commit_are_committed_without_the_event_loop(
     db: Database,
 ) -> None:
@@ -94,13 +100,9 @@ async def test_a_first_write_goes_ahead_of_the_writes_waiting_and_of_the_rest_of
 async def test_a_first_write_that_fails_fails_alone(db: Database) -> None:
     await db.write(lambda conn: conn.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)"))
 
-    def bad(conn: sqlite3.Connection) -> None:
-        conn.execute("INSERT INTO t VALUES (1)")
-        conn.execute("INSERT INTO t VALUES (1)")
-
     results = await asyncio.gather(
         db.write(lambda conn: conn.execute("INSERT INTO t VALUES (2)")),
-        db.write(bad, first=True),
+        db.write(_conflicting, first=True),
         db.write(lambda conn: conn.execute("INSERT INTO t VALUES (3)"), first=True),
         return_exceptions=True,
     )
@@ -114,19 +116,39 @@ async def test_a_failing_write_fails_alone_and_the_others_of_its_batch_commit(
 ) -> None:
     await db.write(lambda conn: conn.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)"))
 
-    def bad(conn: sqlite3.Connection) -> None:
-        conn.execute("INSERT INTO t VALUES (1)")
-        conn.execute("INSERT INTO t VALUES (1)")  # a key conflict: this write is undone
-
     results = await asyncio.gather(
         db.write(lambda conn: conn.execute("INSERT INTO t VALUES (2)")),
-        db.write(bad),
+        db.write(_conflicting),
         db.write(lambda conn: conn.execute("INSERT INTO t VALUES (3)")),
         return_exceptions=True,
     )
     assert isinstance(results[1], Unavailable)
     rows = await db.read(lambda conn: conn.execute("SELECT x FROM t ORDER BY x").fetchall())
     assert rows == [(2,), (3,)]
+
+
+async def test_a_failing_write_alone_in_its_transaction_leaves_nothing_and_the_next_commits(
+    db: Database,
+) -> None:
+    # Given a table, and a write alone in its transaction (no savepoint of its own) that
+    # writes a row and then fails
+    await db.write(lambda conn: conn.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)"))
+
+    # When it runs, then it fails and its row is gone
+    with pytest.raises(Unavailable):
+        await db.write(_conflicting)
+    # and the next write alone, and one that raises something else, still work as before
+    await db.write(lambda conn: conn.execute("INSERT INTO t VALUES (2)"))
+
+    def raises(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO t VALUES (3)")
+        raise Unavailable("refused")
+
+    with pytest.raises(Unavailable, match="refused"):
+        await db.write(raises)
+    rows = await db.read(lambda conn: conn.execute("SELECT x FROM t ORDER BY x").fetchall())
+    assert rows == [(2,)]
+    assert await db.write(lambda conn: conn.in_transaction) is True
 
 
 async def test_many_concurrent_writes_all_commit_and_close_waits_for_them(tmp_path: Path) -> None:

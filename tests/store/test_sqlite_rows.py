@@ -19,6 +19,7 @@ from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog, QueueEntry
 from tarry.queues.sequence import Sequencer
 from tarry.queues.txn import QueueTxn
+from tarry.store.sqlite.database import _connect
 from tarry.store.sqlite.rows import SELECT_SQL, from_row, to_insert
 from tarry.store.sqlite.schema import migrate
 
@@ -27,7 +28,7 @@ NOW = 1_700_000_000_000
 
 @pytest.fixture
 def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
-    conn = sqlite3.connect(tmp_path / "queues.db", isolation_level=None)
+    conn = _connect(str(tmp_path / "queues.db"))
     migrate(conn)
     yield conn
     conn.close()
@@ -171,7 +172,7 @@ def test_enqueue_many_writes_what_enqueue_writes_message_by_message(
     results = []
     made = _mixed_batch()
     for way in ("one by one", "many"):
-        conn = sqlite3.connect(tmp_path / f"{way}-{keyed}.db", isolation_level=None)
+        conn = _connect(str(tmp_path / f"{way}-{keyed}.db"))
         migrate(conn, queues_only=keyed)
         txn = _txn(conn)
         txn.catalog.queues["orders"].args = args
@@ -221,7 +222,7 @@ def test_enqueue_many_leaves_messages_released_before_as_they_are(
     """A batch released again after a crash that came ahead of the store's markers, with new
     messages among those already here (plain and not): the ones here keep their rows (not
     written twice, not moved) and get no event; the new ones are written as usual."""
-    conn = sqlite3.connect(tmp_path / "queues.db", isolation_level=None)
+    conn = _connect(str(tmp_path / "queues.db"))
     migrate(conn, queues_only=keyed)
     txn = _txn(conn)
     txn.catalog.queues["orders"].args = args

@@ -3,7 +3,6 @@ engine's context. A policy change reaches the messages already in the queues it 
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +13,7 @@ from tarry.model.queue_args import Policy, parse_policy
 from tarry.model.validate import check_name
 from tarry.queues.catalog import save_policy, save_subscription, save_topic
 from tarry.queues.ttl_change import restamp_expiry
+from tarry.store.sql import QueueConnection
 
 __all__ = [
     "change_policies",
@@ -95,7 +95,7 @@ async def change_policies(ctx: EngineContext, name: str, policy: Policy | None) 
         candidate[name] = policy
     changed: list[tuple[str, int | None]] = []
 
-    def work(conn: sqlite3.Connection) -> None:
+    def work(conn: QueueConnection) -> None:
         save_policy(conn, policy, name)
         for queue, ttl in changed:
             restamp_expiry(conn, queue, ttl)

@@ -8,7 +8,6 @@ HTTP API, the client and the CLI go through them. What a queue does with its mes
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -19,6 +18,7 @@ from tarry.errors import InvalidArgument, NotFound
 from tarry.model.message import Message
 from tarry.model.time import wait_at_most
 from tarry.queues.txn import QueueTxn
+from tarry.store.sql import QueueConnection
 
 __all__ = ["DEFAULT_VISIBILITY_MS", "MAX_VISIBILITY_MS", "receive", "settle"]
 
@@ -57,7 +57,7 @@ async def receive(
             entry.last_used_ms = now
 
             def work(
-                conn: sqlite3.Connection, now: int = now
+                conn: QueueConnection, now: int = now
             ) -> tuple[QueueTxn, list[tuple[Message, str]]]:
                 txn = ctx.txn(conn, now)
                 return txn, txn.receive(queue, max_messages=max_messages, visibility_ms=visibility)
@@ -87,7 +87,7 @@ async def receive(
             ctx.waiters.count[queue] -= 1
 
 
-def _has_ready(ctx: EngineContext, conn: sqlite3.Connection, *, queue: str, now_ms: int) -> bool:
+def _has_ready(ctx: EngineContext, conn: QueueConnection, *, queue: str, now_ms: int) -> bool:
     return ctx.txn(conn, now_ms).has_ready(queue)
 
 
@@ -101,7 +101,7 @@ async def settle(
         raise InvalidArgument("receipts must be a list of receipt strings from receive")
     now = ctx.clock.now_ms()
 
-    def work(conn: sqlite3.Connection) -> tuple[QueueTxn, tuple[int, list[str]]]:
+    def work(conn: QueueConnection) -> tuple[QueueTxn, tuple[int, list[str]]]:
         txn = ctx.txn(conn, now)
         return txn, txn.settle(queue, receipts, ack=ack, requeue=requeue)
 

@@ -6,7 +6,6 @@ link's parts, so a part never reaches into the ``Engine`` itself."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,6 +18,7 @@ from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore, QueueDatabase
+from tarry.store.sql import QueueConnection
 from tarry.transports.base import Transport
 
 __all__ = ["EngineContext", "MakeTxn"]
@@ -29,7 +29,7 @@ class MakeTxn(Protocol):
     delivery failures (default: ``[dispatch] error_queue``)."""
 
     def __call__(
-        self, conn: sqlite3.Connection, now_ms: int, error_queue: str | None = None, /
+        self, conn: QueueConnection, now_ms: int, error_queue: str | None = None, /
     ) -> QueueTxn: ...
 
 

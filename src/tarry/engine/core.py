@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import IO, Any, cast
@@ -42,6 +41,7 @@ from tarry.queues.catalog import Catalog
 from tarry.queues.sequence import last_seq
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore, QueueDatabase
+from tarry.store.sql import QueueConnection
 from tarry.transports.base import Transport
 from tarry.transports.build import build_transport
 
@@ -179,7 +179,7 @@ class Engine:
         await self.path.open()
         await self.store.open()
 
-        def load(conn: sqlite3.Connection) -> int:
+        def load(conn: QueueConnection) -> int:
             self.catalog.load(conn, now_ms=self.clock.now_ms())
             return last_seq(conn)
 
@@ -231,7 +231,7 @@ class Engine:
     def _emit_all(self, events: Sequence[Event]) -> None:
         emit_all(self._listeners, events)
 
-    def _txn(self, conn: sqlite3.Connection, now_ms: int, dlq: str | None = None) -> QueueTxn:
+    def _txn(self, conn: QueueConnection, now_ms: int, dlq: str | None = None) -> QueueTxn:
         return QueueTxn(
             conn,
             now_ms=now_ms,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from collections.abc import Awaitable, Callable
 
 from tarry.dispatch.breaker import Breakers
@@ -17,6 +16,7 @@ from tarry.errors import TarryError
 from tarry.queues.lag import SAMPLE_MS, QueueHead, read_head
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore
+from tarry.store.sql import QueueConnection
 
 __all__ = ["StoreProbe", "housekeeping", "sample_delivery_lag", "sweep"]
 
@@ -58,7 +58,7 @@ async def _tidy(
 async def sweep(ctx: EngineContext) -> None:
     now = ctx.clock.now_ms()
 
-    def work(conn: sqlite3.Connection) -> QueueTxn:
+    def work(conn: QueueConnection) -> QueueTxn:
         txn = ctx.txn(conn, now)
         txn.sweep_expired()
         return txn
@@ -116,7 +116,7 @@ async def sample_delivery_lag(ctx: EngineContext) -> None:
             continue
 
         def work(
-            conn: sqlite3.Connection, wanted: dict[str, int] = wanted
+            conn: QueueConnection, wanted: dict[str, int] = wanted
         ) -> list[tuple[str, QueueHead]]:
             return [(queue, read_head(conn, queue, cap)) for queue, cap in wanted.items()]
 

@@ -4,7 +4,6 @@ relatives), given the engine's context."""
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +15,7 @@ from tarry.model.validate import check_name
 from tarry.queues.catalog import QueueEntry, delete_queue_rows, save_queue
 from tarry.queues.counts import ready_and_in_flight
 from tarry.queues.txn import QueueTxn
+from tarry.store.sql import QueueConnection
 
 __all__ = ["declare_queue", "delete_queue", "drop_queue", "list_queues", "queue_info"]
 
@@ -97,7 +97,7 @@ async def delete_queue(ctx: EngineContext, name: str) -> None:
 async def drop_queue(ctx: EngineContext, name: str, *, reason: str) -> None:
     now = ctx.clock.now_ms()
 
-    def work(conn: sqlite3.Connection) -> QueueTxn:
+    def work(conn: QueueConnection) -> QueueTxn:
         txn = ctx.txn(conn, now)
         delete_queue_rows(conn, name)
         txn.expire_queue_contents(name)

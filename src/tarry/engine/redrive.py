@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from tarry.model.query import MessageQuery
 from tarry.model.redrive import RedriveCursor, RedriveRequest
 from tarry.queues.outbox import create_outbox, drop_outbox, put_outbox, read_outbox
 from tarry.queues.redrive import RedriveChunk, last_position
+from tarry.store.sql import QueueConnection
 
 __all__ = ["Redriver"]
 
@@ -130,7 +130,7 @@ class Redriver:
         may_send: MayAccess | None,
         step: Callable[[RedriveChunk], None],
     ) -> RedriveChunk:
-        def work(conn: sqlite3.Connection) -> RedriveChunk:
+        def work(conn: QueueConnection) -> RedriveChunk:
             chunk = RedriveChunk(
                 self.ctx.txn(conn, self.ctx.clock.now_ms()),
                 request,
@@ -258,7 +258,7 @@ class _StoreOutbox:
         return found
 
 
-def _nothing(conn: sqlite3.Connection) -> None:
+def _nothing(conn: QueueConnection) -> None:
     """A write that only waits for the fsync of what was committed before it."""
 
 

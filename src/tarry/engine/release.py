@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TypeVar
@@ -34,6 +33,7 @@ from tarry.model.state import MessageState
 from tarry.queues.lookup import find_message
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import StoreOutcome
+from tarry.store.sql import QueueConnection
 from tarry.store.sqlite.rows import dedupe_key, kept_by_dedupe_key
 from tarry.store.sqlite.store import ended_early, list_rows, page
 
@@ -83,7 +83,7 @@ async def store_sends(ctx: EngineContext, accepted: Accepted, now_ms: int) -> li
     handed = {m.id for m in fresh if m.state is MessageState.DELIVERED}
     if handed:
 
-        def record(conn: sqlite3.Connection) -> None:
+        def record(conn: QueueConnection) -> None:
             txn = ctx.txn(conn, now_ms)
             for message in fresh:
                 if message.id in handed:
@@ -149,7 +149,7 @@ async def _release(
     committed: Callable[[QueueTxn], None] | None = None,
 ) -> tuple[list[tuple[Message, DeliveryFailed]], QueueTxn]:
     def work(
-        conn: sqlite3.Connection,
+        conn: QueueConnection,
     ) -> tuple[QueueTxn, list[tuple[Message, DeliveryFailed]], list[str]]:
         # The time of the transaction, not of the call: the batch may wait for the database
         # thread behind other transactions, and its messages enter their queue (and their
@@ -184,7 +184,7 @@ async def give_up(ctx: EngineContext, message: Message, error: DeliveryFailed) -
     now = ctx.clock.now_ms()
     text = f"{error.reason}: {error.message}"
 
-    def work(conn: sqlite3.Connection) -> QueueTxn:
+    def work(conn: QueueConnection) -> QueueTxn:
         txn = ctx.txn(conn, now, ctx.failure_queue(message.destination))
         if txn.adopt(message):
             txn.dead_letter(

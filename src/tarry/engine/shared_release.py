@@ -5,7 +5,6 @@ for a store kept apart from the queue database."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
 from typing import cast
 
@@ -15,11 +14,12 @@ from tarry.errors import DeliveryFailed
 from tarry.model.message import DeathReason, Message
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import SharedDelayedStore, StoreOutcome
+from tarry.store.sql import QueueConnection
 
 __all__ = ["StillHeld", "give_up", "release", "store_sends"]
 
 #: Inside the release transaction: the messages of a batch this node still holds.
-StillHeld = Callable[[sqlite3.Connection, Sequence[Message]], Sequence[Message]]
+StillHeld = Callable[[QueueConnection, Sequence[Message]], Sequence[Message]]
 
 
 async def store_sends(
@@ -29,7 +29,7 @@ async def store_sends(
     Returns it (its events are told after "scheduled") and one outcome per message, in order."""
     store = cast(SharedDelayedStore, ctx.store)  # this path runs only for one (``ctx.shared``)
 
-    def work(conn: sqlite3.Connection) -> tuple[QueueTxn, list[StoreOutcome]]:
+    def work(conn: QueueConnection) -> tuple[QueueTxn, list[StoreOutcome]]:
         txn = ctx.txn(conn, now_ms)
         # One insert for the whole batch; then each plan takes back its own rows.
         everything = store.store_in(conn, [m for _, _, messages in accepted for m in messages])
@@ -52,7 +52,7 @@ async def release(
     """Release claimed messages into their local queues; returns those their queue refused.
     ``still_held`` keeps those this node still holds, their rows locked (``ClusterLink``)."""
 
-    def work(conn: sqlite3.Connection) -> tuple[QueueTxn, list[tuple[Message, DeliveryFailed]]]:
+    def work(conn: QueueConnection) -> tuple[QueueTxn, list[tuple[Message, DeliveryFailed]]]:
         txn = ctx.txn(conn, ctx.clock.now_ms())  # when it runs (see ``release._release``)
         refused = []
         # Claim check, enqueue and leaving the store commit together (exactly-once).
@@ -79,7 +79,7 @@ async def give_up(ctx: EngineContext, message: Message, error: DeliveryFailed) -
 
     store = cast(SharedDelayedStore, ctx.store)  # this path runs only for one (``ctx.shared``)
 
-    def work(conn: sqlite3.Connection) -> QueueTxn:
+    def work(conn: QueueConnection) -> QueueTxn:
         txn = ctx.txn(conn, now, ctx.failure_queue(message.destination))
         if not store.lock_for_give_up(conn, message.id, failures=message.failures):
             return txn  # cancelled or finished meanwhile

@@ -1,34 +1,69 @@
-"""A queue's ready messages a consumer may take, read for a receive: from the connection's
-memory of the rows releases wrote (``store/sqlite/row_memory.py``) where it holds them, so that
-a receive reads only the key and place of each row the usual way (a message received within
-moments of its release), and every column of the others."""
+"""The messages of a queue a consumer may take, read for a receive: ready ones, and in-flight
+ones whose visibility timeout ended, in queue order.
+
+On SQLite one statement finds the ready ones and whether any in-flight one may be taken again
+(usually none: a statement of their own cost a receive about as much as finding the ready ones,
+so it is run only then). Each row then comes from the connection's memory of the rows releases
+wrote (``store/sqlite/row_memory.py``) where it holds that row, so that a receive reads only the
+key, place and state of each row the usual way (a message received within moments of its
+release), and every column of the others. PostgreSQL locks the rows it reads (``FOR UPDATE
+SKIP LOCKED``, which a compound statement cannot take): there each state is read on its own,
+every column."""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from typing import Any
 
-from tarry.store.sql import SqlConnection, in_list, row_key
-from tarry.store.sqlite.row_memory import RowMemory
+from tarry.store.sql import QueueConnection, in_list, row_key, row_lock
 from tarry.store.sqlite.rows import COLUMNS
 
-__all__ = ["ready_rows"]
+__all__ = ["takeable_rows"]
 
 _ALL = ", ".join(COLUMNS)
+_SEQ = COLUMNS.index("seq")
 
 
-def ready_rows(conn: SqlConnection, where: str, args: Sequence[Any], order: str) -> list[Any]:
-    """The rows ``where`` finds (``SELECT_SQL``'s columns, then the row key), in ``order``
-    (``ORDER BY ... LIMIT ...`` and any lock clause, its parameters last in ``args``)."""
-    memory: RowMemory | None = getattr(conn, "released", None)
-    if memory is None:  # PostgreSQL, or a connection that keeps none
-        sql = f"SELECT {_ALL}, {row_key(conn)} FROM messages WHERE {where} {order}"
-        return list(conn.execute(sql, args).fetchall())
-    found = conn.execute(f"SELECT seq, rowid FROM messages WHERE {where} {order}", args).fetchall()
+def takeable_rows(
+    conn: QueueConnection, ready: str, held: str, args: Sequence[Any], limit: int
+) -> list[Any]:
+    """The first ``limit`` rows, by ``seq``, that ``ready`` (a condition on ready messages) or
+    ``held`` (on in-flight ones) finds, each condition taking ``args``: ``SELECT_SQL``'s
+    columns, then the row key; on PostgreSQL the rows are locked, skipping locked ones."""
+    if row_key(conn) != "rowid":
+        lock = row_lock(conn, skip_locked=True)
+        found = [
+            conn.execute(
+                f"SELECT {_ALL}, {row_key(conn)} FROM messages WHERE {where} "
+                f"ORDER BY seq LIMIT ?{lock}",
+                [*args, limit],
+            ).fetchall()
+            for where in (ready, held)
+        ]
+        if not found[1]:
+            return list(found[0])
+        return list(heapq.merge(*found, key=lambda row: row[_SEQ]))[:limit]
+    # The ready rows, and whether any in-flight one may be taken again (its own read, then).
+    found = conn.execute(
+        f"SELECT * FROM (SELECT seq, rowid, state FROM messages WHERE {ready} ORDER BY seq "
+        f"LIMIT ?) UNION ALL SELECT NULL, NULL, NULL WHERE EXISTS (SELECT 1 FROM messages "
+        f"WHERE {held})",
+        [*args, limit, *args],
+    ).fetchall()
+    places = [place for place in found if place[0] is not None]
+    if len(places) < len(found):
+        returned = conn.execute(
+            f"SELECT seq, rowid, state FROM messages WHERE {held} ORDER BY seq LIMIT ?",
+            [*args, limit],
+        ).fetchall()
+        places = list(heapq.merge(places, returned))[:limit]
+    memory = conn.released
     rows: list[Any] = []
     missing: list[int] = []
-    for seq, key in found:
-        entry = memory.get(seq)
+    for seq, key, state in places:
+        # The memory holds rows as their release wrote them: ready ones only.
+        entry = memory.get(seq) if memory is not None and state == "ready" else None
         if entry is None:
             missing.append(key)
         rows.append(None if entry is None else (*entry, key))
@@ -39,6 +74,6 @@ def ready_rows(conn: SqlConnection, where: str, args: Sequence[Any], order: str)
             for row in conn.execute(f"SELECT {_ALL}, rowid FROM messages WHERE {where_keys}", keys)
         }
         rows = [
-            read[key] if row is None else row for row, (_, key) in zip(rows, found, strict=True)
+            read[key] if row is None else row for row, (_, key, _) in zip(rows, places, strict=True)
         ]
     return rows

@@ -15,9 +15,9 @@ from typing import Any
 
 from tarry.model.message import Message
 from tarry.model.state import MessageState
-from tarry.store.sql import SqlConnection, in_list, row_key, row_lock
-from tarry.store.sqlite.row_memory import RowMemory
+from tarry.store.sql import QueueConnection, SqlConnection, in_list, row_key, row_lock
 from tarry.store.sqlite.rows import COLUMNS, from_row
+from tarry.store.sqlite.schema import OLD_RECEIPT
 
 __all__ = [
     "RECEIPT_SQL",
@@ -67,8 +67,10 @@ def held_by_receipt(
             named[receipt] = row
     by_key = {row[-1]: row for row in _rows(conn, key, set(named.values()))}
     # Through the receipt index alone, so that only it can answer (a planner without
-    # statistics would otherwise walk the whole queue).
-    by_receipt = {row[_RECEIPT]: row for row in _rows(conn, "receipt", older)}
+    # statistics would otherwise walk the whole queue). SQLite's holds only receipts of the
+    # older form, and is used where the query states that condition (``OLD_RECEIPT``).
+    old_form = f" AND {OLD_RECEIPT}" if integer else ""
+    by_receipt = {row[_RECEIPT]: row for row in _rows(conn, "receipt", older, old_form)}
     found: dict[str, tuple[Any, Message]] = {}
     for receipt, named_key in named.items():
         row = by_key.get(named_key)
@@ -104,7 +106,7 @@ def as_delivered(row: Sequence[Any], now_ms: int) -> Message:
 
 
 def ack_handed_out(
-    conn: SqlConnection, queue: str, receipts: Sequence[str], *, now_ms: int
+    conn: QueueConnection, queue: str, receipts: Sequence[str], *, now_ms: int
 ) -> tuple[dict[str, Message], list[str]]:
     """Ack the messages of ``queue`` in flight under ``receipts`` that the connection's memory
     of handed-out rows holds (``store.sqlite.row_memory``), without reading their rows: an
@@ -113,7 +115,7 @@ def ack_handed_out(
     receipt given twice, the second time, where it finds its row acked already); all of them
     when some remembered row is no longer in flight under its receipt (rare: its UPDATE is
     undone, and ``held_by_receipt`` tells which)."""
-    memory: RowMemory | None = getattr(conn, "handed_out", None)
+    memory = conn.handed_out
     if memory is None or not receipts:
         return {}, list(receipts)
     kept: dict[int, tuple[str, Sequence[Any], int]] = {}
@@ -158,13 +160,12 @@ def ack_handed_out(
 
 
 def hand_out(
-    conn: SqlConnection, rows: Sequence[Any], receive_id: str, now_ms: int
+    conn: QueueConnection, rows: Sequence[Any], receive_id: str, now_ms: int
 ) -> list[tuple[Message, str]]:
     """The messages of ``rows`` (``SELECT_SQL``'s columns, then the row key) as the receive of
     ``receive_id`` hands them out, each with its receipt; remembered for their ack where the
     connection keeps such a memory."""
-    memory: RowMemory | None = getattr(conn, "handed_out", None)
-    released: RowMemory | None = getattr(conn, "released", None)
+    memory, released = conn.handed_out, conn.released
     taken = []
     for row in rows:
         columns, key = row[:-1], row[-1]
@@ -178,7 +179,7 @@ def hand_out(
 
 
 def settled_by_receipt(
-    conn: SqlConnection, queue: str, receipts: Sequence[str], *, ack: bool, now_ms: int
+    conn: QueueConnection, queue: str, receipts: Sequence[str], *, ack: bool, now_ms: int
 ) -> tuple[list[Message], dict[Any, Message], list[str]]:
     """The messages of ``queue`` in flight under ``receipts``, in the receipts' order; of
     those, the ones still to write, by row key (an ack writes the others itself, see
@@ -206,13 +207,15 @@ def _holds(row: Any, receipt: str, queue: str) -> bool:
     return bool(row[_RECEIPT] == receipt and row[_QUEUE] == queue and row[_STATE] == "delivered")
 
 
-def _rows(conn: SqlConnection, column: str, values: Iterable[Any]) -> list[Any]:
-    """Every column of the rows whose ``column`` is one of ``values``, then the row key."""
+def _rows(conn: SqlConnection, column: str, values: Iterable[Any], also: str = "") -> list[Any]:
+    """Every column of the rows whose ``column`` is one of ``values`` (and, ``also``, that meet
+    that further condition), then the row key."""
     wanted = list(values)
     out: list[Any] = []
     for start in range(0, len(wanted), _CHUNK):
         where, chunk = in_list(conn, column, wanted[start : start + _CHUNK])
         out += conn.execute(
-            f"SELECT {_ALL}, {row_key(conn)} FROM messages WHERE {where}{row_lock(conn)}", chunk
+            f"SELECT {_ALL}, {row_key(conn)} FROM messages WHERE {where}{also}{row_lock(conn)}",
+            chunk,
         ).fetchall()
     return out

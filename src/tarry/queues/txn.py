@@ -8,7 +8,6 @@ state changes it made in ``events`` so the engine can tell its listeners after t
 
 from __future__ import annotations
 
-import heapq
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -26,10 +25,10 @@ from tarry.model.queue_args import Overflow
 from tarry.model.reports import report_message
 from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog
-from tarry.queues.ready_rows import ready_rows
+from tarry.queues.ready_rows import takeable_rows
 from tarry.queues.receipts import RECEIPT_SQL, hand_out, settled_by_receipt
 from tarry.queues.sequence import Sequencer
-from tarry.store.sql import SqlConnection, id_column, id_key, in_list, row_key, row_lock
+from tarry.store.sql import QueueConnection, id_column, id_key, in_list, row_key, row_lock
 from tarry.store.sqlite.rows import (
     COLUMNS,
     SELECT_SQL,
@@ -72,7 +71,7 @@ def _takeable_in(state: str, *, unexpired: bool) -> str:
 class QueueTxn:
     def __init__(
         self,
-        conn: SqlConnection,
+        conn: QueueConnection,
         *,
         now_ms: int,
         catalog: Catalog,
@@ -277,7 +276,7 @@ class QueueTxn:
                 ]
         finally:
             self.conn.execute("RELEASE flush")
-        if (memory := getattr(self.conn, "released", None)) is not None:
+        if (memory := self.conn.released) is not None:
             for queue, written in plain.items():
                 for _, row in written:
                     memory.keep(row[4], released_row(queue, self.now_ms, row), len(row[1]))
@@ -352,20 +351,16 @@ class QueueTxn:
     def _takeable(self, queue: str, limit: int, *, unexpired: bool) -> list[Any]:
         """The first ``limit`` rows (``SELECT_SQL``'s columns, then the row key) of ``queue`` a
         consumer may take now, in queue order, rows locked: ready ones and in-flight ones whose
-        visibility timeout ended (usually none: that query finds nothing in the in-flight
+        visibility timeout ended (usually none: that condition finds nothing in the in-flight
         index's range)."""
         self.flush()
-        order = f"ORDER BY seq LIMIT ?{row_lock(self.conn, skip_locked=True)}"
-        args = (*self._takeable_args(queue, unexpired=unexpired), limit)
-        ready = ready_rows(self.conn, _takeable_in("ready", unexpired=unexpired), args, order)
-        returned = self.conn.execute(
-            f"SELECT {_ALL}, {row_key(self.conn)} FROM messages "
-            f"WHERE {_takeable_in('delivered', unexpired=unexpired)} {order}",
-            args,
-        ).fetchall()
-        if not returned:
-            return ready
-        return list(heapq.merge(ready, returned, key=lambda row: row[_SEQ]))[:limit]
+        return takeable_rows(
+            self.conn,
+            _takeable_in("ready", unexpired=unexpired),
+            _takeable_in("delivered", unexpired=unexpired),
+            self._takeable_args(queue, unexpired=unexpired),
+            limit,
+        )
 
     def _drop_head(self, queue: str, count: int) -> None:
         for row in self._takeable(queue, count, unexpired=False):

@@ -46,7 +46,6 @@ delayed store shares that database (``shares_queue_database``):
 from __future__ import annotations
 
 import builtins
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
@@ -55,6 +54,7 @@ from tarry.model.accepted import AcceptedColumns
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
+from tarry.store.sql import QueueConnection
 
 T = TypeVar("T")
 
@@ -168,13 +168,13 @@ class SharedDelayedStore(DelayedStore, Protocol):
     rolls back, with them."""
 
     def store_in(
-        self, conn: sqlite3.Connection, messages: Sequence[Message]
+        self, conn: QueueConnection, messages: Sequence[Message]
     ) -> builtins.list[StoreOutcome]:
         """``store``, inside the caller's transaction on ``conn``: kept once it commits (durable
         as its commit is), not at all when it rolls back; the same de-duplication."""
         ...
 
-    def lock_for_give_up(self, conn: sqlite3.Connection, message_id: str, *, failures: int) -> bool:
+    def lock_for_give_up(self, conn: QueueConnection, message_id: str, *, failures: int) -> bool:
         """Inside the caller's transaction on ``conn``: lock the message's row while it is still
         scheduled and set its failure count, so the transaction can dead-letter it; False (and
         nothing changed) when it was cancelled or finished meanwhile."""
@@ -222,18 +222,18 @@ class ClusterStore(Protocol):
         ...
 
     def claim_due(
-        self, conn: sqlite3.Connection, *, now_ms: int, limit: int
+        self, conn: QueueConnection, *, now_ms: int, limit: int
     ) -> builtins.list[Message]:
         """Inside a transaction: the next due messages no other node holds, oldest due first,
         their rows locked until commit."""
         ...
 
-    def claim(self, conn: sqlite3.Connection, ids: Sequence[str], *, until_ms: int) -> None:
+    def claim(self, conn: QueueConnection, ids: Sequence[str], *, until_ms: int) -> None:
         """Inside the transaction of ``claim_due``: keep ``ids`` claimed by this node after the
         commit, until ``until_ms``."""
         ...
 
-    def release_claimed(self, conn: sqlite3.Connection, ids: Sequence[str]) -> set[str]:
+    def release_claimed(self, conn: QueueConnection, ids: Sequence[str]) -> set[str]:
         """Inside a release transaction: lock the rows of ``ids`` this node still holds and
         return their ids (a row another node took after this node's lease lapsed is left out)."""
         ...
@@ -249,13 +249,13 @@ class QueueDatabase(Protocol):
     async def close(self) -> None: ...
 
     async def write(
-        self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False, first: bool = False
+        self, work: Callable[[QueueConnection], T], *, durable: bool = False, first: bool = False
     ) -> T:
         """``first``: a release, which goes ahead of the writes waiting where the database
         runs its writes one after another (SQLite)."""
         ...
 
-    async def read(self, work: Callable[[sqlite3.Connection], T]) -> T: ...
+    async def read(self, work: Callable[[QueueConnection], T]) -> T: ...
 
     async def purge_finished(self, *, before_ms: int, limit: int = 5000) -> int:
         """Forget finished messages older than the retention window."""

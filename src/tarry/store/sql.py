@@ -7,11 +7,23 @@ a list of values to match (``in_list``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-__all__ = ["SqlConnection", "SqlCursor", "id_column", "id_key", "in_list", "row_key", "row_lock"]
+if TYPE_CHECKING:
+    from tarry.store.sqlite.row_memory import RowMemory
+
+__all__ = [
+    "QueueConnection",
+    "SqlConnection",
+    "SqlCursor",
+    "id_column",
+    "id_key",
+    "in_list",
+    "row_key",
+    "row_lock",
+]
 
 
 class SqlCursor(Protocol):
@@ -29,6 +41,21 @@ class SqlConnection(Protocol):
     def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Any: ...
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> Any: ...
+
+
+class QueueConnection(SqlConnection, Protocol):
+    """The connection a queue transaction (``tarry.queues.txn``) runs on: SQLite's queue
+    database (``store/sqlite/database.Connection``) or PostgreSQL (``PgConnection``), with what
+    it remembers of rows lately written or read (``store/sqlite/row_memory.py``)."""
+
+    @property
+    def released(self) -> RowMemory | None:
+        """The rows releases wrote, by ``seq`` (a queue database of its own); None where the
+        connection keeps none."""
+
+    @property
+    def handed_out(self) -> RowMemory | None:
+        """The rows receives handed out, by row key; None where the connection keeps none."""
 
 
 def row_lock(conn: object, *, skip_locked: bool = False) -> str:

@@ -11,9 +11,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
+
+if TYPE_CHECKING:
+    from tarry.store.sqlite.row_memory import RowMemory
 
 __all__ = ["PgConnection", "PgDialect", "translate"]
 
@@ -64,6 +67,10 @@ class PgConnection:
     """A psycopg connection inside a transaction, with the sqlite3 calling convention."""
 
     dialect = PgDialect()
+    #: No memory of rows (``tarry.store.sql.QueueConnection``): several nodes may write the
+    #: same rows, so each is read from the table.
+    released: RowMemory | None = None
+    handed_out: RowMemory | None = None
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.raw = conn

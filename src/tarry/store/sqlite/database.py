@@ -28,11 +28,25 @@ from tarry.store.faults import storage_fault
 from tarry.store.sqlite.row_memory import RowMemory
 from tarry.store.sqlite.schema import is_keyed, migrate
 
-__all__ = ["Database"]
+__all__ = ["Connection", "Database"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-Work = Callable[[sqlite3.Connection], Any]
+
+
+class Connection(sqlite3.Connection):
+    """A connection that knows how its ``messages`` table finds rows by id
+    (``tarry.store.sql.id_column``)."""
+
+    #: Rows are found through ``key`` (a queue database of its own), not ``id``.
+    keyed = False
+    #: The writing connection's memory of the rows releases wrote, by ``seq``, and of those
+    #: receives handed out, by row key (``row_memory``).
+    released: RowMemory | None = None
+    handed_out: RowMemory | None = None
+
+
+Work = Callable[[Connection], Any]
 #: A write waiting for the database thread: its work, its caller's future, whether durable.
 Job = tuple[Work, "asyncio.Future[Any]", bool]
 #: Batches the database thread commits before it lets other executor work in (``_flush``).
@@ -62,8 +76,8 @@ class Database:
         # Reads run on their own connection and thread (WAL readers do not wait for the
         # writer), so the dispatcher's look at the due index never queues behind commits.
         self._read_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-db-read")
-        self._reader: sqlite3.Connection | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._reader: Connection | None = None
+        self._conn: Connection | None = None
         self._pending: list[Job] = []
         #: Writes that go ahead of ``_pending`` (``write(first=True)``: releases).
         self._first: list[Job] = []
@@ -83,7 +97,7 @@ class Database:
         if self.path is not None:
             self._reader = await loop.run_in_executor(self._read_executor, self._open_reader)
 
-    def _open_reader(self) -> sqlite3.Connection:
+    def _open_reader(self) -> Connection:
         conn = _connect(str(self.path))
         conn.execute("PRAGMA cache_size=-32768")
         conn.execute("PRAGMA query_only=ON")
@@ -149,7 +163,7 @@ class Database:
         self._read_executor.shutdown(wait=True)
         self._executor.shutdown(wait=True)
 
-    async def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    async def read(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` on the reading connection; it sees every committed write."""
         writer = self._require()
         loop = asyncio.get_running_loop()
@@ -161,7 +175,7 @@ class Database:
             raise _unavailable(exc) from exc
 
     async def write(
-        self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False, first: bool = False
+        self, work: Callable[[Connection], T], *, durable: bool = False, first: bool = False
     ) -> T:
         """Run ``work`` inside a transaction shared with other concurrent writes; return once
         the transaction is committed, and fsynced when ``durable`` (see the module docstring).
@@ -234,10 +248,15 @@ class Database:
         if level != self._level:
             conn.execute(f"PRAGMA synchronous={level}")
             self._level = level
+        # A write alone in its transaction needs no savepoint: if it fails, the transaction
+        # is rolled back whole (a consumer's receive or ack is often alone, and each statement
+        # is a hand-over of the GIL).
+        alone = len(batch) == 1
         conn.execute("BEGIN IMMEDIATE")
         try:
             for work, _, _ in batch:
-                conn.execute("SAVEPOINT w")
+                if not alone:
+                    conn.execute("SAVEPOINT w")
                 try:
                     results.append((True, work(conn)))
                 except Exception as exc:
@@ -247,10 +266,14 @@ class Database:
                         # SQLite rolled the whole transaction back (e.g. a full disk): every
                         # write of this batch is gone, so every one of them must fail.
                         raise
-                    conn.execute("ROLLBACK TO w")
                     error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
                     results.append((False, error))
-                conn.execute("RELEASE w")
+                    if alone:
+                        conn.execute("ROLLBACK")
+                        return results
+                    conn.execute("ROLLBACK TO w")
+                if not alone:
+                    conn.execute("RELEASE w")
                 if yields and self._first:
                     break
             conn.execute("COMMIT")
@@ -261,7 +284,7 @@ class Database:
         self.commits += 1
         return results
 
-    def _require(self) -> sqlite3.Connection:
+    def _require(self) -> Connection:
         if self._conn is None:
             raise Unavailable("the store is not open; wait for the server to finish starting")
         return self._conn
@@ -276,18 +299,6 @@ def _settle(batch: list[Job], results: list[tuple[bool, Any]]) -> None:
             future.set_result(value)
         else:
             future.set_exception(value)
-
-
-class Connection(sqlite3.Connection):
-    """A connection that knows how its ``messages`` table finds rows by id
-    (``tarry.store.sql.id_column``)."""
-
-    #: Rows are found through ``key`` (a queue database of its own), not ``id``.
-    keyed = False
-    #: The writing connection's memory of the rows releases wrote, by ``seq``, and of those
-    #: receives handed out, by row key (``row_memory``).
-    released: RowMemory | None = None
-    handed_out: RowMemory | None = None
 
 
 def _connect(target: str) -> Connection:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from tarry.errors import Unavailable
 
-__all__ = ["FINISHED", "SCHEMA_VERSION", "is_keyed", "migrate"]
+__all__ = ["FINISHED", "OLD_RECEIPT", "SCHEMA_VERSION", "is_keyed", "migrate"]
 
 _TERMINAL = "('acked','cancelled','expired','dead_lettered')"
 #: A finished message (``messages_finished``'s condition; a query must state it in these words
@@ -20,6 +20,11 @@ _TERMINAL = "('acked','cancelled','expired','dead_lettered')"
 #: changes (each receive, each ack), and a list of more than two values is built into a
 #: look-up table each time it is tested.
 FINISHED = "(" + " OR ".join(f"state = {s}" for s in _TERMINAL[1:-1].split(",")) + ")"
+#: A receipt of the form made before receipts named their row (``queues.receipts``): no dot.
+#: Only those are found through ``messages_receipt`` (a query must state this condition in
+#: these words for SQLite to use the index); a receipt naming its row is found by its key, so
+#: since version 7 the index holds no such receipt, and a receive and an ack do not write one.
+OLD_RECEIPT = "instr(receipt, '.') = 0"
 
 #: The columns of ``messages`` after ``id`` (both layouts, see ``migrate``).
 _COLUMNS = """
@@ -58,13 +63,14 @@ _INDEXES_KEPT = """
     CREATE UNIQUE INDEX messages_dedupe ON messages(dedupe_key) WHERE dedupe_key IS NOT NULL;
     CREATE INDEX messages_queue_expiry ON messages(queue_expires_at_ms)
         WHERE state IN ('ready', 'delivered') AND queue_expires_at_ms IS NOT NULL;
-    CREATE INDEX messages_receipt ON messages(receipt) WHERE receipt IS NOT NULL;
     CREATE INDEX messages_correlation ON messages(correlation_id) WHERE correlation_id IS NOT NULL;
     CREATE INDEX messages_destination ON messages(destination, deliver_at_ms, id);
 """
 #: Version 1 (``MIGRATIONS[0]``) found a queue's messages through one index over both states,
-#: and finished ones with an ``IN`` list (until version 6, see ``FINISHED``).
+#: finished ones with an ``IN`` list (until version 6, see ``FINISHED``), and every receipt
+#: through an index (until version 7, see ``OLD_RECEIPT``).
 _QUEUE_INDEX_V1 = f"""
+    CREATE INDEX messages_receipt ON messages(receipt) WHERE receipt IS NOT NULL;
     CREATE INDEX messages_queue ON messages(queue, seq) WHERE state IN ('ready', 'delivered');
     CREATE INDEX messages_finished ON messages(updated_at_ms) WHERE state IN {_TERMINAL};
 """
@@ -79,8 +85,11 @@ _QUEUE_INDEXES = """
     CREATE INDEX IF NOT EXISTS messages_held ON messages(queue, visible_at_ms)
         WHERE state = 'delivered';
 """
+_RECEIPT_INDEX = f"""
+    CREATE INDEX IF NOT EXISTS messages_receipt ON messages(receipt) WHERE {OLD_RECEIPT};
+"""
 #: The indexes of the current version (a ``messages`` table made anew, ``_KEYED``).
-_INDEXES = _INDEXES_KEPT + _QUEUE_INDEXES + _FINISHED_INDEX
+_INDEXES = _INDEXES_KEPT + _QUEUE_INDEXES + _FINISHED_INDEX + _RECEIPT_INDEX
 
 #: Each entry moves the schema from version i to i + 1: a script, or a step run in a transaction.
 MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
@@ -137,6 +146,7 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], object]] = [
     );
     """,
     "DROP INDEX IF EXISTS messages_finished;" + _FINISHED_INDEX,
+    "DROP INDEX IF EXISTS messages_receipt;" + _RECEIPT_INDEX,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import builtins
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +20,7 @@ from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
 from tarry.store.sql import SqlConnection, row_lock
-from tarry.store.sqlite.database import Database
+from tarry.store.sqlite.database import Connection, Database
 from tarry.store.sqlite.rows import (
     SELECT_SQL,
     dedupe_key,
@@ -73,18 +72,18 @@ class SQLiteStore:
 
     # The local queues share this database (``tarry.queues.local``); they run their work here.
     async def write(
-        self, work: Callable[[sqlite3.Connection], T], *, durable: bool = False, first: bool = False
+        self, work: Callable[[Connection], T], *, durable: bool = False, first: bool = False
     ) -> T:
         return await self.db.write(work, durable=durable, first=first)
 
-    async def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    async def read(self, work: Callable[[Connection], T]) -> T:
         return await self.db.read(work)
 
     # --- SharedDelayedStore: inside the engine's queue transaction ------------------------------
-    def store_in(self, conn: sqlite3.Connection, messages: Sequence[Message]) -> list[StoreOutcome]:
+    def store_in(self, conn: SqlConnection, messages: Sequence[Message]) -> list[StoreOutcome]:
         return insert_messages(conn, messages)
 
-    def lock_for_give_up(self, conn: sqlite3.Connection, message_id: str, *, failures: int) -> bool:
+    def lock_for_give_up(self, conn: SqlConnection, message_id: str, *, failures: int) -> bool:
         return lock_for_give_up(conn, message_id, failures=failures)
 
     # --- DelayedStore -------------------------------------------------------------------------
@@ -100,7 +99,7 @@ class SQLiteStore:
             if until <= now_ms:
                 del claims[message_id]
 
-        def work(conn: sqlite3.Connection) -> list[Message]:
+        def work(conn: Connection) -> list[Message]:
             rows = conn.execute(
                 f"{SELECT_SQL} WHERE state = 'scheduled' AND deliver_at_ms <= ? "
                 "AND retry_at_ms <= ? ORDER BY deliver_at_ms, id LIMIT ?",
@@ -116,7 +115,7 @@ class SQLiteStore:
     async def next_due_time(self) -> int | None:
         claims = self._claims
 
-        def work(conn: sqlite3.Connection) -> int | None:
+        def work(conn: Connection) -> int | None:
             cursor = conn.execute(
                 "SELECT id, max(deliver_at_ms, retry_at_ms) FROM messages "
                 "WHERE state = 'scheduled' ORDER BY deliver_at_ms, id LIMIT ?",
@@ -147,7 +146,7 @@ class SQLiteStore:
         return self._claims.get(message_id, 0) > 0
 
     async def remove(self, ids: Sequence[str], *, state: MessageState, now_ms: int) -> int:
-        def work(conn: sqlite3.Connection) -> int:
+        def work(conn: Connection) -> int:
             cursor = conn.executemany(
                 "UPDATE messages SET state = ?, body = NULL, updated_at_ms = ? "
                 "WHERE id = ? AND state = 'scheduled'",
@@ -161,7 +160,7 @@ class SQLiteStore:
             self.release_claims(ids)
 
     async def record_failure(self, message_id: str, *, error: str, retry_at_ms: int) -> int:
-        def work(conn: sqlite3.Connection) -> int:
+        def work(conn: Connection) -> int:
             row = conn.execute(
                 "UPDATE messages SET failures = failures + 1, last_error = ?, retry_at_ms = ? "
                 "WHERE id = ? AND state = 'scheduled' RETURNING failures",
@@ -190,7 +189,7 @@ class SQLiteStore:
         )
 
     async def get(self, message_id: str) -> Message | None:
-        def work(conn: sqlite3.Connection) -> Message | None:
+        def work(conn: Connection) -> Message | None:
             row = conn.execute(f"{SELECT_SQL} WHERE id = ?", (message_id,)).fetchone()
             return from_row(row) if row else None
 
@@ -216,7 +215,7 @@ class SQLiteStore:
     async def purge_finished(self, *, before_ms: int, limit: int = 5000) -> int:
         """Forget finished messages older than the retention window."""
 
-        def work(conn: sqlite3.Connection) -> int:
+        def work(conn: Connection) -> int:
             return conn.execute(
                 "DELETE FROM messages WHERE rowid IN (SELECT rowid FROM messages WHERE "
                 f"{FINISHED} AND updated_at_ms < ? LIMIT ?)",
@@ -228,7 +227,7 @@ class SQLiteStore:
     async def check(self) -> builtins.list[str]:
         """Integrity problems found (empty when the database is sound)."""
 
-        def work(conn: sqlite3.Connection) -> list[str]:
+        def work(conn: Connection) -> list[str]:
             problems = [r[0] for r in conn.execute("PRAGMA integrity_check") if r[0] != "ok"]
             bad = conn.execute(
                 "SELECT count(*) FROM messages WHERE state = 'ready' AND queue IS NULL"
