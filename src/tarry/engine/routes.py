@@ -43,6 +43,7 @@ from tarry.model.validate import check_name
 from tarry.queues.catalog import Catalog, save_route
 from tarry.store.base import QueueDatabase
 from tarry.transports.base import Transport
+from tarry.transports.build import check_reachable
 
 __all__ = ["RouteBook", "RouteEntry"]
 
@@ -142,14 +143,11 @@ class RouteBook:
         known = self._stored.get(name)
         if known is not None and known[0] == definition:
             return self.get(name), False  # the same route again: nothing changes
-        from tarry.transports.http import HttpTransport  # imported where HTTP routes are put
-
         # Built first: a route this build cannot serve is refused here, not at its first delivery.
         transport = self._hooks.build(name, route)
         now = self._hooks.now_ms()
         try:
-            if isinstance(transport, HttpTransport):  # a name resolving inside: refused now
-                await transport.check_address()
+            await check_reachable(transport)  # a name already resolving inside: refused now
             await self._hooks.qdb.write(
                 lambda conn: save_route(conn, name, definition, now), durable=True
             )

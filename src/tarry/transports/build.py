@@ -11,7 +11,7 @@ from tarry.model.egress import ALLOW_ALL, EgressPolicy
 from tarry.model.time import Clock
 from tarry.transports.base import Transport
 
-__all__ = ["build_transport", "rabbitmq_module"]
+__all__ = ["build_transport", "check_reachable", "rabbitmq_module"]
 
 
 def rabbitmq_module() -> Any:
@@ -24,6 +24,17 @@ def rabbitmq_module() -> Any:
             "install it with pip install 'tarry[rabbitmq]'"
         ) from None
     return rabbitmq_topology
+
+
+async def check_reachable(transport: Transport) -> None:
+    """Before a route put through the API is saved: refuse (``forbidden_address``) one whose
+    host already resolves to an address the egress guard refuses, rather than fail its
+    deliveries later. Only HTTP routes have such a guard; a name that does not resolve yet
+    passes, as each connection checks it again."""
+    from tarry.transports.http import HttpTransport
+
+    if isinstance(transport, HttpTransport):
+        await transport.check_address()
 
 
 def build_transport(
