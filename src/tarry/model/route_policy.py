@@ -165,23 +165,13 @@ def parse_route_policy(
         whole=False,
         hint="it is a fraction: 0.2 spreads each retry delay by ±20%",
     )
-    report_to = data.get("on_failure_report_to")
-    if report_to is not None:
-        if not isinstance(report_to, str):
-            raise InvalidArgument(
-                f"on_failure_report_to must be a queue, topic or route name, not {report_to!r}"
-            )
-        check_name(report_to, field="on_failure_report_to")
-        if route is not None and report_to == route:
-            raise InvalidArgument(
-                f"route {route!r} cannot report its failures to itself; name a queue (for "
-                "example tarry.error) or another route in on_failure_report_to"
-            )
-    dead_letter_to = data.get("dead_letter_to")
-    if dead_letter_to is not None:
-        if not isinstance(dead_letter_to, str):
-            raise InvalidArgument(f"dead_letter_to must be a queue name, not {dead_letter_to!r}")
-        check_name(dead_letter_to, field="dead_letter_to")
+    report_to = _name(data, "on_failure_report_to", "a queue, topic or route name")
+    if route is not None and report_to == route:
+        raise InvalidArgument(
+            f"route {route!r} cannot report its failures to itself; name a queue (for "
+            "example tarry.error) or another route in on_failure_report_to"
+        )
+    dead_letter_to = _name(data, "dead_letter_to", "a queue name")
     return RoutePolicy(
         rate_per_s=None if rate is None else float(rate),
         concurrency=default_concurrency if concurrency is None else concurrency,
@@ -192,6 +182,17 @@ def parse_route_policy(
         on_failure_report_to=report_to,
         dead_letter_to=dead_letter_to,
     )
+
+
+def _name(data: Mapping[str, Any], field: str, what: str) -> str | None:
+    """The optional name ``field`` of ``data``, checked as tarry names are."""
+    value = data.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{field} must be {what}, not {value!r}")
+    check_name(value, field=field)
+    return value
 
 
 def failure_report(
