@@ -262,11 +262,13 @@ def test_the_cli_puts_shows_lists_and_deletes_a_route(server, receiver, tmp_path
         "route", "put", "hooks.cli", receiver.url, "--transport", "http",
         "--secrets-from", str(secrets_file), "--timeout", "3s", "-H", "x-team=core",
         "--rate-per-s", "5", "--retries", "2", "--set", "concurrency=4",
+        "--dead-letter-to", "hooks.failed",
     )  # fmt: skip
     assert put.returncode == 0, put.stderr
     shown = tarry("route", "show", "hooks.cli", "--json")
     assert '"timeout_ms": 3000' in shown.stdout and '"concurrency": 4' in shown.stdout
     assert '"rate_per_s": 5.0' in shown.stdout and '"retries": 2' in shown.stdout
+    assert '"dead_letter_to": "hooks.failed"' in shown.stdout
     assert secret not in shown.stdout + put.stdout
     assert "hooks.cli" in tarry("route", "ls").stdout
     bad = tarry("route", "put", "hooks.bad", "ftp://x/")

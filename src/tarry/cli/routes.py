@@ -79,6 +79,10 @@ def _refuse(message: str) -> None:
 @click.option("--retry-backoff", help="First retry delay, e.g. 1s.")
 @click.option("--on-failure-report-to", help="A destination told when a message is dead-lettered.")
 @click.option(
+    "--dead-letter-to",
+    help="A local queue for this route's failed deliveries (default: tarry.error).",
+)
+@click.option(
     "--set",
     "settings",
     multiple=True,
@@ -102,6 +106,7 @@ def put(
     retries: int | None,
     retry_backoff: str | None,
     on_failure_report_to: str | None,
+    dead_letter_to: str | None,
     settings: tuple[str, ...],
     as_json: bool,
 ) -> None:
@@ -117,6 +122,7 @@ def put(
         if retry_backoff
         else None,
         "on_failure_report_to": on_failure_report_to,
+        "dead_letter_to": dead_letter_to,
     }
     # --set gives any field; a named option given as well wins.
     fields = {**_settings(settings), **{k: v for k, v in given.items() if v is not None}}
