@@ -225,6 +225,11 @@ class GroupWriter:
                                 future.set_exception(exc)
                     if future is not None and not future.done():
                         future.set_result(None)
+                if self.files.pending_bytes > FLUSH_BYTES:
+                    # After the group's callers have their answer, not before: the write-out
+                    # may create a partition's directory and file, which can take as long as
+                    # many groups, and the WAL already holds every byte of it.
+                    await loop.run_in_executor(self.executor, self._write_out)
         finally:
             self._flushing = False
             if self._pending and self._linger is None:
@@ -290,9 +295,9 @@ class GroupWriter:
 
     def _write_group(self, batch: list[Any], durable: bool) -> WalPosition:
         """On the writer thread: the group's WAL record (one write, one fsync when durable),
-        then its bytes handed to the partitions' files, held in memory and written out in the
-        background (``SegmentFiles.flush``; fsynced by a checkpoint). Returns the WAL position
-        after the group."""
+        then its bytes handed to the partitions' files, held in memory and written out once the
+        group's callers are answered (``_write_out``; fsynced by a checkpoint). Returns the WAL
+        position after the group."""
         self.repair()
         writes = [write for entry in batch for write in entry[0]]
         start = self.wal.position
@@ -305,13 +310,16 @@ class GroupWriter:
                 rolled = start.seq != self.wal.seq
                 self._wal_cut = WalPosition(self.wal.seq, len(MAGIC)) if rolled else start
             raise
-        self.files.hold(writes)  # held in memory, written behind the WAL
-        if self.files.pending_bytes > FLUSH_BYTES:
-            try:
-                self.files.flush()
-            except OSError as exc:  # the WAL has it: the next flush or checkpoint tries again
-                log.warning("writing partitions behind the write-ahead log failed: %s", exc)
+        self.files.hold(writes)  # held in memory, written behind the WAL (``_write_out``)
         return self.wal.position
+
+    def _write_out(self) -> None:
+        """On the writer thread, between groups: what the partitions hold in memory written to
+        their files (``SegmentFiles.flush``), once past ``FLUSH_BYTES``."""
+        try:
+            self.files.flush()
+        except OSError as exc:  # the WAL has it: the next flush or checkpoint tries again
+            log.warning("writing partitions behind the write-ahead log failed: %s", exc)
 
     def sync_dirty(self, root: Path | None = None) -> None:
         """fsync every segment written since its last fsync (before a snapshot: markers, and
