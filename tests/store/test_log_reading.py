@@ -46,3 +46,26 @@ async def test_a_damaged_record_is_reported_and_left_out_of_the_round(
         assert str(segment) in line and "checksum mismatch" in line
     finally:
         await store.close()
+
+
+async def test_a_damaged_last_record_of_a_partition_indexed_while_running_is_reported(
+    tmp_path: Path,
+) -> None:
+    # Given two messages due far ahead in one partition, not yet indexed, their records on
+    # disk, and then the last record of the partition damaged (nothing valid follows it)
+    store = await opened(tmp_path / "log", prefetch_ms=G)
+    try:
+        due_at = NOW + 30 * G
+        batch = [message(due_at + k, b"far-%d" % k) for k in range(2)]
+        await store.store(batch)
+        assert await store.fetch_due(NOW, limit=10, lease_ms=60_000) == []
+        store.files.flush()
+        segment = _flip_a_byte_of(tmp_path / "log", b"far-1")
+        # When the partition comes near and its round reads it
+        due = await store.fetch_due(due_at + 1, limit=10, lease_ms=60_000)
+        # Then the first is delivered and the damaged one is named, not skipped unreported
+        assert [m.id for m in due] == [batch[0].id]
+        [line] = store.state.damaged
+        assert str(segment) in line
+    finally:
+        await store.close()

@@ -229,12 +229,13 @@ def replay(
         for item in scan(data):
             if isinstance(item, Damage):
                 where = f"{path} at byte {start + item.offset}"
-                if index_only and item.torn:
-                    continue
-                if item.torn and last and readonly:
+                # index_only reads only bytes the writer finished: nothing there is a torn tail,
+                # so whatever fails its checks is damage and is reported like any other.
+                tail = item.torn and last and not index_only
+                if tail and readonly:
                     out.report(f"{where}: torn tail ({item.reason}), cut on next start")
                     size = start + item.offset
-                elif item.torn and last and fs is not None:
+                elif tail and fs is not None:
                     log.warning("cutting a torn tail off %s (%s)", where, item.reason)
                     fs.truncate_path(path, start + item.offset)
                     size = start + item.offset
