@@ -252,6 +252,38 @@ def test_enqueue_many_leaves_messages_released_before_as_they_are(
     conn.close()
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["id", "key"])
+def test_plain_messages_released_again_keep_their_rows_and_the_new_ones_are_written(
+    tmp_path: Path, keyed: bool
+) -> None:
+    """Plain messages only (written without a savepoint): a batch released again after a
+    crash that came ahead of the store's markers, new messages among those already here. The
+    ones here keep their rows and get no event; the new ones are written once, in order."""
+    conn = _connect(str(tmp_path / "queues.db"))
+    migrate(conn, queues_only=keyed)
+    made = [_message(body=bytes([i])) for i in range(7)]
+    txn = _txn(conn)
+    conn.execute("BEGIN")
+    assert txn.enqueue_many(copy.deepcopy(made[1::3]), "orders") == []
+    txn.flush()
+    conn.execute("COMMIT")
+    first = {row[0]: row for row in conn.execute("SELECT * FROM messages")}
+    # When the whole batch is released in a later transaction
+    again = _txn(conn)
+    again.seq.value = txn.seq.value
+    conn.execute("BEGIN")
+    assert again.enqueue_many(copy.deepcopy(made), "orders") == []
+    again.flush()
+    conn.execute("COMMIT")
+    # Then each message has one row, the earlier ones as they were, and only new ones are told
+    rows = {row[0]: row for row in conn.execute("SELECT * FROM messages")}
+    assert sorted(rows) == sorted(m.id for m in made)
+    assert all(rows[i] == row for i, row in first.items())
+    new = [m.id for m in made if m.id not in first]
+    assert [m.id for kind, m, *_ in again.events if kind == "released"] == new
+    conn.close()
+
+
 def test_a_row_taken_yet_not_seen_fails_the_release_instead_of_looping(
     conn: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
