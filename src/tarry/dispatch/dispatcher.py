@@ -44,7 +44,7 @@ from tarry.model.events import Event
 from tarry.model.message import Message
 from tarry.model.route_policy import RoutePolicy
 from tarry.model.state import MessageState
-from tarry.model.time import Clock, parse_retry_after_ms, wait_at_most
+from tarry.model.time import Clock, parse_retry_after_ms
 from tarry.store.base import DelayedStore
 from tarry.transports.base import Transport
 
@@ -133,7 +133,10 @@ class Dispatcher:
             hold=self._hold_until,
             max_wait_ms=config.lease_ms // 2,
         )
-        self._wake = asyncio.Event()
+        #: An arrival (``notify_due``) since the loop last looked: the next sleep returns at once.
+        self._woken = False
+        #: What the loop's sleep waits on: set by its timer or by an arrival.
+        self._sleeper: asyncio.Future[None] | None = None
         #: When the loop plans to look next (ms); an arrival due earlier wakes it.
         self._planned_ms: int | None = None
         self._inflight: set[asyncio.Task[None]] = set()
@@ -164,13 +167,14 @@ class Dispatcher:
         """A message due at ``deliver_at_ms`` was stored: wake the loop if that is earlier than
         the time it sleeps until (and past the tick it waits out, see ``run``)."""
         if self._planned_ms is None or max(deliver_at_ms, self._next_round_ms) < self._planned_ms:
-            self._wake.set()
+            self._woken = True
+            _wake_up(self._sleeper)
 
     async def run(self) -> None:
         while True:
             # Cleared before looking: an arrival noticed while we look (and before we sleep)
-            # leaves the event set, so a sleep planned from what we read returns at once.
-            self._wake.clear()
+            # leaves it set, so a sleep planned from what we read returns at once.
+            self._woken = False
             started = self._clock.now_ms()
             try:
                 # Planning the sleep reads the store too: inside the try, so a store that goes
@@ -186,7 +190,7 @@ class Dispatcher:
                     # Arrivals told while this round looked need no wake either: the next
                     # round reads the store, and nothing is planned from what this one read.
                     wake_ms = self._next_round_ms = started + self._config.tick_ms
-                    self._wake.clear()
+                    self._woken = False
                 else:
                     wake_ms = await self._next_wake_ms()
             except Exception as exc:  # a fetch/store fault: wait as the breaker says, then retry
@@ -233,12 +237,22 @@ class Dispatcher:
         return min(wake, self._held[0]) if self._held else wake
 
     async def _sleep_until(self, wake_ms: int) -> None:
+        """Until ``wake_ms`` or an earlier arrival. A future and a timer, not a timeout around
+        an ``asyncio.Event``: the loop sleeps between most rounds, and a timeout ends its wait
+        by cancelling it (an exception raised and caught at every round)."""
         self._planned_ms = wake_ms
         self.lag.sleeping(wake_ms)
         delay = self._clock.seconds_until(wake_ms)
         try:
-            if delay > 0:
-                await wait_at_most(self._wake, delay)
+            if delay > 0 and not self._woken:
+                loop = asyncio.get_running_loop()
+                self._sleeper = loop.create_future()
+                timer = loop.call_later(delay, _wake_up, self._sleeper)
+                try:
+                    await self._sleeper
+                finally:
+                    timer.cancel()
+                    self._sleeper = None
         finally:
             self._planned_ms = None
             self.lag.awake()
@@ -524,3 +538,8 @@ class Dispatcher:
                 request["destination"],
                 exc,
             )
+
+
+def _wake_up(sleeper: asyncio.Future[None] | None) -> None:
+    if sleeper is not None and not sleeper.done():
+        sleeper.set_result(None)

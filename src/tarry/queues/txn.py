@@ -9,7 +9,7 @@ state changes it made in ``events`` so the engine can tell its listeners after t
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -241,26 +241,30 @@ class QueueTxn:
         """Separate queue database: which of these ids are already here (released before a
         crash that came ahead of the store's marker)? Releasing those again must do nothing."""
         self.flush()
-        found: set[str] = set()
+        return {message_id for message_id, _ in self._seqs_of(message_ids)}
+
+    def _seqs_of(self, message_ids: Sequence[str]) -> Iterator[tuple[str, int]]:
+        """(id, seq) of each of these messages that is here."""
         column = id_column(self.conn)
         for start in range(0, len(message_ids), 900):
             chunk = [id_key(self.conn, i) for i in message_ids[start : start + 900]]
             where, args = in_list(self.conn, column, chunk)
-            found.update(
-                row[0] for row in self.conn.execute(f"SELECT id FROM messages WHERE {where}", args)
-            )
-        return found
+            yield from self.conn.execute(f"SELECT id, seq FROM messages WHERE {where}", args)
 
     def flush(self) -> None:
-        """Write the rows ``enqueue(insert=True)`` and ``enqueue_many`` gathered, in a
-        savepoint. A plain row whose id is here already (``enqueue_many``) is not written by
-        its INSERT; then the savepoint is undone, those messages are left out (with their
-        events), and the rest is written again: rare (only after a crash), so the usual
-        release looks nothing up."""
+        """Write the rows ``enqueue(insert=True)`` and ``enqueue_many`` gathered. A plain row
+        whose id is here already is not written by its INSERT (rare: only after a crash, so a
+        release looks nothing up first); those messages are then left out, with their events.
+        Plain rows alone need no savepoint: what the INSERT left out is found by ``seq``."""
         if not self._rows and not self._plain:
             return
         rows, self._rows = self._rows, []
         plain, self._plain = self._plain, {}
+        if not rows:
+            if not self._write_plain(plain):
+                plain = self._left_out(plain, self._taken_before(plain))
+            self._remember(plain)
+            return
         self.conn.execute("SAVEPOINT flush")
         try:
             # Again while some id is found taken: on PostgreSQL another node may have written
@@ -268,14 +272,25 @@ class QueueTxn:
             while not self._write_gathered(rows, plain):
                 self.conn.execute("ROLLBACK TO flush")
                 before = self.released_before([m.id for r in plain.values() for m, _ in r])
-                if not before:  # taken, yet not seen: the release waits for another round
-                    raise Unavailable("a released message's row is being written elsewhere")
-                plain = {q: [(m, r) for m, r in p if m.id not in before] for q, p in plain.items()}
-                self.events = [
-                    e for e in self.events if e[0] != "released" or e[1].id not in before
-                ]
+                plain = self._left_out(plain, before)
         finally:
             self.conn.execute("RELEASE flush")
+        self._remember(plain)
+
+    def _taken_before(self, plain: _Plain) -> set[str]:
+        """After a plain INSERT that left some rows out: the ids whose row holds another
+        ``seq`` than the one given here (written before, not by this flush)."""
+        given = {row[0]: row[4] for written in plain.values() for _, row in written}
+        return {i for i, seq in self._seqs_of(list(given)) if given[i] != seq}
+
+    def _left_out(self, plain: _Plain, before: set[str]) -> _Plain:
+        """``plain`` without the messages released before (and without their events)."""
+        if not before:  # taken, yet not seen: the release waits for another round
+            raise Unavailable("a released message's row is being written elsewhere")
+        self.events = [e for e in self.events if e[0] != "released" or e[1].id not in before]
+        return {q: [(m, r) for m, r in p if m.id not in before] for q, p in plain.items()}
+
+    def _remember(self, plain: _Plain) -> None:  # the connection's memory of released rows
         if (memory := self.conn.released) is not None:
             for queue, written in plain.items():
                 for _, row in written:
@@ -291,6 +306,11 @@ class QueueTxn:
             self.conn.execute("ROLLBACK TO flush")
             for message, seq, insert in rows:
                 self._write(message, insert, seq=seq, visible_at_ms=self.now_ms)
+        return self._write_plain(plain)
+
+    def _write_plain(self, plain: _Plain) -> bool:
+        """The plain rows, column-wise; False when some row was not written, its id being
+        here already."""
         gathered = written = 0
         for queue, released in plain.items():
             gathered += len(released)

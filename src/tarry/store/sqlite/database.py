@@ -19,7 +19,6 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,6 +26,7 @@ from tarry.errors import StorageFault, TarryError, Unavailable
 from tarry.store.faults import storage_fault
 from tarry.store.sqlite.row_memory import RowMemory
 from tarry.store.sqlite.schema import is_keyed, migrate
+from tarry.store.sqlite.worker import Worker
 
 __all__ = ["Connection", "Database"]
 
@@ -49,7 +49,7 @@ class Connection(sqlite3.Connection):
 Work = Callable[[Connection], Any]
 #: A write waiting for the database thread: its work, its caller's future, whether durable.
 Job = tuple[Work, "asyncio.Future[Any]", bool]
-#: Batches the database thread commits before it lets other executor work in (``_flush``).
+#: Batches the database thread commits before it lets other work in (``_flush``).
 _BATCHES_IN_A_ROW = 16
 #: The size a checkpointed WAL is cut back to (about what ``wal_autocheckpoint``'s default of
 #: 1,000 pages keeps).
@@ -72,10 +72,10 @@ class Database:
         self._queues_only = queues_only
         self._synchronous = synchronous
         self._max_pages = max_pages
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-db")
+        self._writer = Worker("tarry-db_0")
         # Reads run on their own connection and thread (WAL readers do not wait for the
         # writer), so the dispatcher's look at the due index never queues behind commits.
-        self._read_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tarry-db-read")
+        self._read_worker = Worker("tarry-db-read_0")
         self._reader: Connection | None = None
         self._conn: Connection | None = None
         self._pending: list[Job] = []
@@ -92,10 +92,9 @@ class Database:
         self._refused = False
 
     async def open(self) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._open)
+        await self._writer.call(self._open)
         if self.path is not None:
-            self._reader = await loop.run_in_executor(self._read_executor, self._open_reader)
+            self._reader = await self._read_worker.call(self._open_reader)
 
     def _open_reader(self) -> Connection:
         conn = _connect(str(self.path))
@@ -153,24 +152,22 @@ class Database:
         self._closing.set()
         if self._checkpointer is not None:
             self._checkpointer.join()
-        loop = asyncio.get_running_loop()
         if self._reader is not None:
             reader, self._reader = self._reader, None
-            await loop.run_in_executor(self._read_executor, reader.close)
+            await self._read_worker.call(reader.close)
         if self._conn is not None:
             conn, self._conn = self._conn, None
-            await loop.run_in_executor(self._executor, conn.close)
-        self._read_executor.shutdown(wait=True)
-        self._executor.shutdown(wait=True)
+            await self._writer.call(conn.close)
+        self._read_worker.stop()
+        self._writer.stop()
 
     async def read(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` on the reading connection; it sees every committed write."""
         writer = self._require()
-        loop = asyncio.get_running_loop()
         try:
             if self._reader is None:  # an in-memory database has one connection only
-                return await loop.run_in_executor(self._executor, work, writer)
-            return await loop.run_in_executor(self._read_executor, work, self._reader)
+                return await self._writer.call(work, writer)
+            return await self._read_worker.call(work, self._reader)
         except sqlite3.Error as exc:
             raise _unavailable(exc) from exc
 
@@ -192,7 +189,7 @@ class Database:
             start = not self._flushing
             self._flushing = True
         if start:
-            self._executor.submit(self._flush, loop)
+            self._writer.put(lambda: self._flush(loop))
         return await future
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -200,7 +197,7 @@ class Database:
         thread takes the next batch itself rather than through the event loop, which under
         load is busy for a millisecond or more between two looks: a release or a consumer's
         ack waited for that as well as for the transactions ahead of it. After a few batches
-        it steps aside (queues itself again), so work given to the executor (``open``, an
+        it steps aside (queues itself again), so other work handed to the thread (``open``, an
         in-memory database's reads) is not starved."""
         for _ in range(_BATCHES_IN_A_ROW):
             with self._lock:
@@ -225,7 +222,7 @@ class Database:
                 batch = batch[: len(results)]
             self._refused = any(isinstance(value, StorageFault) for _, value in results)
             loop.call_soon_threadsafe(_settle, batch, results)
-        self._executor.submit(self._flush, loop)
+        self._writer.put(lambda: self._flush(loop))
 
     def _give_back_wal(self) -> None:
         """After the disk refused a write: checkpoint the whole WAL into the database and
