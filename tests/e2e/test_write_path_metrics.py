@@ -47,6 +47,10 @@ def test_metrics_count_the_log_stores_fsyncs_group_commits_and_snapshot_duration
     wal = 'tarry_store_fsyncs_total{what="wal"}'
     directory = 'tarry_store_fsyncs_total{what="directory"}'
     assert after["tarry_store_group_commits_total"] >= before["tarry_store_group_commits_total"] + 1
+    durable = "tarry_store_durable_group_commits_total"
+    assert after[durable] >= before[durable] + 1
+    assert after[wal] - before.get(wal, 0) == after[durable] - before[durable]
+    assert after['tarry_store_fsyncs_total{what="wal_segment"}'] >= 2  # at open, at a checkpoint
     assert after[wal] >= before.get(wal, 0) + 1
     assert after["tarry_store_wal_bytes_total"] >= before["tarry_store_wal_bytes_total"] + 50 * 40
     assert after[directory] >= before.get(directory, 0) + 2

@@ -173,6 +173,11 @@ class _WritePath(Collector):
             value=figures["group_commits"],
         )
         yield CounterMetricFamily(
+            "tarry_store_durable_group_commits",
+            "Group commits that carried a durable write (a producer's send): one fsync each",
+            value=figures.get("durable_group_commits", 0),
+        )
+        yield CounterMetricFamily(
             "tarry_store_wal_bytes",
             "Bytes the log store appended to its write-ahead log",
             value=figures.get("wal_bytes", 0),

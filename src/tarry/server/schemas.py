@@ -366,6 +366,9 @@ class SnapshotSeconds(BaseModel):
 class StoreWritePath(BaseModel):
     fsyncs: dict[str, int] = Field(description="fsyncs by what they made durable")
     group_commits: int
+    durable_group_commits: int = Field(
+        0, description="group commits with a durable write (a producer's), one fsync each"
+    )
     wal_bytes: int = Field(0, description="bytes appended to the write-ahead log")
     snapshot_seconds: SnapshotSeconds
     checkpoint_seconds: SnapshotSeconds | None = Field(

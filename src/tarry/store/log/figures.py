@@ -43,6 +43,7 @@ def write_path(
     return {
         "fsyncs": dict(fsyncs),
         "group_commits": writer.groups,
+        "durable_group_commits": writer.durable_groups,
         "wal_bytes": writer.wal.bytes_written,
         "snapshot_seconds": figures,
         "checkpoint_seconds": figures,

@@ -28,7 +28,9 @@ __all__ = ["HAS_SYNCFS", "SYNCFS_REPORTS_ERRORS", "Files", "FsyncWhat", "OsFiles
 #: What an fsync makes durable (the label of ``tarry_store_fsyncs_total``): ``wal`` the group
 #: commit's (``wal.py``), ``partition`` a checkpoint's of partition segments, ``checkpoint`` its
 #: snapshot parts and commit record.
-FsyncWhat = Literal["wal", "partition", "directory", "checkpoint", "filesystem", "probe"]
+FsyncWhat = Literal[
+    "wal", "wal_segment", "partition", "directory", "checkpoint", "filesystem", "probe"
+]
 
 
 class Files(Protocol):

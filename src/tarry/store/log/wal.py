@@ -34,7 +34,7 @@ from typing import BinaryIO
 
 import google_crc32c
 
-from tarry.store.log.fs import Files
+from tarry.store.log.fs import Files, FsyncWhat
 from tarry.store.log.partition import Partition, split
 
 __all__ = ["MAGIC", "WalLog", "WalPosition", "encode_group", "read_tail", "wal_root"]
@@ -106,9 +106,10 @@ class WalLog:
         return WalPosition(self.seq, self.size)
 
     def start(self, seq: int) -> None:
-        """Begin segment ``seq`` (at open, and when a segment is full), made durable now."""
+        """Begin segment ``seq`` (at open, and at a checkpoint), made durable now: counted as
+        ``wal_segment``, so that ``wal`` counts the group commits' fsyncs alone."""
         self._roll(seq)
-        self.sync()
+        self._sync(what="wal_segment")
 
     def _roll(self, seq: int) -> None:
         if self._fd is not None:
@@ -140,9 +141,12 @@ class WalLog:
 
     def sync(self) -> None:
         """The group commit's one fsync (and, after a new segment, its directory's)."""
+        self._sync(what="wal")
+
+    def _sync(self, *, what: FsyncWhat) -> None:
         if self._fd is None:
             return
-        self.fs.fsync(self._fd, what="wal")
+        self.fs.fsync(self._fd, what=what)
         if self._new_entry:
             self.fs.fsync_dir(self.dir)
             self._new_entry = False

@@ -98,6 +98,9 @@ class GroupWriter:
         self._cut_lock = threading.Lock()
         self._failing = False
         self.groups = 0
+        #: Groups that carried a durable write (a producer waits for them): each costs one fsync
+        #: of the WAL under ``batch`` and ``always``; the others (markers) none.
+        self.durable_groups = 0
         self._pending: list[_Entry] = []
         #: Entries of ``_pending`` a caller waits for (the others are deferred).
         self._awaited = 0
@@ -213,6 +216,7 @@ class GroupWriter:
                     log.warning("log store writes succeed again")
                 self._last_fsync = time.monotonic()
                 self.groups += 1
+                self.durable_groups += durable
                 self.wal_end = end
                 for writes, future, _, on_written, _ in batch:
                     mark_written(writes)
