@@ -156,28 +156,24 @@ class Database:
             self._checkpointer.start()
 
     def _checkpoint_loop(self) -> None:
-        """Copy the WAL back into the database file, flush the file, and ask the writer to
-        finish the copy (``_restart_wal``) once the WAL is worth starting over.
+        """Copy the WAL back into the database file and flush the file; once the WAL is worth
+        starting over, copy again what the writer wrote meanwhile and ask the writer to finish
+        the copy (``_restart_wal``).
 
-        The flush is what keeps the writer's share short: SQLite syncs the database file only
-        at a checkpoint that copies the whole WAL, which this one, behind the writer, seldom
-        does, so the writer's would otherwise sync everything copied here since the last one."""
+        Both keep the writer's share short: it copies only what was written during the second
+        copy, and syncs only that (SQLite syncs the database file only at a checkpoint that
+        copies the whole WAL, which this one, behind the writer, seldom does)."""
         conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         database = os.open(str(self.path), os.O_RDONLY)
         try:
             conn.execute("PRAGMA busy_timeout=100")
             while not self._closing.wait(_CHECKPOINT_EVERY_S):
                 try:
-                    ((_, frames, copied),) = conn.execute(
-                        "PRAGMA wal_checkpoint(PASSIVE)"
-                    ).fetchall()
-                    if copied > 0:
-                        os.fdatasync(database)
+                    if _copy_back(conn, database) >= _RESTART_FRAMES:
+                        _copy_back(conn, database)
+                        self._restart_rounds += 1
                 except (sqlite3.Error, OSError) as exc:
                     log.debug("checkpoint skipped: %s", exc)
-                    continue
-                if frames >= _RESTART_FRAMES:
-                    self._restart_rounds += 1
         finally:
             os.close(database)
             conn.close()
@@ -351,6 +347,15 @@ def _settle(batch: list[Job], results: list[tuple[bool, Any]]) -> None:
             future.set_result(value)
         else:
             future.set_exception(value)
+
+
+def _copy_back(conn: sqlite3.Connection, database: int) -> int:
+    """A PASSIVE checkpoint on ``conn``, then the database file (``database``, a descriptor)
+    flushed to disk once it holds frames copied back; the frames the WAL holds."""
+    ((_, frames, copied),) = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    if copied > 0:
+        os.fdatasync(database)
+    return int(frames)
 
 
 def _connect(target: str) -> Connection:
