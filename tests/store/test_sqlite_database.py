@@ -29,6 +29,14 @@ def _conflicting(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO t VALUES (1)")
 
 
+async def _bodies_database(tmp_path: Path) -> tuple[Database, Path]:
+    """An opened queue database with a table of bodies, and the path of its WAL."""
+    db = Database(tmp_path / "q.db", queues_only=True)
+    await db.open()
+    await db.write(lambda conn: conn.execute("CREATE TABLE bodies (b BLOB)"))
+    return db, tmp_path / "q.db-wal"
+
+
 async def test_writes_arriving_during_a_commit_are_committed_without_the_event_loop(
     db: Database,
 ) -> None:
@@ -178,10 +186,7 @@ async def test_finding_08_a_checkpointed_wal_gives_back_its_copies_of_the_bodies
     tmp_path: Path,
 ) -> None:
     # Given a database that took a 16 MB burst of bodies (every one of them in the WAL)
-    db = Database(tmp_path / "q.db", queues_only=True)
-    await db.open()
-    wal = tmp_path / "q.db-wal"
-    await db.write(lambda conn: conn.execute("CREATE TABLE bodies (b BLOB)"))
+    db, wal = await _bodies_database(tmp_path)
     for _ in range(8):
         await db.write(
             lambda conn: conn.executemany("INSERT INTO bodies VALUES (?)", [(bytes(20_000),)] * 100)
@@ -203,10 +208,7 @@ async def test_issue_23_under_steady_writes_the_wal_starts_over_and_stays_small(
 ) -> None:
     # Given a write every few milliseconds, never a moment with the WAL wholly copied back
     # between two of them (so the checkpointer alone never lets it start over)
-    db = Database(tmp_path / "q.db", queues_only=True)
-    await db.open()
-    wal = tmp_path / "q.db-wal"
-    await db.write(lambda conn: conn.execute("CREATE TABLE bodies (b BLOB)"))
+    db, wal = await _bodies_database(tmp_path)
     batch = [(bytes(2_000),)] * 40
     written = largest = 0
     # When 48 MB go through it
