@@ -5,9 +5,11 @@ waits for its commit, and how large the WAL grows; prints JSON.
 
 A write of ``--rows`` rows every 2 ms through ``tarry.store.sqlite.database.Database`` (the
 queue database's writer thread and its checkpointer), as releases, receives and acks come: the
-WAL is never wholly copied back between two writes. A write whose COMMIT runs a checkpoint of
-the whole WAL waits for it, and so does everything behind it on that thread. Run it with each
-tree's ``src`` on ``PYTHONPATH`` to compare two commits.
+checkpointer alone never copies the whole WAL back between two writes. A write whose COMMIT
+runs a checkpoint of the whole WAL waits for it, and so does everything behind it on that
+thread, as do writes arriving while the writer finishes a checkpoint itself. Run it with each
+tree's ``src`` on ``PYTHONPATH`` to compare two commits; under
+``strace -f -c -e trace=fsync,fdatasync,ftruncate`` for the syncs.
 """
 
 from __future__ import annotations

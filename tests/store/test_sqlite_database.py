@@ -29,6 +29,14 @@ def _conflicting(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO t VALUES (1)")
 
 
+async def _bodies_database(tmp_path: Path) -> tuple[Database, Path]:
+    """An opened queue database with a table of bodies, and the path of its WAL."""
+    db = Database(tmp_path / "q.db", queues_only=True)
+    await db.open()
+    await db.write(lambda conn: conn.execute("CREATE TABLE bodies (b BLOB)"))
+    return db, tmp_path / "q.db-wal"
+
+
 async def test_writes_arriving_during_a_commit_are_committed_without_the_event_loop(
     db: Database,
 ) -> None:
@@ -178,10 +186,7 @@ async def test_finding_08_a_checkpointed_wal_gives_back_its_copies_of_the_bodies
     tmp_path: Path,
 ) -> None:
     # Given a database that took a 16 MB burst of bodies (every one of them in the WAL)
-    db = Database(tmp_path / "q.db", queues_only=True)
-    await db.open()
-    wal = tmp_path / "q.db-wal"
-    await db.write(lambda conn: conn.execute("CREATE TABLE bodies (b BLOB)"))
+    db, wal = await _bodies_database(tmp_path)
     for _ in range(8):
         await db.write(
             lambda conn: conn.executemany("INSERT INTO bodies VALUES (?)", [(bytes(20_000),)] * 100)
@@ -196,3 +201,32 @@ async def test_finding_08_a_checkpointed_wal_gives_back_its_copies_of_the_bodies
     # Then the WAL is cut back, not kept at its largest as a second copy of the burst
     assert (tmp_path / "q.db").stat().st_size > 16_000_000
     await db.close()
+
+
+async def test_issue_23_under_steady_writes_the_wal_starts_over_and_stays_small(
+    tmp_path: Path,
+) -> None:
+    # Given a write every few milliseconds, never a moment with the WAL wholly copied back
+    # between two of them (so the checkpointer alone never lets it start over)
+    db, wal = await _bodies_database(tmp_path)
+    batch = [(bytes(2_000),)] * 40
+    written = largest = 0
+    # When 48 MB go through it
+    while written < 48_000_000:
+        await db.write(lambda conn: conn.executemany("INSERT INTO bodies VALUES (?)", batch))
+        written += 80_000
+        largest = max(largest, wal.stat().st_size)
+        await asyncio.sleep(0.002)
+    await db.close()
+    # Then the WAL kept starting over: it never held more than a small part of them (without
+    # the writer's share it grew to wal_autocheckpoint's 82 MB, cut back inside a COMMIT)
+    assert largest < 16_000_000, largest
+    again = Database(tmp_path / "q.db", queues_only=True)
+    await again.open()
+    try:
+        count = await again.read(
+            lambda conn: conn.execute("SELECT count(*) FROM bodies").fetchone()
+        )
+        assert count == (48_000_000 // 80_000 * 40,)
+    finally:
+        await again.close()

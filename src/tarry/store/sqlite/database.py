@@ -8,14 +8,23 @@ a write that raises is rolled back alone.
 Durability is chosen per write: accepting a producer's message (``durable=True``) fsyncs the
 commit under ``synchronous = full``; moving messages between states (release, receive, ack,
 sweep) commits without fsync (SQLite's NORMAL in WAL mode: consistent, survives a crash of the
-process, may replay the last moves after a power loss — at-least-once, never lost). WAL
-checkpoints run on a second connection in their own thread so they do not stall commits.
+process, may replay the last moves after a power loss — at-least-once, never lost).
+
+WAL checkpoints run on a second connection in their own thread so they do not stall commits,
+but under steady writes that alone never lets the WAL start over: SQLite restarts it only at a
+write that begins with every frame already copied back, and the checkpointer always finishes
+behind the writer. The WAL then grew to ``wal_autocheckpoint`` and the write crossing it
+copied, synced and cut back the whole file inside its COMMIT, everything else waiting behind it.
+So the two share the work (``_checkpoint_loop``, ``_restart_wal``): the checkpointer copies
+what it can and flushes the database file, and the writer, once nothing waits for it, copies
+the few frames written since on its own connection; the next write starts the WAL over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -54,6 +63,15 @@ _BATCHES_IN_A_ROW = 16
 #: The size a checkpointed WAL is cut back to (about what ``wal_autocheckpoint``'s default of
 #: 1,000 pages keeps).
 _WAL_KEEP_BYTES = 4 * 1024 * 1024
+#: How often the checkpointer copies the WAL back: what the WAL holds when it starts over is
+#: what it gathers in this time, and the writer's share grows with it.
+_CHECKPOINT_EVERY_S = 0.25
+#: Frames in the WAL past which it is started over (a smaller WAL is left to grow: starting
+#: over costs the writer a checkpoint of its own, two syncs).
+_RESTART_FRAMES = 256
+#: Checkpointer rounds a start-over waits for a moment the writer has nothing to do; then the
+#: writer makes one between two batches (still far shorter than ``wal_autocheckpoint``'s).
+_RESTART_PATIENCE = 4
 
 
 class Database:
@@ -90,6 +108,9 @@ class Database:
         self.commits = 0
         #: The last batch met a disk fault (``_give_back_wal`` before the next one).
         self._refused = False
+        #: Checkpointer rounds since it found the WAL worth starting over, 0 when not
+        #: (``_restart_wal``); set by the checkpointer's thread, cleared by the writer's.
+        self._restart_rounds = 0
 
     async def open(self) -> None:
         await self._writer.call(self._open)
@@ -135,15 +156,26 @@ class Database:
             self._checkpointer.start()
 
     def _checkpoint_loop(self) -> None:
+        """Copy the WAL back into the database file and flush the file; once the WAL is worth
+        starting over, copy again what the writer wrote meanwhile and ask the writer to finish
+        the copy (``_restart_wal``).
+
+        Both keep the writer's share short: it copies only what was written during the second
+        copy, and syncs only that (SQLite syncs the database file only at a checkpoint that
+        copies the whole WAL, which this one, behind the writer, seldom does)."""
         conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        database = os.open(str(self.path), os.O_RDONLY)
         try:
             conn.execute("PRAGMA busy_timeout=100")
-            while not self._closing.wait(0.5):
+            while not self._closing.wait(_CHECKPOINT_EVERY_S):
                 try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error as exc:
+                    if _copy_back(conn, database) >= _RESTART_FRAMES:
+                        _copy_back(conn, database)
+                        self._restart_rounds += 1
+                except (sqlite3.Error, OSError) as exc:
                     log.debug("checkpoint skipped: %s", exc)
         finally:
+            os.close(database)
             conn.close()
 
     async def close(self) -> None:
@@ -222,7 +254,26 @@ class Database:
                 batch = batch[: len(results)]
             self._refused = any(isinstance(value, StorageFault) for _, value in results)
             loop.call_soon_threadsafe(_settle, batch, results)
+            if self._restart_rounds and (
+                self._restart_rounds > _RESTART_PATIENCE or not (self._pending or self._first)
+            ):
+                self._restart_wal()
         self._writer.put(lambda: self._flush(loop))
+
+    def _restart_wal(self) -> None:
+        """On the database thread, between two batches: copy back the frames the checkpointer
+        left (those written since it began), so that the next write starts the WAL over at its
+        first frame. The writer is the only one that can: no write gets in between.
+
+        SQLite syncs the WAL before it copies and the database file after, so a commit is
+        never overwritten before its pages are on disk. The start-over reuses the file from
+        its start (cut back only if it outgrew ``journal_size_limit``). A reader still on an
+        older snapshot holds frames back; the next round tries again."""
+        self._restart_rounds = 0
+        try:
+            self._require().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:
+            log.debug("checkpoint before a WAL start-over skipped: %s", exc)
 
     def _give_back_wal(self) -> None:
         """After the disk refused a write: checkpoint the whole WAL into the database and
@@ -296,6 +347,15 @@ def _settle(batch: list[Job], results: list[tuple[bool, Any]]) -> None:
             future.set_result(value)
         else:
             future.set_exception(value)
+
+
+def _copy_back(conn: sqlite3.Connection, database: int) -> int:
+    """A PASSIVE checkpoint on ``conn``, then the database file (``database``, a descriptor)
+    flushed to disk once it holds frames copied back; the frames the WAL holds."""
+    ((_, frames, copied),) = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    if copied > 0:
+        os.fdatasync(database)
+    return int(frames)
 
 
 def _connect(target: str) -> Connection:
