@@ -308,6 +308,39 @@ async def test_at_most_four_local_releases_are_under_way_at_once() -> None:
     assert len(started) == 5 and await h.store.count_scheduled() == 0
 
 
+@pytest.mark.parametrize("outcome", ["released", "refused", "store failed"])
+async def test_a_local_release_gives_back_its_place_in_flight_however_it_ends(
+    outcome: str,
+) -> None:
+    """A local release keeps its own books as it ends (no done callback): whether its batch
+    was released, refused by its queue or not committed, nothing of it stays counted in
+    flight, under way or as the release lag's oldest."""
+    h = Harness()
+    h.dispatcher._is_local = lambda name: True
+
+    async def release(batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
+        if outcome == "store failed":
+            raise Unavailable("the queue database cannot commit now")
+        if outcome == "refused":
+            return [(m, DeliveryFailed("queue is full", reason="queue_full")) for m in batch]
+        await h.store.remove([m.id for m in batch], state=MessageState.READY, now_ms=0)
+        return []
+
+    h.dispatcher._release_local = release
+    for _ in range(3):
+        await h.schedule()
+    assert await h.dispatcher._round() == 3
+    assert h.dispatcher._inflight_messages == 3 and len(h.dispatcher._releasing) == 1
+    await h.dispatcher._released()
+    await h.dispatcher.drain()
+    assert h.dispatcher._inflight_messages == 0
+    assert not h.dispatcher._inflight and not h.dispatcher._releasing
+    assert not h.dispatcher.lag._under_way
+    released = 3 if outcome == "released" else 0
+    assert h.dispatcher.stats.released == released
+    assert await h.store.count_scheduled() == (3 if outcome == "store failed" else 0)
+
+
 async def test_run_once_returns_once_its_local_release_is_done() -> None:
     h = Harness()
     h.dispatcher._is_local = lambda name: True

@@ -146,6 +146,10 @@ def test_a_run_of_one_event_writes_the_lines_of_its_events() -> None:
     assert encode_lines(run, "n") == encode_lines(list(run), "n")
     assert list(run[1:3]) == [("released", m, 20, "q", None) for m in messages[1:3]]
     assert run[4] == ("released", messages[4], 20, "q", None) and len(run) == 5
+    # And the same change later (its templates kept from the first run) writes its own time
+    later = EventRun("released", messages[::-1], 21, "q")
+    assert encode_lines(later, "n") == encode_lines(list(later), "n")
+    assert b'"time":21,' in encode_lines(later, "n")[0]
 
 
 def test_a_run_of_mixed_messages_writes_each_line_as_its_dict_whatever_the_text_holds() -> None:

@@ -20,7 +20,7 @@ from tarry.queues.catalog import Catalog, QueueEntry
 from tarry.queues.sequence import Sequencer
 from tarry.queues.txn import QueueTxn
 from tarry.store.sqlite.database import _connect
-from tarry.store.sqlite.rows import SELECT_SQL, from_row, to_insert
+from tarry.store.sqlite.rows import SELECT_SQL, Released, from_row, insert_released, to_insert
 from tarry.store.sqlite.schema import migrate
 
 NOW = 1_700_000_000_000
@@ -278,3 +278,37 @@ def test_a_row_taken_yet_not_seen_fails_the_release_instead_of_looping(
         again.flush()
     conn.execute("ROLLBACK")
     assert conn.execute("SELECT count(*) FROM messages").fetchone() == (1,)
+
+
+@pytest.mark.parametrize(
+    ("count", "statements"), [(1, 1), (3, 1), (15, 1), (16, 1), (23, 2), (40, 2), (300, 3)]
+)
+def test_insert_released_writes_a_small_round_in_one_statement(
+    tmp_path: Path, count: int, statements: int
+) -> None:
+    """A round's few rows (and a batch's rest below ``EXACT_ROWS_BELOW``) go in one INSERT of
+    exactly their count; the rows are those written one at a time, and a taken id is still
+    skipped and left out of the count."""
+    rows: list[Released] = [
+        (IDS.new(NOW), bytes([i % 256]), NOW, NOW + i, i, NOW + 60_000, None) for i in range(count)
+    ]
+    tables = []
+    for way in ("one at a time", "at once"):
+        conn = _connect(str(tmp_path / f"{way}.db"))
+        migrate(conn)
+        inserts: list[str] = []
+        conn.set_trace_callback(inserts.append)
+        if way == "at once":
+            written = insert_released(conn, queue="orders", now_ms=NOW, rows=rows)
+        else:
+            written = sum(
+                insert_released(conn, queue="orders", now_ms=NOW, rows=[row]) for row in rows
+            )
+        assert written == count
+        if way == "at once":
+            assert sum(sql.startswith("INSERT") for sql in inserts) == statements
+            assert insert_released(conn, queue="orders", now_ms=NOW, rows=rows[:3]) == 0
+        tables.append(conn.execute("SELECT * FROM messages ORDER BY id").fetchall())
+        conn.close()
+    assert tables[0] == tables[1]
+    assert len(tables[0]) == count

@@ -312,10 +312,13 @@ class Dispatcher:
             external = [m for m in due if not is_local[m.destination]]
             if local:
                 self._spawn_release(local)
-                # Let the release start (hand its transaction to the database thread) before
-                # the next fetch: a round does not otherwise give the loop a turn, and two
-                # releases would wait and commit together, the thread idle while we fetch.
-                await asyncio.sleep(0)
+                if found >= self._config.batch_size:
+                    # Let the release start (hand its transaction to the database thread)
+                    # before the next fetch, which a full round makes at once: a round does not
+                    # otherwise give the loop a turn, and two releases would wait and commit
+                    # together, the thread idle while we fetch. A round that found less sleeps
+                    # next, which gives the release its turn.
+                    await asyncio.sleep(0)
         batched: dict[str, list[Message]] = {}
         held_before, laned = self.stats.held, 0
         for message in external:
@@ -348,25 +351,33 @@ class Dispatcher:
         return handed_on
 
     def _spawn_release(self, batch: Sequence[Message]) -> None:
-        self._releasing.add(self._spawn(self._hand_local(batch), batch))
+        # The release keeps its own books as it ends (``_hand_local``), not in a done callback:
+        # a task's done callbacks run in a loop iteration of their own, one more every round.
+        token = self._track(batch)
+        task = asyncio.get_running_loop().create_task(self._hand_local(batch, token))
+        self._inflight.add(task)
+        self._releasing.add(task)
 
     def _spawn(
         self, work: Coroutine[Any, Any, None], batch: Sequence[Message]
     ) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work)
         self._inflight.add(task)
-        messages = len(batch)
-        self._inflight_messages += messages
-        token = self.lag.started(self.lag.due_times(batch))
-
-        def done(finished: asyncio.Task[None]) -> None:
-            self._inflight.discard(finished)
-            self._releasing.discard(finished)
-            self._inflight_messages -= messages
-            self.lag.finished(token)
-
-        task.add_done_callback(done)
+        messages, token = len(batch), self._track(batch)
+        task.add_done_callback(lambda finished: self._untrack(finished, messages, token))
         return task
+
+    def _track(self, batch: Sequence[Message]) -> int:
+        """Count ``batch`` as in flight; returns the lag's token for ``_untrack``."""
+        self._inflight_messages += len(batch)
+        return self.lag.started(self.lag.due_times(batch))
+
+    def _untrack(self, task: asyncio.Task[None] | None, messages: int, token: int) -> None:
+        if task is not None:
+            self._inflight.discard(task)
+            self._releasing.discard(task)
+        self._inflight_messages -= messages
+        self.lag.finished(token)
 
     async def _deliver_batch(self, transport: Any, batch: list[Message]) -> None:
         """A transport that publishes many at once (RabbitMQ, pipelined confirms): the
@@ -387,23 +398,28 @@ class Dispatcher:
         if delivered:
             await self._delivered(delivered)
 
-    async def _hand_local(self, batch: Sequence[Message]) -> None:
+    async def _hand_local(self, batch: Sequence[Message], token: int) -> None:
+        """A local release (``_spawn_release``), its books kept as it ends. A task cancelled
+        before its first step would skip them: only the loop's shutdown cancels these."""
         try:
-            refused = await self._release_local(batch)
-        except Exception as exc:
-            # The store could not commit: the claims lapse and the batch is tried again. This
-            # task keeps its share of the in-flight limit while it waits out the breaker, so a
-            # failing store stops the loop from claiming more.
-            if not isinstance(exc, TarryError):
-                log.exception("local release failed unexpectedly")
-            wait_ms = self._breakers.store.failure(exc)
-            self._store.release_claims([m.id for m in batch])
-            await asyncio.sleep(wait_ms / 1000)
-            return
-        self._breakers.store.success()
-        self.stats.released += len(batch) - len(refused)
-        for message, error in refused:
-            await self._failed(message, error)
+            try:
+                refused = await self._release_local(batch)
+            except Exception as exc:
+                # The store could not commit: the claims lapse and the batch is tried again.
+                # This task keeps its share of the in-flight limit while it waits out the
+                # breaker, so a failing store stops the loop from claiming more.
+                if not isinstance(exc, TarryError):
+                    log.exception("local release failed unexpectedly")
+                wait_ms = self._breakers.store.failure(exc)
+                self._store.release_claims([m.id for m in batch])
+                await asyncio.sleep(wait_ms / 1000)
+                return
+            self._breakers.store.success()
+            self.stats.released += len(batch) - len(refused)
+            for message, error in refused:
+                await self._failed(message, error)
+        finally:
+            self._untrack(asyncio.current_task(), len(batch), token)
 
     async def _deliver(self, transport: Transport, message: Message) -> None:
         try:

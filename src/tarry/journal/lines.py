@@ -86,34 +86,17 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
     messages = run.messages
     if not messages:
         return b"", 0, 0
-    dumps = orjson.dumps
+    columns = messages.columns if isinstance(messages, ColumnMessages) else None
     try:
-        head = _fixed(
-            b'{"event":%s,"time":%d,"node":%s,"id":' % (dumps(run.event), run.time_ms, dumps(node))
-        )
-        queue = _fixed(dumps(run.queue))
-        tail = _fixed(dumps(run.reason)) + (
-            b',"lateness_ms":%d}\n' if run.event in LATE_EVENTS else b',"lateness_ms":null}\n'
-        )
-        columns = messages.columns if isinstance(messages, ColumnMessages) else None
         first = columns.destination[0] if columns is not None else messages[0].destination
-        first_json = _fixed(dumps(first))
+        plain, general = _templates(run.event, node, run.queue, run.reason, first)
     except Exception:  # the run's own values cannot be encoded: every line would drop
         return b"", 0, len(messages)
-    general = (
-        head + b'%s,"destination":%s,"topic":%s,"queue":' + queue
-        + b',"message_id":%s,"correlation_id":%s,"sent_at":%d,"deliver_at":%d,'
-        b'"expires_at":%s,"size":%d,"failures":%d,"reason":' + tail
-    )  # fmt: skip
-    plain = (
-        head + b'%s,"destination":' + first_json + b',"topic":null,"queue":' + queue
-        + b',"message_id":null,"correlation_id":null,"sent_at":%d,"deliver_at":%d,'
-        b'"expires_at":null,"size":%d,"failures":0,"reason":' + tail
-    )  # fmt: skip
     late = run.event in LATE_EVENTS
     time_ms = run.time_ms
+    dumps = orjson.dumps
     if columns is not None and not late:
-        return _encode_columns(columns, plain, general)
+        return _encode_columns(columns, time_ms, plain, general)
     known: dict[str | None, bytes] = {None: _NULL}
     get = known.get
     lines: list[bytes] = []
@@ -131,6 +114,7 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
                 and message.destination == first
             ):
                 values: tuple[object, ...] = (
+                    time_ms,
                     dumps(message.id),
                     message.sent_at_ms,
                     due,
@@ -142,6 +126,7 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
             message_id, correlation_id = message.message_id, message.correlation_id
             expires_at_ms = message.expires_at_ms
             values = (
+                time_ms,
                 dumps(message.id),
                 get(destination) or known.setdefault(destination, dumps(destination)),
                 get(topic) or known.setdefault(topic, dumps(topic)),
@@ -160,7 +145,7 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
 
 
 def _encode_columns(
-    columns: AcceptedColumns, plain: bytes, general: bytes
+    columns: AcceptedColumns, time_ms: int, plain: bytes, general: bytes
 ) -> tuple[bytes, int, int]:
     """``_encode_run``'s lines of plain sends kept as columns (``ColumnMessages``), from the
     columns: no ``Message`` is made for them. ``plain`` and ``general``: its templates."""
@@ -182,9 +167,10 @@ def _encode_columns(
     ):
         try:
             if expires_at < 0 and destination == first:
-                append(plain % (dumps(id), sent, due, len(body)))
+                append(plain % (time_ms, dumps(id), sent, due, len(body)))
                 continue
             values = (
+                time_ms,
                 dumps(id),
                 get(destination) or known.setdefault(destination, dumps(destination)),
                 _NULL,
@@ -200,3 +186,43 @@ def _encode_columns(
         except Exception:
             dropped += 1
     return b"".join(lines), len(lines), dropped
+
+
+#: ``_templates`` by (event, node, queue, reason, first destination): a release round makes a
+#: run or two, each of a few messages, and building a run's templates cost about as much as
+#: its lines. Few keys repeat (an event of a queue, a node); emptied when it grows past
+#: ``_TEMPLATES_KEPT`` (queues or reasons made on the fly).
+_TEMPLATE_CACHE: dict[tuple[str, str, str | None, str | None, str], tuple[bytes, bytes]] = {}
+_TEMPLATES_KEPT = 1024
+
+
+def _templates(
+    event: str, node: str, queue: str | None, reason: str | None, first: str
+) -> tuple[bytes, bytes]:
+    """A run's two line templates (``plain``: a message with no optional field set, to
+    ``first``; ``general``), its time the first value of each, the message's after it."""
+    key = (event, node, queue, reason, first)
+    got = _TEMPLATE_CACHE.get(key)
+    if got is not None:
+        return got
+    dumps = orjson.dumps
+    head = b'{"event":' + _fixed(dumps(event)) + b',"time":%d,"node":' + _fixed(dumps(node))
+    head += b',"id":'
+    queue_json = _fixed(dumps(queue))
+    tail = _fixed(dumps(reason)) + (
+        b',"lateness_ms":%d}\n' if event in LATE_EVENTS else b',"lateness_ms":null}\n'
+    )
+    general = (
+        head + b'%s,"destination":%s,"topic":%s,"queue":' + queue_json
+        + b',"message_id":%s,"correlation_id":%s,"sent_at":%d,"deliver_at":%d,'
+        b'"expires_at":%s,"size":%d,"failures":%d,"reason":' + tail
+    )  # fmt: skip
+    plain = (
+        head + b'%s,"destination":' + _fixed(dumps(first)) + b',"topic":null,"queue":'
+        + queue_json + b',"message_id":null,"correlation_id":null,"sent_at":%d,'
+        b'"deliver_at":%d,"expires_at":null,"size":%d,"failures":0,"reason":' + tail
+    )  # fmt: skip
+    if len(_TEMPLATE_CACHE) >= _TEMPLATES_KEPT:
+        _TEMPLATE_CACHE.clear()
+    _TEMPLATE_CACHE[key] = plain, general
+    return plain, general

@@ -148,6 +148,10 @@ def to_insert(
 
 #: Most rows one multi-row INSERT writes (its parameters stay far below SQLite's 32,766).
 MAX_ROWS_PER_INSERT = 256
+#: ``insert_released`` writes fewer rows than this (a release round's few, the rest of a
+#: larger batch) in one statement of exactly their count, not in power-of-two chunks: a
+#: statement per round whatever it found, for a dozen more cached statements per shape.
+EXACT_ROWS_BELOW = 16
 _MULTI: dict[tuple[str, int], str] = {}
 
 
@@ -261,7 +265,8 @@ def insert_released(
         start = 0
         while start < len(values_of):
             count = min(len(values_of) - start, MAX_ROWS_PER_INSERT)
-            count = 1 << (count.bit_length() - 1)  # as in ``insert_rows``
+            if count >= EXACT_ROWS_BELOW:  # as in ``insert_rows``; a small rest in one go
+                count = 1 << (count.bit_length() - 1)
             chunk = values_of[start : start + count]
             written += conn.execute(
                 _released_sql(expires, queue_expires, count),
