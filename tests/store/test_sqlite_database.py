@@ -105,6 +105,44 @@ async def test_a_first_write_goes_ahead_of_the_writes_waiting_and_of_the_rest_of
     assert [r[0] for r in rows] == ran
 
 
+@pytest.mark.parametrize("durable", [False, True])
+async def test_a_few_writes_waiting_join_a_first_writes_transaction_unless_fsynced(
+    db: Database, durable: bool
+) -> None:
+    # Given writes queued behind one that holds the database thread, and a release among them
+    in_transaction: dict[str, int] = {}
+    inside, holding = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        inside.set()
+        assert holding.wait(5)
+
+    def write(name: str) -> Callable[[sqlite3.Connection], None]:
+        def work(conn: sqlite3.Connection) -> None:
+            in_transaction[name] = db.commits  # the transactions committed before this one
+
+        return work
+
+    held = asyncio.ensure_future(db.write(hold))
+    assert await asyncio.to_thread(inside.wait, 5)
+    waiting = [
+        asyncio.ensure_future(db.write(write(n), durable=durable and n == "n1"))
+        for n in ("n1", "n2", "n3")
+    ]
+    release = asyncio.ensure_future(db.write(write("release"), first=True))
+    await asyncio.sleep(0)
+    # When the thread is free again
+    holding.set()
+    await asyncio.gather(held, release, *waiting)
+    # Then the release's transaction comes next, and the first two writes waiting join it,
+    # unless one of them must be fsynced (a release does not wait for a producer's fsync)
+    after = in_transaction["release"]
+    if durable:
+        assert [in_transaction[n] for n in ("n1", "n2", "n3")] == [after + 1] * 3
+    else:
+        assert [in_transaction[n] for n in ("n1", "n2", "n3")] == [after, after, after + 1]
+
+
 async def test_a_first_write_that_fails_fails_alone(db: Database) -> None:
     await db.write(lambda conn: conn.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)"))
 

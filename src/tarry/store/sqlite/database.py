@@ -60,6 +60,8 @@ Work = Callable[[Connection], Any]
 Job = tuple[Work, "asyncio.Future[Any]", bool]
 #: Batches the database thread commits before it lets other work in (``_flush``).
 _BATCHES_IN_A_ROW = 16
+#: Writes waiting that join a transaction of ``first`` writes (``_flush``).
+_JOINING = 2
 #: The size a checkpointed WAL is cut back to (about what ``wal_autocheckpoint``'s default of
 #: 1,000 pages keeps).
 _WAL_KEEP_BYTES = 4 * 1024 * 1024
@@ -210,9 +212,10 @@ class Database:
         the transaction is committed, and fsynced when ``durable`` (see the module docstring).
 
         ``first`` (a release: messages already due) goes ahead of the other writes waiting:
-        into a transaction of its own, the next one, and a transaction of other writes under
-        way ends after the write it is running, commits, and leaves the rest for after it. A
-        release then waits for at most one consumer's receive or ack, not for all those queued."""
+        into the next transaction, ahead of at most ``_JOINING`` of those (none that must be
+        fsynced), and a transaction of other writes under way ends after the write it is
+        running, commits, and leaves the rest for after it. A release then waits for at most
+        one consumer's receive or ack before it and a few after it, not for all those queued."""
         self._require()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
@@ -233,18 +236,24 @@ class Database:
         in-memory database's reads) is not starved."""
         for _ in range(_BATCHES_IN_A_ROW):
             with self._lock:
-                first = bool(self._first)
-                if first:
-                    batch, self._first = self._first, []
-                else:
+                batch, self._first = self._first, []
+                leading = len(batch)
+                # Behind ``first`` writes, a few of the others waiting join their transaction
+                # (each saves a transaction of its own: a BEGIN, a COMMIT, a hand-back), unless
+                # one must be fsynced: a release waits for neither a producer's fsync nor for
+                # more than a few consumers' receives and acks.
+                if not leading:
                     batch, self._pending = self._pending, []
+                elif not any(durable for _, _, durable in self._pending[:_JOINING]):
+                    batch += self._pending[:_JOINING]
+                    del self._pending[:_JOINING]
                 if not batch:
                     self._flushing = False
                     return
             try:
                 if self._refused:
                     self._give_back_wal()
-                results = self._run_batch(batch, yields=not first)
+                results = self._run_batch(batch, leading=leading)
             except BaseException as exc:  # the commit itself failed: nothing was stored
                 error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
                 results = [(False, error)] * len(batch)
@@ -285,10 +294,10 @@ class Database:
         except sqlite3.Error as exc:
             log.debug("WAL checkpoint after a refused write failed: %s", exc)
 
-    def _run_batch(self, batch: list[Job], *, yields: bool = False) -> list[tuple[bool, Any]]:
+    def _run_batch(self, batch: list[Job], *, leading: int = 0) -> list[tuple[bool, Any]]:
         """Run ``batch`` in one transaction, each write in a savepoint; one result per write
-        run. With ``yields`` it stops early, after at least one write, once a ``first`` write
-        waits (the writes not run get no result)."""
+        run. Past its ``leading`` writes (``first`` ones) and at least one write, it stops
+        early once a ``first`` write waits (the writes not run get no result)."""
         conn = self._require()
         results: list[tuple[bool, Any]] = []
         durable = any(d for _, _, d in batch)
@@ -322,7 +331,7 @@ class Database:
                     conn.execute("ROLLBACK TO w")
                 if not alone:
                     conn.execute("RELEASE w")
-                if yields and self._first:
+                if self._first and len(results) >= max(leading, 1):
                     break
             conn.execute("COMMIT")
         except BaseException:
