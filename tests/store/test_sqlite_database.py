@@ -143,6 +143,44 @@ async def test_a_few_writes_waiting_join_a_first_writes_transaction_unless_fsync
         assert [in_transaction[n] for n in ("n1", "n2", "n3")] == [after, after, after + 1]
 
 
+async def test_a_release_that_comes_during_another_does_not_put_back_its_joiners(
+    db: Database,
+) -> None:
+    # Given a write waiting behind one that holds the thread, and a release that it joins
+    in_transaction: dict[str, int] = {}
+    inside, holding = threading.Event(), threading.Event()
+    releasing, go_on = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        inside.set()
+        assert holding.wait(5)
+
+    def write(name: str) -> Callable[[sqlite3.Connection], None]:
+        def work(conn: sqlite3.Connection) -> None:
+            in_transaction[name] = db.commits
+            if name == "release 1":
+                releasing.set()
+                assert go_on.wait(5)
+
+        return work
+
+    held = asyncio.ensure_future(db.write(hold))
+    assert await asyncio.to_thread(inside.wait, 5)
+    waiting = asyncio.ensure_future(db.write(write("waiting")))
+    first = asyncio.ensure_future(db.write(write("release 1"), first=True))
+    await asyncio.sleep(0)
+    holding.set()
+    # When a second release comes while the first runs
+    assert await asyncio.to_thread(releasing.wait, 5)
+    second = asyncio.ensure_future(db.write(write("release 2"), first=True))
+    await asyncio.sleep(0)
+    go_on.set()
+    await asyncio.gather(held, waiting, first, second)
+    # Then the write that joined the first release commits with it, not after the second
+    assert in_transaction["waiting"] == in_transaction["release 1"]
+    assert in_transaction["release 2"] == in_transaction["release 1"] + 1
+
+
 async def test_a_first_write_that_fails_fails_alone(db: Database) -> None:
     await db.write(lambda conn: conn.execute("CREATE TABLE t (x INTEGER PRIMARY KEY)"))
 

@@ -215,7 +215,8 @@ class Database:
         into the next transaction, ahead of at most ``_JOINING`` of those (none that must be
         fsynced), and a transaction of other writes under way ends after the write it is
         running, commits, and leaves the rest for after it. A release then waits for at most
-        one consumer's receive or ack before it and a few after it, not for all those queued."""
+        one consumer's receive or ack before it (or the release under way and its joiners)
+        and a few after it, not for all those queued."""
         self._require()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
@@ -253,7 +254,9 @@ class Database:
             try:
                 if self._refused:
                     self._give_back_wal()
-                results = self._run_batch(batch, leading=leading)
+                # A release's transaction is not cut short: its joiners, put back behind the
+                # next release, could be put back again and again while releases keep coming.
+                results = self._run_batch(batch, yields=not leading)
             except BaseException as exc:  # the commit itself failed: nothing was stored
                 error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
                 results = [(False, error)] * len(batch)
@@ -294,10 +297,10 @@ class Database:
         except sqlite3.Error as exc:
             log.debug("WAL checkpoint after a refused write failed: %s", exc)
 
-    def _run_batch(self, batch: list[Job], *, leading: int = 0) -> list[tuple[bool, Any]]:
+    def _run_batch(self, batch: list[Job], *, yields: bool = False) -> list[tuple[bool, Any]]:
         """Run ``batch`` in one transaction, each write in a savepoint; one result per write
-        run. Past its ``leading`` writes (``first`` ones) and at least one write, it stops
-        early once a ``first`` write waits (the writes not run get no result)."""
+        run. With ``yields`` it stops early, after at least one write, once a ``first`` write
+        waits (the writes not run get no result)."""
         conn = self._require()
         results: list[tuple[bool, Any]] = []
         durable = any(d for _, _, d in batch)
@@ -331,7 +334,7 @@ class Database:
                     conn.execute("ROLLBACK TO w")
                 if not alone:
                     conn.execute("RELEASE w")
-                if self._first and len(results) >= max(leading, 1):
+                if yields and self._first:
                     break
             conn.execute("COMMIT")
         except BaseException:
