@@ -105,35 +105,49 @@ async def test_a_first_write_goes_ahead_of_the_writes_waiting_and_of_the_rest_of
     assert [r[0] for r in rows] == ran
 
 
+class _Recorder:
+    """Writes that note the transactions committed before theirs (``in_transaction``), one
+    that holds the database thread until ``holding`` is set, and one (``stop_at``) that waits,
+    once running (``stopped``), until ``go_on`` is set."""
+
+    def __init__(self, db: Database, stop_at: str = "") -> None:
+        self.db, self.stop_at = db, stop_at
+        self.in_transaction: dict[str, int] = {}
+        self.inside, self.holding = threading.Event(), threading.Event()
+        self.stopped, self.go_on = threading.Event(), threading.Event()
+
+    def hold(self, conn: sqlite3.Connection) -> None:
+        self.inside.set()
+        assert self.holding.wait(5)
+
+    def write(self, name: str) -> Callable[[sqlite3.Connection], None]:
+        def work(conn: sqlite3.Connection) -> None:
+            self.in_transaction[name] = self.db.commits
+            if name == self.stop_at:
+                self.stopped.set()
+                assert self.go_on.wait(5)
+
+        return work
+
+
 @pytest.mark.parametrize("durable", [False, True])
 async def test_a_few_writes_waiting_join_a_first_writes_transaction_unless_fsynced(
     db: Database, durable: bool
 ) -> None:
     # Given writes queued behind one that holds the database thread, and a release among them
-    in_transaction: dict[str, int] = {}
-    inside, holding = threading.Event(), threading.Event()
-
-    def hold(conn: sqlite3.Connection) -> None:
-        inside.set()
-        assert holding.wait(5)
-
-    def write(name: str) -> Callable[[sqlite3.Connection], None]:
-        def work(conn: sqlite3.Connection) -> None:
-            in_transaction[name] = db.commits  # the transactions committed before this one
-
-        return work
-
-    held = asyncio.ensure_future(db.write(hold))
-    assert await asyncio.to_thread(inside.wait, 5)
+    rec = _Recorder(db)
+    held = asyncio.ensure_future(db.write(rec.hold))
+    assert await asyncio.to_thread(rec.inside.wait, 5)
     waiting = [
-        asyncio.ensure_future(db.write(write(n), durable=durable and n == "n1"))
+        asyncio.ensure_future(db.write(rec.write(n), durable=durable and n == "n1"))
         for n in ("n1", "n2", "n3")
     ]
-    release = asyncio.ensure_future(db.write(write("release"), first=True))
+    release = asyncio.ensure_future(db.write(rec.write("release"), first=True))
     await asyncio.sleep(0)
     # When the thread is free again
-    holding.set()
+    rec.holding.set()
     await asyncio.gather(held, release, *waiting)
+    in_transaction = rec.in_transaction
     # Then the release's transaction comes next, and the first two writes waiting join it,
     # unless one of them must be fsynced (a release does not wait for a producer's fsync)
     after = in_transaction["release"]
@@ -147,35 +161,20 @@ async def test_a_release_that_comes_during_another_does_not_put_back_its_joiners
     db: Database,
 ) -> None:
     # Given a write waiting behind one that holds the thread, and a release that it joins
-    in_transaction: dict[str, int] = {}
-    inside, holding = threading.Event(), threading.Event()
-    releasing, go_on = threading.Event(), threading.Event()
-
-    def hold(conn: sqlite3.Connection) -> None:
-        inside.set()
-        assert holding.wait(5)
-
-    def write(name: str) -> Callable[[sqlite3.Connection], None]:
-        def work(conn: sqlite3.Connection) -> None:
-            in_transaction[name] = db.commits
-            if name == "release 1":
-                releasing.set()
-                assert go_on.wait(5)
-
-        return work
-
-    held = asyncio.ensure_future(db.write(hold))
-    assert await asyncio.to_thread(inside.wait, 5)
-    waiting = asyncio.ensure_future(db.write(write("waiting")))
-    first = asyncio.ensure_future(db.write(write("release 1"), first=True))
+    rec = _Recorder(db, stop_at="release 1")
+    held = asyncio.ensure_future(db.write(rec.hold))
+    assert await asyncio.to_thread(rec.inside.wait, 5)
+    waiting = asyncio.ensure_future(db.write(rec.write("waiting")))
+    first = asyncio.ensure_future(db.write(rec.write("release 1"), first=True))
     await asyncio.sleep(0)
-    holding.set()
+    rec.holding.set()
     # When a second release comes while the first runs
-    assert await asyncio.to_thread(releasing.wait, 5)
-    second = asyncio.ensure_future(db.write(write("release 2"), first=True))
+    assert await asyncio.to_thread(rec.stopped.wait, 5)
+    second = asyncio.ensure_future(db.write(rec.write("release 2"), first=True))
     await asyncio.sleep(0)
-    go_on.set()
+    rec.go_on.set()
     await asyncio.gather(held, waiting, first, second)
+    in_transaction = rec.in_transaction
     # Then the write that joined the first release commits with it, not after the second
     assert in_transaction["waiting"] == in_transaction["release 1"]
     assert in_transaction["release 2"] == in_transaction["release 1"] + 1
