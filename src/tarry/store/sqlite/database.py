@@ -60,8 +60,6 @@ Work = Callable[[Connection], Any]
 Job = tuple[Work, "asyncio.Future[Any]", bool]
 #: Batches the database thread commits before it lets other work in (``_flush``).
 _BATCHES_IN_A_ROW = 16
-#: Writes waiting that join a transaction of ``first`` writes (``_flush``).
-_JOINING = 2
 #: The size a checkpointed WAL is cut back to (about what ``wal_autocheckpoint``'s default of
 #: 1,000 pages keeps).
 _WAL_KEEP_BYTES = 4 * 1024 * 1024
@@ -212,11 +210,9 @@ class Database:
         the transaction is committed, and fsynced when ``durable`` (see the module docstring).
 
         ``first`` (a release: messages already due) goes ahead of the other writes waiting:
-        into the next transaction, ahead of at most ``_JOINING`` of those (none that must be
-        fsynced), and a transaction of other writes under way ends after the write it is
-        running, commits, and leaves the rest for after it. A release then waits for at most
-        one consumer's receive or ack before it (or the release under way and its joiners)
-        and a few after it, not for all those queued."""
+        into a transaction of its own, the next one, and a transaction of other writes under
+        way ends after the write it is running, commits, and leaves the rest for after it. A
+        release then waits for at most one consumer's receive or ack, not for all those queued."""
         self._require()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
@@ -237,26 +233,18 @@ class Database:
         in-memory database's reads) is not starved."""
         for _ in range(_BATCHES_IN_A_ROW):
             with self._lock:
-                batch, self._first = self._first, []
-                leading = len(batch)
-                # Behind ``first`` writes, a few of the others waiting join their transaction
-                # (each saves a transaction of its own: a BEGIN, a COMMIT, a hand-back), unless
-                # one must be fsynced: a release waits for neither a producer's fsync nor for
-                # more than a few consumers' receives and acks.
-                if not leading:
+                first = bool(self._first)
+                if first:
+                    batch, self._first = self._first, []
+                else:
                     batch, self._pending = self._pending, []
-                elif not any(durable for _, _, durable in self._pending[:_JOINING]):
-                    batch += self._pending[:_JOINING]
-                    del self._pending[:_JOINING]
                 if not batch:
                     self._flushing = False
                     return
             try:
                 if self._refused:
                     self._give_back_wal()
-                # A release's transaction is not cut short: its joiners, put back behind the
-                # next release, could be put back again and again while releases keep coming.
-                results = self._run_batch(batch, yields=not leading)
+                results = self._run_batch(batch, yields=not first)
             except BaseException as exc:  # the commit itself failed: nothing was stored
                 error = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
                 results = [(False, error)] * len(batch)
