@@ -312,3 +312,25 @@ def test_insert_released_writes_a_small_round_in_one_statement(
         conn.close()
     assert tables[0] == tables[1]
     assert len(tables[0]) == count
+
+
+@pytest.mark.parametrize("delivered_before", [0, 2])
+def test_a_row_read_as_delivered_is_what_a_receives_update_leaves(
+    conn: sqlite3.Connection, delivered_before: int
+) -> None:
+    # Given a queued message's row, delivered before or not
+    message = _message(state=MessageState.READY, queue="orders", delivery_count=delivered_before)
+    conn.execute(*to_insert(message))
+    row = conn.execute(f"{SELECT_SQL} WHERE id = ?", (message.id,)).fetchone()
+    # When it is read as a receive at NOW + 5 leaves it, and that receive's UPDATE is run
+    delivered = from_row(row, delivered_at_ms=NOW + 5)
+    conn.execute(
+        "UPDATE messages SET state = 'delivered', delivery_count = delivery_count + 1, "
+        "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END, "
+        "updated_at_ms = ? WHERE id = ?",
+        (NOW + 5, message.id),
+    )
+    # Then both say the same
+    assert delivered == _read(conn, message.id)
+    assert delivered.redelivered is (delivered_before > 0)
+    assert delivered.delivery_count == delivered_before + 1

@@ -22,7 +22,6 @@ from tarry.store.sqlite.schema import OLD_RECEIPT
 __all__ = [
     "RECEIPT_SQL",
     "ack_handed_out",
-    "as_delivered",
     "hand_out",
     "held_by_receipt",
     "receipt_of",
@@ -94,17 +93,6 @@ def key_named(receipt: str, *, integer: bool) -> Any:
     return None
 
 
-def as_delivered(row: Sequence[Any], now_ms: int) -> Message:
-    """The message of ``row`` (``SELECT_SQL``'s columns, as a receive read it) as that receive's
-    UPDATE leaves it (``QueueTxn.receive``)."""
-    message = from_row(row)
-    message.redelivered = message.redelivered or message.delivery_count > 0
-    message.delivery_count += 1
-    message.state = MessageState.DELIVERED
-    message.updated_at_ms = now_ms
-    return message
-
-
 def ack_handed_out(
     conn: QueueConnection, queue: str, receipts: Sequence[str], *, now_ms: int
 ) -> tuple[dict[str, Message], list[str]]:
@@ -153,7 +141,7 @@ def ack_handed_out(
     conn.execute("RELEASE remembered")
     done: dict[str, Message] = {}
     for receipt, row, received_at_ms in kept.values():
-        message = as_delivered(row, received_at_ms)
+        message = from_row(row, delivered_at_ms=received_at_ms)
         message.state = MessageState.ACKED
         done[receipt] = message
     return done, rest
@@ -170,7 +158,7 @@ def hand_out(
     for row in rows:
         columns, key = row[:-1], row[-1]
         receipt = receipt_of(receive_id, key)
-        taken.append((as_delivered(columns, now_ms), receipt))
+        taken.append((from_row(columns, delivered_at_ms=now_ms), receipt))
         if memory is not None:
             memory.keep(key, (receipt, columns, now_ms), len(columns[_BODY] or b""))
         if released is not None:  # ready no more: the release's row is over

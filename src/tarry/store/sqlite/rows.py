@@ -316,10 +316,14 @@ def kept_by_dedupe_key(conn: SqlConnection, keys: Iterable[str]) -> dict[str, Me
 
 
 _STATES = {state.value: state for state in MessageState}
+_DELIVERED = MessageState.DELIVERED.value
 _UNDELIVERABLE = {choice.value: choice for choice in Undeliverable}
 
 
-def from_row(row: Sequence[Any]) -> Message:
+def from_row(row: Sequence[Any], *, delivered_at_ms: int | None = None) -> Message:
+    """The message of ``row`` (``SELECT_SQL``'s columns); with ``delivered_at_ms``, as a
+    receive at that time leaves it (``queues.txn.QueueTxn.receive``'s UPDATE): delivered once
+    more, redelivered if it was delivered before."""
     (
         id_,
         destination,
@@ -352,8 +356,13 @@ def from_row(row: Sequence[Any]) -> Message:
     ) = row
     # Receive and ack read hundreds of rows a call: the enums are looked up in dicts (cheaper
     # than calling the enum), the usual empty values skip their parsing, and the message is
-    # built positionally (keywords go through a dict), in ``Message``'s field order;
+    # built positionally (keywords go through a dict), in ``Message``'s field order, in the
+    # state a receive leaves it rather than changed after (each attribute set is a call);
     # tests/store/test_sqlite_rows.py gives every field a value of its own.
+    if delivered_at_ms is not None:
+        state, updated_at = _DELIVERED, delivered_at_ms
+        redelivered = redelivered or delivery_count > 0
+        delivery_count += 1
     return Message(
         id_,
         destination,
