@@ -30,7 +30,8 @@ class _Window:
         """Count each lateness of a batch (below 0 counts as 0); keep a uniform sample of every
         lateness this window saw (reservoir sampling: the n-th replaces a random slot with
         probability SAMPLES_PER_WINDOW / n)."""
-        late_ms = [late if late > 0 else 0 for late in late_ms]
+        if late_ms and min(late_ms) < 0:
+            late_ms = [late if late > 0 else 0 for late in late_ms]
         self.late_max_ms = max(self.late_max_ms, max(late_ms, default=0))
         samples = self.samples
         room = SAMPLES_PER_WINDOW - len(samples)
@@ -77,8 +78,7 @@ class RecentActivity:
             if events.event == "scheduled":
                 self._window(time_ms).into += len(events)
             elif events.event in _OUT and events.messages:
-                late = [time_ms - m.deliver_at_ms for m in events.messages]
-                self._window(time_ms).observe(late, self._rng)
+                self._window(time_ms).observe(events.late_ms(), self._rng)
             return
         into: dict[int, int] = {}
         out: dict[int, list[int]] = {}
