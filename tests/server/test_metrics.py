@@ -60,6 +60,16 @@ def test_lateness_matches_a_prometheus_histogram() -> None:
     assert [x for x in ours if "_sum" not in x] == [x for x in theirs if "_sum" not in x]
     assert metrics.lateness.sum_ms == 2 * sum(max(0, late) for late in late_ms)
     assert batch._counts == metrics._counts == {"released": 509, "received": 509, "delivered": 509}
+    # And as runs (one time, a due time a message), in runs of a few and of many: the same.
+    runs = Metrics()
+    due = [
+        Message(f"r{i}", "q", b"", {}, 0, 1_000_000 - late, None) for i, late in enumerate(late_ms)
+    ]
+    for event in ("released", "received", "delivered"):
+        for start, size in ((0, 3), (3, 100), (103, 406)):
+            runs.record_many(EventRun(event, due[start : start + size], 1_000_000, "q"))
+    assert _lateness_lines(runs.registry) == _lateness_lines(metrics.registry)
+    assert runs.lateness.sum_ms == metrics.lateness.sum_ms
     assert any('le="1.0"} ' in line for line in _lateness_lines(metrics.registry))
 
 

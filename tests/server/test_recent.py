@@ -3,9 +3,11 @@ release lateness, whether the events come one by one, as a batch or as a run."""
 
 from __future__ import annotations
 
+import random
+
 from tarry.model.events import Event, EventRun
 from tarry.model.message import Message
-from tarry.server.recent import SAMPLES_PER_WINDOW, RecentActivity
+from tarry.server.recent import SAMPLES_PER_WINDOW, RecentActivity, _Window
 
 
 def _message(i: int, due_ms: int) -> Message:
@@ -50,3 +52,23 @@ def test_a_window_keeps_a_bounded_uniform_sample_of_every_lateness() -> None:
     assert window.late_max_ms == count - 1
     late_half = sum(1 for late in window.samples if late >= count // 2)
     assert 0.4 * SAMPLES_PER_WINDOW < late_half < 0.6 * SAMPLES_PER_WINDOW
+
+
+def test_the_sample_is_uniform_over_the_window_whatever_the_batch_sizes() -> None:
+    # Given a window told 0..9,999 ms late in batches of 1 to 1,000, thirty times over
+    rng = random.Random(3)
+    deciles = [0] * 10
+    for _ in range(30):
+        window = _Window(0)
+        told = 0
+        while told < 10_000:
+            size = rng.choice([1, 3, 22, 117, 1_000])
+            window.observe(list(range(told, min(10_000, told + size))), rng)
+            told += size
+        # Then every value is counted, the sample is full and holds each value at most once
+        assert window.out == 10_000 and len(set(window.samples)) == SAMPLES_PER_WINDOW
+        for late in window.samples:
+            deciles[late // 1_000] += 1
+    # And each tenth of the window's values is as likely to be kept as any other
+    expected = 30 * SAMPLES_PER_WINDOW / 10
+    assert all(0.9 * expected < count < 1.1 * expected for count in deciles)

@@ -4,6 +4,7 @@ queues, the dispatcher and the engine make them; listeners take them a batch at 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from operator import attrgetter
 from typing import overload
 
 from tarry.model.message import Message
@@ -23,12 +24,15 @@ Event = tuple[str, Message, int, "str | None", "str | None"]
 EventBatchListener = Callable[[Sequence[Event]], None]
 
 
+_DUE = attrgetter("deliver_at_ms")
+
+
 class EventRun(Sequence[Event]):
     """The same event at the same time (same queue, same reason) for many messages: a batch's
     change told as one object. It is a sequence of ``Event``s for any listener; one that knows
     the form counts a run at once (``len``) and reads ``messages`` without a tuple per event."""
 
-    __slots__ = ("event", "messages", "queue", "reason", "time_ms")
+    __slots__ = ("_late_ms", "event", "messages", "queue", "reason", "time_ms")
 
     def __init__(
         self,
@@ -43,6 +47,19 @@ class EventRun(Sequence[Event]):
         self.time_ms = time_ms
         self.queue = queue
         self.reason = reason
+        self._late_ms: list[int] | None = None
+
+    def late_ms(self) -> list[int]:
+        """Each message's lateness in ms (``time_ms`` - its due time; 0 when early), in order:
+        worked out once for every listener that counts it (the metrics, the recent activity)."""
+        late = self._late_ms
+        if late is None:
+            time_ms = self.time_ms
+            late = [time_ms - due for due in map(_DUE, self.messages)]
+            if late and min(late) < 0:
+                late = [value if value > 0 else 0 for value in late]
+            self._late_ms = late
+        return late
 
     def __len__(self) -> int:
         return len(self.messages)

@@ -3,7 +3,7 @@ has its own registry, so several servers can live in one test process."""
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -77,10 +77,10 @@ class Metrics:
         ``inc`` takes a lock each time. A run of one event is counted at once."""
         counts = self._counts
         if isinstance(events, EventRun):
-            event, time_ms = events.event, events.time_ms
+            event = events.event
             counts[event] = counts.get(event, 0) + len(events)
             if event in _TIMED and events.messages:
-                self.lateness.observe_ms([time_ms - m.deliver_at_ms for m in events.messages])
+                self.lateness.observe_ms(events.late_ms())
             return
         late_ms = []
         for event, message, time_ms, _, _ in events:
@@ -112,6 +112,8 @@ _BOUNDS = [str(float(b)) for b in _LATENESS_BUCKETS]  # "1.0", as ``Histogram`` 
 _BOUNDS_MS = [round(b * 1000) for b in _LATENESS_BUCKETS]
 #: Events whose lateness (time - due) the histogram counts.
 _TIMED = frozenset({"released", "delivered"})
+#: From how many values a batch's lateness is sorted and cut at the bounds (``observe_ms``).
+_SORTED_FROM = 8
 
 
 class _Lateness(Collector):
@@ -126,14 +128,31 @@ class _Lateness(Collector):
 
     def observe_ms(self, late_ms: Sequence[int]) -> None:
         """Count each lateness (ms; below 0 counts as 0) in its bucket. A plain loop, not
-        numpy: numpy's fixed cost per call would fall on every single delivered message."""
-        counts, total = self.counts, 0
-        for late in late_ms:
-            late = max(late, 0)
-            # bisect_left: a value equal to a bound counts in that bound's bucket (le, "<=").
-            counts[bisect_left(_BOUNDS_MS, late)] += 1
-            total += late
-        self.sum_ms += total
+        numpy: numpy's fixed cost per call would fall on every single delivered message. A
+        batch of ``_SORTED_FROM`` or more is sorted and cut at each bound instead: one
+        ``bisect`` a bucket, not one a message."""
+        counts = self.counts
+        if len(late_ms) < _SORTED_FROM:
+            total = 0
+            for late in late_ms:
+                late = max(late, 0)
+                # bisect_left: a value equal to a bound counts in that bound's bucket (le, "<=").
+                counts[bisect_left(_BOUNDS_MS, late)] += 1
+                total += late
+            self.sum_ms += total
+            return
+        ordered = sorted(late_ms)
+        below = bisect_left(ordered, 0)
+        if below:
+            ordered[:below] = [0] * below
+        # bisect_right: how many are at or below a bound (le, "<="); each bucket the rise.
+        counted = 0
+        for index, bound in enumerate(_BOUNDS_MS):
+            upto = bisect_right(ordered, bound, counted)
+            counts[index] += upto - counted
+            counted = upto
+        counts[-1] += len(ordered) - counted
+        self.sum_ms += sum(ordered)
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         cumulative, buckets = 0, []

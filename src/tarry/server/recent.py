@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import exp, log, log1p
 from typing import Any
 
 from tarry.model.events import Event, EventRun
@@ -25,12 +26,18 @@ class _Window:
     out: int = 0
     late_max_ms: int = 0
     samples: list[int] = field(default_factory=list)
+    #: Once the sample is full: which lateness (counted from the window's first, from 1) is
+    #: kept next, and Algorithm L's weight that draws the skip after it.
+    next_kept: int = 0
+    weight: float = 1.0
 
     def observe(self, late_ms: Sequence[int], rng: random.Random) -> None:
         """Count each lateness of a batch (below 0 counts as 0); keep a uniform sample of every
-        lateness this window saw (reservoir sampling: the n-th replaces a random slot with
-        probability SAMPLES_PER_WINDOW / n)."""
-        late_ms = [late if late > 0 else 0 for late in late_ms]
+        lateness this window saw (reservoir sampling by Li's Algorithm L: once the sample is
+        full, the next value kept is drawn as a skip, so a window of thousands draws a few
+        random numbers a kept value, not one a value)."""
+        if late_ms and min(late_ms) < 0:
+            late_ms = [late if late > 0 else 0 for late in late_ms]
         self.late_max_ms = max(self.late_max_ms, max(late_ms, default=0))
         samples = self.samples
         room = SAMPLES_PER_WINDOW - len(samples)
@@ -38,13 +45,29 @@ class _Window:
             samples += late_ms[:room]
             self.out += min(room, len(late_ms))
             late_ms = late_ms[room:]
-        seen, draw = self.out, rng.random
-        for late in late_ms:
-            seen += 1
-            slot = int(draw() * seen)
-            if slot < SAMPLES_PER_WINDOW:
-                samples[slot] = late
-        self.out = seen
+            if len(samples) < SAMPLES_PER_WINDOW:
+                return
+            self.weight = _scaled_weight(1.0, rng)
+            self.next_kept = self.out + _skip(self.weight, rng) + 1
+        seen, end = self.out, self.out + len(late_ms)
+        kept, weight = self.next_kept, self.weight
+        while kept <= end:
+            samples[int(rng.random() * SAMPLES_PER_WINDOW)] = late_ms[kept - seen - 1]
+            weight = _scaled_weight(weight, rng)
+            kept += _skip(weight, rng) + 1
+        self.next_kept, self.weight, self.out = kept, weight, end
+
+
+def _scaled_weight(weight: float, rng: random.Random) -> float:
+    """Algorithm L's next weight: ``weight`` times u^(1/k), u uniform in (0, 1]."""
+    return weight * exp(log(1.0 - rng.random()) / SAMPLES_PER_WINDOW)
+
+
+def _skip(weight: float, rng: random.Random) -> int:
+    """How many values to pass over before the next one kept (geometric in 1 - weight)."""
+    if weight >= 1.0:  # u was 1 exactly: keep the next one
+        return 0
+    return int(log(1.0 - rng.random()) / log1p(-weight))
 
 
 def _percentile(ordered: Sequence[int], fraction: float) -> int | None:
@@ -77,8 +100,7 @@ class RecentActivity:
             if events.event == "scheduled":
                 self._window(time_ms).into += len(events)
             elif events.event in _OUT and events.messages:
-                late = [time_ms - m.deliver_at_ms for m in events.messages]
-                self._window(time_ms).observe(late, self._rng)
+                self._window(time_ms).observe(events.late_ms(), self._rng)
             return
         into: dict[int, int] = {}
         out: dict[int, list[int]] = {}
