@@ -42,9 +42,10 @@ def area_with(
     for m, key in zip(messages, keys.tolist(), strict=True):
         by_partition.setdefault(key, []).append(m)
     for key, group in sorted(by_partition.items()):
-        directory = f"p-{key:010d}" if legacy else Layout.dir_name(key)
-        path = area / directory / "task-0.log"
-        path.parent.mkdir(parents=True)
+        # flat, named for the partition; before the flat layout, a directory a partition
+        name = f"p-{key:010d}/task-0.log" if legacy else f"{Layout.name_of(key)}.task-0.log"
+        path = area / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         data = b"".join(encode_message(m, dedupe_hash(m)) for m in group)
         path.write_bytes(data)
         files.append(
@@ -113,12 +114,10 @@ async def test_a_crash_after_the_plan_rolls_forward(tmp_path: Path) -> None:
     # A second import whose adoption died between its two moves: the plan written, one moved
     area = area_with(tmp_path, "import-3", [keyed(NOW + 40, "c"), keyed(NOW + 4 * G, "d")])
     sources = sorted(area.rglob("*.log"))
-    targets = [
-        f"p-{(NOW + 40) // G:010d}/seg-000001.log",
-        f"p-{(NOW + 4 * G) // G:010d}/seg-000000.log",
-    ]
+    keys = [Layout.level0((NOW + 40) // G), Layout.level0((NOW + 4 * G) // G)]
+    targets = [f"parts/{Layout.segment_name(keys[0], 1)}", f"parts/{Layout.segment_name(keys[1], 0)}"]
     plan = [
-        [str(s.relative_to(area)), t, int(t[2:12])] for s, t in zip(sources, targets, strict=True)
+        [str(s.relative_to(area)), t, k] for s, t, k in zip(sources, targets, keys, strict=True)
     ]
     (area / PLAN).write_bytes(orjson.dumps(plan))
     os.replace(sources[0], tmp_path / targets[0])
@@ -162,7 +161,7 @@ async def test_a_year_of_imported_due_times_fills_few_partitions_and_a_restart_k
     layout = store.layout
     assert set(store.partitions) == {layout.key_for(d, NOW) for d in dues}
     assert len(store.partitions) < 250, len(store.partitions)
-    levels = {p.name.split("-")[0] for p in tmp_path.glob("p*-*")}
+    levels = {p.name.split("-")[0] for p in (tmp_path / "parts").glob("p*-*")}
     assert "p5" in levels and levels <= {"p", "p1", "p2", "p3", "p4", "p5"}, levels
     assert await store.count_scheduled() == 5_000
     # And a checkpoint was written at once: after a kill -9, the restart reads nothing again
@@ -228,7 +227,7 @@ async def test_an_import_whose_file_does_not_fit_its_partition_is_refused_whole(
     # Then neither is adopted, and each refusal says why
     assert await drain(store) == []
     refused = [d for d in store.damaged if "import refused" in d]
-    assert any("not a file of a partition directory" in d for d in refused), refused
+    assert any("not a file of a partition" in d for d in refused), refused
     assert any("outside its partition" in d for d in refused), refused
     assert outside.exists() and wrong.exists()
     await store.close()

@@ -100,13 +100,16 @@ class Layout:
         return key >> _LEVEL_BITS, key & _LEVEL_MASK
 
     @staticmethod
-    def dir_name(key: int) -> str:
+    def name_of(key: int) -> str:
+        """Partition ``key``'s name: ``p-<number>`` (level 0) or ``p<level>-<start // granularity>``,
+        the prefix of its segment files (``<name>.seg-<n>.log``) and, in stores written before
+        the flat layout, its directory."""
         level, number = key & _LEVEL_MASK, key >> _LEVEL_BITS
         return f"p-{number:010d}" if level == 0 else f"p{level}-{number:010d}"
 
     @staticmethod
-    def parse_dir(name: str) -> int | None:
-        """The key a partition directory's name gives, or None (not a partition)."""
+    def parse_name(name: str) -> int | None:
+        """The key a partition's name gives, or None (not a partition)."""
         head, _, number = name.partition("-")
         if not head.startswith("p") or not number.isdigit():
             return None
@@ -114,3 +117,18 @@ class Layout:
         if not level_text.isdigit() or int(level_text) > MAX_LEVEL:
             return None
         return int(number) << _LEVEL_BITS | int(level_text)
+
+    @staticmethod
+    def segment_name(key: int, segment: int) -> str:
+        """The file name of segment ``segment`` of partition ``key`` (in ``<root>/parts/``)."""
+        return f"{Layout.name_of(key)}.seg-{segment:06d}.log"
+
+    @staticmethod
+    def parse_segment(name: str) -> tuple[int, int] | None:
+        """(key, segment) of a segment file's name (``segment_name``), or None."""
+        stem, dot, rest = name.partition(".seg-")
+        digits = rest.removesuffix(".log")
+        if not dot or not rest.endswith(".log") or not digits.isdigit():
+            return None
+        key = Layout.parse_name(stem)
+        return None if key is None else (key, int(digits))
