@@ -115,7 +115,10 @@ async def test_a_crash_after_the_plan_rolls_forward(tmp_path: Path) -> None:
     area = area_with(tmp_path, "import-3", [keyed(NOW + 40, "c"), keyed(NOW + 4 * G, "d")])
     sources = sorted(area.rglob("*.log"))
     keys = [Layout.level0((NOW + 40) // G), Layout.level0((NOW + 4 * G) // G)]
-    targets = [f"parts/{Layout.segment_name(keys[0], 1)}", f"parts/{Layout.segment_name(keys[1], 0)}"]
+    targets = [
+        f"parts/{Layout.segment_name(keys[0], 1)}",
+        f"parts/{Layout.segment_name(keys[1], 0)}",
+    ]
     plan = [
         [str(s.relative_to(area)), t, k] for s, t, k in zip(sources, targets, keys, strict=True)
     ]

@@ -26,6 +26,7 @@ from tarry.store.log import LogStore
 from tarry.store.log.layout import Layout
 from tarry.store.log.manifest import VERSION
 from tarry.store.log.tools import inspect, verify
+from tests.store.crashfs import CrashFiles, Mode
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DAY = 86_400_000
@@ -59,7 +60,9 @@ async def test_a_directory_of_an_earlier_version_is_opened_and_migrated(
     assert dirs and not (root / "parts").exists()
     assert (root / "wal").exists() == (name != "log-v1")
     # And the read-only tools read it in place, moving nothing
-    assert verify(root)["ok"] and len(inspect(root, granularity_ms=expected["granularity_ms"])["partitions"]) == len(dirs)
+    assert verify(root)["ok"] and len(
+        inspect(root, granularity_ms=expected["granularity_ms"])["partitions"]
+    ) == len(dirs)
     assert partition_dirs(root) == dirs
     # When this version opens it
     store = LogStore(root, granularity_ms=expected["granularity_ms"])
@@ -125,3 +128,53 @@ async def test_a_migrated_directory_keeps_the_old_snapshot_until_a_new_one_super
     assert set(manifest_versions(root)) == {VERSION}
     assert await store.count_scheduled() == len(expected["pending"])
     await store.close()
+
+
+def seeded(fs: CrashFiles, name: str) -> Path:
+    """Fixture ``name`` written under ``fs.base / "log"`` through ``fs``, every byte and entry
+    durable (the trace's first changes)."""
+    source, root = FIXTURES / name, fs.base / "log"
+    directories = [root]
+    fs.mkdir(root)
+    for path in sorted(source.rglob("*")):
+        out = root / path.relative_to(source)
+        if path.is_dir():
+            fs.mkdir(out)
+            directories.append(out)
+        else:
+            fs.write_file(out, path.read_bytes(), what="probe")
+    for directory in sorted(directories, key=lambda d: -len(d.parts)):
+        fs.fsync_dir(directory)
+    fs.fsync_dir(fs.base)
+    return root
+
+
+@pytest.mark.parametrize("mode", ["drop", "prefix"])
+async def test_a_power_loss_during_the_move_into_the_flat_layout_loses_nothing(
+    tmp_path: Path, mode: Mode
+) -> None:
+    # Given a directory with a directory a partition, opened (and so moved into parts/) by this
+    # version, every change recorded
+    base = tmp_path / "live"
+    base.mkdir()
+    fs = CrashFiles(base)
+    root = seeded(fs, "log-dirs")
+    expected = json.loads((FIXTURES / "log-dirs.json").read_text())
+    first = len(fs.ops)
+    store = LogStore(root, granularity_ms=expected["granularity_ms"], fs=fs)
+    await store.open()
+    await store.close()
+    assert any(op.kind == "link" for op in fs.ops[first:])
+    # When the power fails at any point of it, then the next start holds every message, and
+    # no partition directory is left
+    for point in [p for p in fs.crash_points() if p >= first]:
+        target = tmp_path / f"crash-{point}"
+        target.mkdir()
+        fs.disk_after(point, target, mode=mode, seed=point)
+        store = LogStore(target / "log", granularity_ms=expected["granularity_ms"])
+        await store.open()
+        assert partition_dirs(target / "log") == [], point
+        assert await store.count_scheduled() == len(expected["pending"]), point
+        for message_id in expected["pending"]:
+            assert await store.get(message_id) is not None, (point, message_id)
+        await store.close()

@@ -9,9 +9,9 @@ own share of the input and screens it (``screen.Screen``: the rules, the rejects
 repeats as reject rows, the counts by verdict), encodes the copies of the kept rows column-wise
 (``tarry.store.log.record_columns``: the same bytes as ``encode_message``) and keeps them in memory
 until ``flush_bytes``; then it sorts them by (time partition, due time) and writes one file per time
-partition it holds, all in the area itself (named ``<partition>.<task>-<i>.log``: no directory a
-partition, as in the store's ``parts/``). The partitions are the store's own (``store/log/layout.py``, the function its
-write path calls, applied to the import's now): a year of due times makes about 200 partitions,
+partition it holds, all in the area itself (``<partition>.<task>-<i>.log``: no directory a
+partition, as in the store's ``parts/``). The partitions are the store's own
+(``store/log/layout.py``, the function its write path calls, applied to the import's now): a year of due times makes about 200 partitions,
 coarser far ahead, not 105,120 of the store's granularity. A partition gets several files (one
 per task and flush), each sorted by due time. Each file is reported with its name, size, CRC32C and
 record count; the driver writes ``IMPORT`` from those reports, so files of a failed task attempt are

@@ -150,9 +150,7 @@ def _verify(area: Path, granularity_ms: int) -> ImportManifest:
         )
     for entry in manifest.files:
         if _key_of(entry["name"]) != entry["partition"]:
-            raise ImportRefused(
-                f"{entry['name']}: not named for partition {entry['partition']}"
-            )
+            raise ImportRefused(f"{entry['name']}: not named for partition {entry['partition']}")
         path = area / entry["name"]
         try:
             data = path.read_bytes()

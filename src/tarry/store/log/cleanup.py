@@ -60,9 +60,7 @@ async def delete_released(
         for path, _ in found:
             files.fs.unlink(path)
         table.drop(partition)
-        log.info(
-            "partition %s released: deleted its %d segment files", partition.name, len(found)
-        )
+        log.info("partition %s released: deleted its %d segment files", partition.name, len(found))
     if not doomed:
         return 0
     files.fs.fsync_dir(parts_root(table.root))

@@ -101,9 +101,9 @@ class Layout:
 
     @staticmethod
     def name_of(key: int) -> str:
-        """Partition ``key``'s name: ``p-<number>`` (level 0) or ``p<level>-<start // granularity>``,
-        the prefix of its segment files (``<name>.seg-<n>.log``) and, in stores written before
-        the flat layout, its directory."""
+        """Partition ``key``'s name, ``p-<number>`` (level 0) or ``p<level>-<start // G>`` (G:
+        the granularity): the prefix of its segment files (``<name>.seg-<n>.log``) and, in
+        stores written before the flat layout, its directory."""
         level, number = key & _LEVEL_MASK, key >> _LEVEL_BITS
         return f"p-{number:010d}" if level == 0 else f"p{level}-{number:010d}"
 

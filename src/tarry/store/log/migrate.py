@@ -13,11 +13,13 @@ Why ``parts/`` and not the root itself: the root holds the store's other entries
 start without sorting them out, and a store of the previous layout (partition directories in the
 root) is told apart from this one by its entries' kind, never by a name both could have.
 
-``flatten`` renames each old partition directory's ``seg-<n>.log`` into ``parts/`` (a rename
-into an existing directory creates no inode and copies no byte), fsyncs ``parts/``, then deletes
-the emptied directories and fsyncs the root. Each step can be cut by a crash: the next start
-finds the directories still there and moves what is left in them (a segment in both places, as a
-file system without a journal may leave it, is the same file: the rename replaces it).
+``flatten`` links each old partition directory's ``seg-<n>.log`` into ``parts/`` under its new
+name (a hard link in an existing directory creates no inode and copies no byte), fsyncs
+``parts/``, and only then deletes the old directories and fsyncs the root: until the new names
+are durable the old ones stand, so no order in which a power loss keeps the directories'
+changes loses a file (a rename would take the old name in one directory and give the new one in
+another, each durable on its own). A crash anywhere leaves the directories, or some of them,
+for the next start, which links what is not in ``parts/`` yet and deletes them.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def _segment_number(name: str) -> int | None:
 
 def flatten(root: Path, *, fs: Files) -> int:
     """Move the segment files of every partition directory under ``root`` into ``parts/``
-    (which exists), durably, and delete the directories; the number of files moved."""
+    (which exists), durably, then delete the directories; the number of files moved."""
     nested = nested_partitions(root)
     if not nested:
         return 0
@@ -65,13 +67,19 @@ def flatten(root: Path, *, fs: Files) -> int:
             segment = _segment_number(path.name)
             if segment is None or not path.is_file():
                 continue
-            fs.rename(path, parts / Layout.segment_name(key, segment))
+            target = parts / Layout.segment_name(key, segment)
+            try:
+                fs.link(path, target)
+            except FileExistsError:  # linked by a start a crash cut short
+                if not os.path.samefile(path, target):
+                    fs.rename(path, target)  # parts/ was not written before this ends
             moved += 1
     fs.fsync_dir(parts)
     for directory in nested.values():
         for left in sorted(directory.iterdir()):
-            log.warning("deleting %s: not a segment file of the partition directory", left)
-        fs.remove_tree(directory)
+            if _segment_number(left.name) is None or not left.is_file():
+                log.warning("deleting %s: not a segment file of the partition directory", left)
+        fs.remove_tree(directory)  # the segments' old names: their new ones are durable
     fs.fsync_dir(root)
     log.warning(
         "moved %d segment files of %d partition directories into %s (this version's layout: an "

@@ -136,7 +136,7 @@ class Partition:
         """(path, size) of each segment file found, in order: segments are numbered from 0
         without a gap, so a ``stat`` each and one more (not a listing of a directory that holds
         every partition's files)."""
-        found = []
+        found: list[tuple[Path, int]] = []
         while True:
             path = self.segment_path(len(found))
             try:

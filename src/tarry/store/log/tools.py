@@ -35,9 +35,7 @@ def _segment_files(root: Path) -> list[Path]:
 
 def _partitions(root: Path, granularity_ms: int) -> dict[int, Partition]:
     layout = Layout(granularity_ms)
-    partitions = {
-        key: Partition(root, key, layout, nested=True) for key in nested_partitions(root)
-    }
+    partitions = {key: Partition(root, key, layout, nested=True) for key in nested_partitions(root)}
     for path in _segment_files(root):
         found = Layout.parse_segment(path.name)
         if found is not None:
