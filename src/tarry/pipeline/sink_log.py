@@ -11,8 +11,9 @@ repeats as reject rows, the counts by verdict), encodes the copies of the kept r
 until ``flush_bytes``; then it sorts them by (time partition, due time) and writes one file per time
 partition it holds, all in the area itself (``<partition>.<task>-<i>.log``: no directory a
 partition, as in the store's ``parts/``). The partitions are the store's own
-(``store/log/layout.py``, the function its write path calls, applied to the import's now): a year of due times makes about 200 partitions,
-coarser far ahead, not 105,120 of the store's granularity. A partition gets several files (one
+(``store/log/layout.py``, the function its write path calls, applied to the import's now): a
+year of due times makes about 200 partitions, coarser far ahead, not 105,120 of the store's
+granularity. A partition gets several files (one
 per task and flush), each sorted by due time. Each file is reported with its name, size, CRC32C and
 record count; the driver writes ``IMPORT`` from those reports, so files of a failed task attempt are
 never named (and adoption deletes the whole area afterwards).
