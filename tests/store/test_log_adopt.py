@@ -10,6 +10,7 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 import orjson
+import pytest
 
 from tarry.model.message import Message
 from tarry.model.state import MessageState
@@ -103,7 +104,10 @@ async def test_an_import_is_adopted_next_to_live_messages_and_only_once(tmp_path
     await store.close()
 
 
-async def test_a_crash_after_the_plan_rolls_forward(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nested", [False, True])
+async def test_a_crash_after_the_plan_rolls_forward(tmp_path: Path, nested: bool) -> None:
+    # (nested: the plan, and the file it moved, of a tarry with a directory a partition: the
+    # start moves that file into parts/ first, then finishes the plan there)
     store = await opened(tmp_path)
     await store.close()
     area = area_with(tmp_path, "import-2", [keyed(NOW + 20, "a"), keyed(NOW + 3 * G, "b")])
@@ -115,18 +119,21 @@ async def test_a_crash_after_the_plan_rolls_forward(tmp_path: Path) -> None:
     area = area_with(tmp_path, "import-3", [keyed(NOW + 40, "c"), keyed(NOW + 4 * G, "d")])
     sources = sorted(area.rglob("*.log"))
     keys = [Layout.level0((NOW + 40) // G), Layout.level0((NOW + 4 * G) // G)]
-    targets = [
-        f"parts/{Layout.segment_name(keys[0], 1)}",
-        f"parts/{Layout.segment_name(keys[1], 0)}",
-    ]
+    if nested:
+        targets = [f"{Layout.name_of(keys[0])}/seg-000001.log"]
+        targets += [f"{Layout.name_of(keys[1])}/seg-000000.log"]
+    else:
+        targets = [f"parts/{Layout.segment_name(key, n)}" for key, n in zip(keys, [1, 0], strict=True)]
     plan = [
         [str(s.relative_to(area)), t, k] for s, t, k in zip(sources, targets, keys, strict=True)
     ]
     (area / PLAN).write_bytes(orjson.dumps(plan))
+    (tmp_path / targets[0]).parent.mkdir(exist_ok=True)
     os.replace(sources[0], tmp_path / targets[0])
     store = await opened(tmp_path)
     assert await drain(store) == ["a", "b", "c", "d"]
     assert not area.exists()
+    assert not [p for p in tmp_path.iterdir() if Layout.parse_name(p.name) is not None]
     await store.close()
 
 
