@@ -123,7 +123,9 @@ async def test_a_crash_after_the_plan_rolls_forward(tmp_path: Path, nested: bool
         targets = [f"{Layout.name_of(keys[0])}/seg-000001.log"]
         targets += [f"{Layout.name_of(keys[1])}/seg-000000.log"]
     else:
-        targets = [f"parts/{Layout.segment_name(key, n)}" for key, n in zip(keys, [1, 0], strict=True)]
+        targets = [
+            f"parts/{Layout.segment_name(key, n)}" for key, n in zip(keys, [1, 0], strict=True)
+        ]
     plan = [
         [str(s.relative_to(area)), t, k] for s, t, k in zip(sources, targets, keys, strict=True)
     ]
