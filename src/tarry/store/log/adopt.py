@@ -50,6 +50,7 @@ import orjson
 from tarry.store.log.fs import Files, OsFiles
 from tarry.store.log.layout import Layout
 from tarry.store.log.manifest import frame, framed_version, unframe, write_last
+from tarry.store.log.migrate import nested_segment
 from tarry.store.log.partition import PARTS, Partition, parts_root
 from tarry.store.log.record import MESSAGE, Damage, scan
 from tarry.store.log.recovery import Recovered, replay
@@ -129,8 +130,8 @@ def _target_of(target: str) -> tuple[int, int]:
     if len(parts) == 2 and parts[0] == PARTS:
         found = Layout.parse_segment(parts[1])
     elif len(parts) == 2:
-        key, digits = Layout.parse_name(parts[0]), parts[1][4:-4]
-        found = (key, int(digits)) if key is not None and digits.isdigit() else None
+        key, segment = Layout.parse_name(parts[0]), nested_segment(parts[1])
+        found = (key, segment) if key is not None and segment is not None else None
     else:
         found = None
     if found is None:

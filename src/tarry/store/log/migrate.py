@@ -32,7 +32,7 @@ from tarry.store.log.fs import Files
 from tarry.store.log.layout import Layout
 from tarry.store.log.partition import parts_root
 
-__all__ = ["flatten", "nested_partitions"]
+__all__ = ["flatten", "nested_partitions", "nested_segment"]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,8 @@ def nested_partitions(root: Path) -> dict[int, Path]:
         }
 
 
-def _segment_number(name: str) -> int | None:
+def nested_segment(name: str) -> int | None:
+    """The number of a partition directory's segment file ``seg-<n>.log``, or None."""
     digits = name.removeprefix("seg-").removesuffix(".log")
     if name.startswith("seg-") and name.endswith(".log") and digits.isdigit():
         return int(digits)
@@ -64,7 +65,7 @@ def flatten(root: Path, *, fs: Files) -> int:
     moved = 0
     for key, directory in sorted(nested.items()):
         for path in sorted(directory.iterdir()):
-            segment = _segment_number(path.name)
+            segment = nested_segment(path.name)
             if segment is None or not path.is_file():
                 continue
             target = parts / Layout.segment_name(key, segment)
@@ -77,7 +78,7 @@ def flatten(root: Path, *, fs: Files) -> int:
     fs.fsync_dir(parts)
     for directory in nested.values():
         for left in sorted(directory.iterdir()):
-            if _segment_number(left.name) is None or not left.is_file():
+            if nested_segment(left.name) is None or not left.is_file():
                 log.warning("deleting %s: not a segment file of the partition directory", left)
         fs.remove_tree(directory)  # the segments' old names: their new ones are durable
     fs.fsync_dir(root)
