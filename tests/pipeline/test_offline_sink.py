@@ -173,7 +173,7 @@ def test_offline_import_drops_repeats_across_tasks_and_sorts_each_file(
     assert len(kept_rows) == 50 and not kept_rows & {r["row"] for r in rejects}
     # And the files, from more than one task, hold each first row once, each sorted by due time
     files = sorted(area.rglob("*.log"))
-    assert len({f.name.split("-")[0] for f in files}) > 1
+    assert len({f.name.split(".")[1].split("-")[0] for f in files}) > 1  # <partition>.<task>-<i>
     bodies = []
     for path in files:
         messages = [
