@@ -662,8 +662,8 @@ def main() -> None:
     t = time.perf_counter()
     server, url = start_server(root / "data")
     result["restart_adopting_both_imports_s"] = round(time.perf_counter() - t, 2)
-    result["partition_dirs_after_adoption"] = sum(
-        1 for d in (root / "data" / "log").iterdir() if d.is_dir() and d.name.startswith("p")
+    result["partitions_after_adoption"] = len(
+        {f.name.split(".")[0] for f in (root / "data" / "log" / "parts").glob("p*-*.seg-*.log")}
     )
     with Client(url) as client:
         result["scheduled_after_adoption"] = client.stats()["messages"]["scheduled"]

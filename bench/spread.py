@@ -225,16 +225,19 @@ def store_metrics(url: str) -> dict[str, float] | None:
 
 def disk_bytes(data_dir: Path) -> dict[str, int]:
     """Allocated bytes of the store's files (everything but the event journal) and of the
-    journal."""
-    store = journal = 0
+    journal; ``store_inodes``: the store's files and directories (each an inode the case
+    created, besides the few it deleted again)."""
+    store = journal = inodes = 0
     for path in data_dir.rglob("*"):
+        in_journal = "journal" in path.relative_to(data_dir).parts
+        inodes += not in_journal
         if path.is_file():
             size = path.stat().st_blocks * 512
-            if "journal" in path.relative_to(data_dir).parts:
+            if in_journal:
                 journal += size
             else:
                 store += size
-    return {"store": store, "journal": journal}
+    return {"store": store, "journal": journal, "store_inodes": inodes}
 
 
 def file_class(data_dir: Path, path: str) -> str | None:
@@ -418,6 +421,7 @@ def run_case(
             "fsyncs_per_group_commit_metrics": None,
             "raw_message_bytes": raw,
             "disk_bytes": disk["store"],
+            "store_inodes": disk["store_inodes"],
             "journal_bytes": disk["journal"],
             "disk_to_raw": round(disk["store"] / raw, 3),
             "load_average": load(),

@@ -187,7 +187,7 @@ async def test_finding_08_a_failed_append_is_cut_back_and_the_next_one_succeeds(
     # Then once space is freed the next append succeeds, right after the last good record
     filler.unlink()
     store.files.flush()  # what the WAL holds, written to the partition behind it
-    [segment] = sorted(root.glob("p-*/seg-*.log"))
+    [segment] = sorted((root / "parts").glob("p-*.seg-*.log"))
     later = message(999)
     await store.store([later])
     store.files.flush()

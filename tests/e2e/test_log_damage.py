@@ -45,7 +45,7 @@ def test_a_flipped_byte_in_a_closed_segment_is_named_and_the_rest_is_delivered(
     server = make_server(SMALL_SEGMENTS)
     sent = send_batch(server.url, 20, delay_ms=2500)
     server.stop()
-    segments = sorted((server.data_dir / "log").glob("p-*/seg-*.log"))
+    segments = sorted((server.data_dir / "log" / "parts").glob("p-*.seg-*.log"))
     assert len(segments) > 2
     # When a byte inside a message of the first (closed) segment is flipped and it restarts
     flip(segments[0], 200)
@@ -89,11 +89,12 @@ def test_finding_09_damage_in_a_far_partition_is_reported_at_once_after_a_clean_
     server.stop()
     assert (server.data_dir / "log" / "CLEAN").exists()  # the restart trusts the snapshot
     # (sorted by start: the later one is coarser, ``tarry.store.log.layout``)
-    partitions = sorted(
-        (server.data_dir / "log").glob("p*-*"), key=lambda p: Layout.parse_dir(p.name) or 0
+    segments = sorted(
+        (server.data_dir / "log" / "parts").glob("p*-*.seg-*.log"),
+        key=lambda p: Layout.parse_segment(p.name) or (0, 0),
     )
-    assert len(partitions) == 2
-    segment = sorted(partitions[-1].glob("seg-*.log"))[-1]
+    assert len({(Layout.parse_segment(p.name) or (0, 0))[0] for p in segments}) == 2
+    segment = segments[-1]
     # When a byte inside one of those messages is flipped and the server starts again
     flip(segment, 300)
     server.start()

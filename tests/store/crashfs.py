@@ -1,5 +1,5 @@
 """``CrashFiles``: a ``Files`` (``tarry.store.log.fs``) that works on a real directory and records
-every change it makes (creates, writes, truncates, fsyncs, renames, deletes, fsyncs of
+every change it makes (creates, writes, truncates, fsyncs, renames, links, deletes, fsyncs of
 directories), and ``disk_after``: the directory a power loss after any of those changes could
 leave. As bbolt's power-failure and SQLite's crash tests do:
 
@@ -32,7 +32,7 @@ Mode = Literal["drop", "prefix"]
 @dataclass(frozen=True, slots=True)
 class Op:
     """One recorded change. ``kind``: create, mkdir, write, truncate, fsync, fsync_dir,
-    syncfs, rename, unlink, rmdir, or mark (the test's own note, not a change)."""
+    syncfs, rename, link, unlink, rmdir, or mark (the test's own note, not a change)."""
 
     kind: str
     path: Path | None = None
@@ -157,6 +157,11 @@ class CrashFiles(OsFiles):
             super().rename(src, dst)
             self._record(Op("rename", src, other=dst))
 
+    def link(self, src: Path, dst: Path) -> None:
+        with self._lock:
+            super().link(src, dst)
+            self._record(Op("link", src, other=dst))
+
     def unlink(self, path: Path) -> None:
         with self._lock:
             existed = path.exists()
@@ -233,6 +238,9 @@ class _Disk:
                 inode = self.entries[path]
                 self._entry(path, None)
                 self._entry(op.other, inode)
+            elif op.kind == "link":
+                assert op.other is not None
+                self._entry(op.other, self.entries[path])
             elif op.kind == "write":
                 inode = self.entries[path]
                 data = self.data[inode]

@@ -10,6 +10,7 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 import orjson
+import pytest
 
 from tarry.model.message import Message
 from tarry.model.state import MessageState
@@ -42,9 +43,10 @@ def area_with(
     for m, key in zip(messages, keys.tolist(), strict=True):
         by_partition.setdefault(key, []).append(m)
     for key, group in sorted(by_partition.items()):
-        directory = f"p-{key:010d}" if legacy else Layout.dir_name(key)
-        path = area / directory / "task-0.log"
-        path.parent.mkdir(parents=True)
+        # flat, named for the partition; before the flat layout, a directory a partition
+        name = f"p-{key:010d}/task-0.log" if legacy else f"{Layout.name_of(key)}.task-0.log"
+        path = area / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         data = b"".join(encode_message(m, dedupe_hash(m)) for m in group)
         path.write_bytes(data)
         files.append(
@@ -102,7 +104,10 @@ async def test_an_import_is_adopted_next_to_live_messages_and_only_once(tmp_path
     await store.close()
 
 
-async def test_a_crash_after_the_plan_rolls_forward(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nested", [False, True])
+async def test_a_crash_after_the_plan_rolls_forward(tmp_path: Path, nested: bool) -> None:
+    # (nested: the plan, and the file it moved, of a tarry with a directory a partition: the
+    # start moves that file into parts/ first, then finishes the plan there)
     store = await opened(tmp_path)
     await store.close()
     area = area_with(tmp_path, "import-2", [keyed(NOW + 20, "a"), keyed(NOW + 3 * G, "b")])
@@ -113,18 +118,24 @@ async def test_a_crash_after_the_plan_rolls_forward(tmp_path: Path) -> None:
     # A second import whose adoption died between its two moves: the plan written, one moved
     area = area_with(tmp_path, "import-3", [keyed(NOW + 40, "c"), keyed(NOW + 4 * G, "d")])
     sources = sorted(area.rglob("*.log"))
-    targets = [
-        f"p-{(NOW + 40) // G:010d}/seg-000001.log",
-        f"p-{(NOW + 4 * G) // G:010d}/seg-000000.log",
-    ]
+    keys = [Layout.level0((NOW + 40) // G), Layout.level0((NOW + 4 * G) // G)]
+    if nested:
+        targets = [f"{Layout.name_of(keys[0])}/seg-000001.log"]
+        targets += [f"{Layout.name_of(keys[1])}/seg-000000.log"]
+    else:
+        targets = [
+            f"parts/{Layout.segment_name(key, n)}" for key, n in zip(keys, [1, 0], strict=True)
+        ]
     plan = [
-        [str(s.relative_to(area)), t, int(t[2:12])] for s, t in zip(sources, targets, strict=True)
+        [str(s.relative_to(area)), t, k] for s, t, k in zip(sources, targets, keys, strict=True)
     ]
     (area / PLAN).write_bytes(orjson.dumps(plan))
+    (tmp_path / targets[0]).parent.mkdir(exist_ok=True)
     os.replace(sources[0], tmp_path / targets[0])
     store = await opened(tmp_path)
     assert await drain(store) == ["a", "b", "c", "d"]
     assert not area.exists()
+    assert not [p for p in tmp_path.iterdir() if Layout.parse_name(p.name) is not None]
     await store.close()
 
 
@@ -162,7 +173,7 @@ async def test_a_year_of_imported_due_times_fills_few_partitions_and_a_restart_k
     layout = store.layout
     assert set(store.partitions) == {layout.key_for(d, NOW) for d in dues}
     assert len(store.partitions) < 250, len(store.partitions)
-    levels = {p.name.split("-")[0] for p in tmp_path.glob("p*-*")}
+    levels = {p.name.split("-")[0] for p in (tmp_path / "parts").glob("p*-*")}
     assert "p5" in levels and levels <= {"p", "p1", "p2", "p3", "p4", "p5"}, levels
     assert await store.count_scheduled() == 5_000
     # And a checkpoint was written at once: after a kill -9, the restart reads nothing again
@@ -228,7 +239,7 @@ async def test_an_import_whose_file_does_not_fit_its_partition_is_refused_whole(
     # Then neither is adopted, and each refusal says why
     assert await drain(store) == []
     refused = [d for d in store.damaged if "import refused" in d]
-    assert any("not a file of a partition directory" in d for d in refused), refused
+    assert any("not a file of a partition" in d for d in refused), refused
     assert any("outside its partition" in d for d in refused), refused
     assert outside.exists() and wrong.exists()
     await store.close()

@@ -329,8 +329,9 @@ async def test_a_snapshot_fsyncs_the_markers_it_names(tmp_path: Path) -> None:
     target.mkdir()
     fs.disk_after(len(fs.ops), target, mode="drop")
     # Then the disk holds every byte the snapshot recorded
-    on_disk = {
-        Layout.parse_dir(p.name): [s.stat().st_size for s in sorted(p.glob("seg-*"))]
-        for p in (target / "log").glob("p-*")
-    }
+    on_disk: dict[int, list[int]] = {}
+    for path in sorted((target / "log" / "parts").glob("p-*.seg-*.log")):
+        found = Layout.parse_segment(path.name)
+        assert found is not None
+        on_disk.setdefault(found[0], []).append(path.stat().st_size)
     assert on_disk == sizes

@@ -29,4 +29,4 @@ def test_keys_for_agrees_with_key_for_at_random_and_at_every_edge() -> None:
         for due, key in zip(dues.tolist()[::97], keys.tolist()[::97], strict=True):
             start, end = layout.window(key)
             assert start <= due < end
-            assert Layout.parse_dir(Layout.dir_name(key)) == key
+            assert Layout.parse_name(Layout.name_of(key)) == key

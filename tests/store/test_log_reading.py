@@ -13,7 +13,7 @@ from tests.store.test_log_recovery import NOW, G, message, opened
 
 def _flip_a_byte_of(root: Path, body: bytes) -> Path:
     """Damage the record holding ``body`` in whichever segment has it; returns the segment."""
-    for segment in sorted(root.rglob("seg-*.log")):
+    for segment in sorted(root.rglob("*.seg-*.log")):
         data = bytearray(segment.read_bytes())
         at = data.find(body)
         if at >= 0:

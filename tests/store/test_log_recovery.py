@@ -48,7 +48,7 @@ async def crash(store: LogStore) -> None:
 
 
 def segments(root: Path) -> list[Path]:
-    return sorted(root.glob("p-*/seg-*.log"))
+    return sorted((root / "parts").glob("p-*.seg-*.log"))
 
 
 async def test_a_torn_partition_tail_is_written_again_from_the_wal(tmp_path: Path) -> None:
@@ -125,7 +125,7 @@ async def test_messages_fall_into_time_partitions_and_roll_over(tmp_path: Path) 
     batch = [message(NOW + offset) for offset in (5, G + 5, 2 * G + 5)]
     await store.store(batch)
     store.files.flush()  # written behind the WAL
-    assert len(list(tmp_path.glob("p-*"))) == 3
+    assert len(list((tmp_path / "parts").glob("p-*"))) == 3
     # When time passes the first partition's end
     first = await store.fetch_due(NOW + G, limit=10, lease_ms=10 * G)
     later = await store.fetch_due(NOW + 3 * G, limit=10, lease_ms=10 * G)
@@ -182,7 +182,7 @@ async def test_released_partitions_are_deleted_with_their_files(tmp_path: Path) 
 
     # The first partition is drained and its window over; the second still holds a message
     assert await store.delete_released(NOW + G + 1) == 1
-    assert len(list(tmp_path.glob("p-*"))) == 1
+    assert len(list((tmp_path / "parts").glob("p-*"))) == 1
     assert await store.get(batch[1].id) is not None
     await store.close()
 

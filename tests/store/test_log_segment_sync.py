@@ -15,7 +15,7 @@ import pytest
 import tarry.store.log.fs as fs_module
 from tarry.store.log.fs import SYNCFS_REPORTS_ERRORS, FsyncWhat, OsFiles
 from tarry.store.log.layout import Layout
-from tarry.store.log.partition import Partition
+from tarry.store.log.partition import Partition, parts_root
 from tarry.store.log.segment import SegmentFiles
 
 G = 60_000
@@ -23,6 +23,8 @@ layout = Layout(G)
 
 
 def partitions(root: Path, count: int) -> list[Partition]:
+    """``count`` partitions of a store at ``root`` (whose ``parts/`` is made at its start)."""
+    parts_root(root).mkdir(exist_ok=True)
     return [Partition(root, Layout.level0(n), layout) for n in range(count)]
 
 
@@ -35,9 +37,9 @@ def written(files: SegmentFiles, made: list[Partition]) -> None:
 @pytest.mark.parametrize(
     ("count", "made"),
     [
-        # Few: each file and each directory that gained an entry (the partitions' and the root)
-        (3, {"partition": 3, "directory": 4}),
-        # Many: one sync of the file system stands for 40 file and 41 directory fsyncs
+        # Few: each file, and the one directory that gained their entries (``parts/``)
+        (3, {"partition": 3, "directory": 1}),
+        # Many: one sync of the file system stands for 40 file and a directory fsync
         (40, {"filesystem": 1}),
     ],
 )
@@ -100,8 +102,8 @@ def test_files_a_failed_sync_left_are_synced_by_the_next(tmp_path: Path) -> None
     # When the next checkpoint syncs
     fs.fail = False
     files.sync_dirty(tmp_path)
-    # Then it fsyncs both files and the directories the failed one did not get to
-    assert fs.fsyncs == {"partition": 2, "directory": 3}
+    # Then it fsyncs both files and the directory the failed one did not get to
+    assert fs.fsyncs == {"partition": 2, "directory": 1}
     files.close()
 
 
@@ -129,20 +131,20 @@ def test_what_a_read_writes_during_a_sync_is_left_for_the_next(tmp_path: Path) -
     written(files, partitions(tmp_path, 1))
     fs.files = files
     files.sync_dirty(tmp_path)
-    assert fs.fsyncs == {"partition": 1, "directory": 2}
+    assert fs.fsyncs == {"partition": 1, "directory": 1}
     # When the next checkpoint syncs, then the late file and its directory are fsynced
     files.sync_dirty(tmp_path)
-    assert fs.fsyncs == {"partition": 2, "directory": 4}
+    assert fs.fsyncs == {"partition": 2, "directory": 2}
     files.close()
 
 
 def test_a_partition_directory_deleted_behind_the_store_is_made_again(tmp_path: Path) -> None:
-    # Given a partition written once (its directory made), then its directory deleted
+    # Given a partition written once, then the directory of segment files deleted
     files = SegmentFiles(OsFiles())
     [partition] = partitions(tmp_path, 1)
     written(files, [partition])
     files.close_partition(partition)
-    files.fs.remove_tree(partition.dir)
+    files.fs.remove_tree(partition.segment_path(0).parent)
     # When it is written again, then the directory is made again and holds the bytes
     written(files, [partition])
     assert partition.segment_path(0).read_bytes() == b"record"

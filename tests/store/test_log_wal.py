@@ -122,7 +122,7 @@ async def test_a_kill_9_loses_nothing_that_only_the_wal_made_durable(tmp_path: P
     sent = spread(500, YEAR, seed=7)
     await store.store(sent)
     await shut(store)  # kill -9: no closing checkpoint
-    for segment in tmp_path.glob("p*-*/seg-*.log"):
+    for segment in (tmp_path / "parts").glob("p*-*.seg-*.log"):
         segment.unlink()
     # When the store opens again
     store = LogStore(tmp_path, granularity_ms=G)

@@ -9,9 +9,11 @@ own share of the input and screens it (``screen.Screen``: the rules, the rejects
 repeats as reject rows, the counts by verdict), encodes the copies of the kept rows column-wise
 (``tarry.store.log.record_columns``: the same bytes as ``encode_message``) and keeps them in memory
 until ``flush_bytes``; then it sorts them by (time partition, due time) and writes one file per time
-partition it holds. The partitions are the store's own (``store/log/layout.py``, the function its
-write path calls, applied to the import's now): a year of due times makes about 200 partitions,
-coarser far ahead, not 105,120 of the store's granularity. A partition gets several files (one
+partition it holds, all in the area itself (``<partition>.<task>-<i>.log``: no directory a
+partition, as in the store's ``parts/``). The partitions are the store's own
+(``store/log/layout.py``, the function its write path calls, applied to the import's now): a
+year of due times makes about 200 partitions, coarser far ahead, not 105,120 of the store's
+granularity. A partition gets several files (one
 per task and flush), each sorted by due time. Each file is reported with its name, size, CRC32C and
 record count; the driver writes ``IMPORT`` from those reports, so files of a failed task attempt are
 never named (and adoption deletes the whole area afterwards).
@@ -181,7 +183,7 @@ class _Held:
         reports = []
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             number = int(numbers[a])
-            name = f"{Layout.dir_name(number)}/{self.task}-{self.files}.log"
+            name = f"{Layout.name_of(number)}.{self.task}-{self.files}.log"
             self.files += 1
             written = _write(self.settings.area / name, bytes(view[bounds[a] : bounds[b]]))
             reports.append({"name": name, "partition": number, "records": b - a, **written})

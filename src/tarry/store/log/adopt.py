@@ -3,9 +3,11 @@
 An import area ``<root>/imports/<import>/`` holds segment files written by the pipeline
 (``tarry.pipeline.sink_log``) in this store's record format, and the import manifest::
 
-    p-<n>/<task>-<i>.log        MESSAGE records of one time partition, sorted by due time (a
-    p<level>-<n>/<task>-<i>.log partition may get several files, from several tasks); the
-                                directory is the store's own for that partition (``layout.py``)
+    <name>.<task>-<i>.log       MESSAGE records of one time partition, sorted by due time (a
+                                partition may get several files, from several tasks); ``name``
+                                is the store's own for that partition (``layout.py``:
+                                ``p-<n>``, ``p<level>-<n>``). Areas written before the flat
+                                layout have ``<name>/<task>-<i>.log``: still adopted
     IMPORT                      written last (temp, fsync, rename):
                                 MAGIC · version:u32 · crc32c:u32 of the body · body (JSON)
                                 {"import", "created_ms", "granularity_ms", "files":
@@ -18,14 +20,14 @@ write path gives a message sent at ``created_ms``. Version 1 (written before the
 After recovery, for each area with a valid manifest:
 
 1. verify: the manifest's magic, version and checksum; its partition width equals the store's;
-   every file it names lies in its partition's directory, has the stated size and CRC32C, scans
+   every file it names is named for its partition, has the stated size and CRC32C, scans
    as whole records, and holds only messages due within its partition's window. Any failure
    refuses the whole import (nothing is adopted; the reason is logged and reported as damage);
 2. drop MESSAGE records whose (destination, message_id) the store already holds (a rerun of
    the same import delivers each message once), writing the survivors to ``*.adopt`` files;
-3. write ``ADOPTING``, the plan (file → ``<partition dir>/seg-<next>.log``), as temp, fsync,
+3. write ``ADOPTING``, the plan (file → ``parts/<name>.seg-<next>.log``), as temp, fsync,
    rename;
-4. move the files in, fsync the directories, replay the new segments (counts, de-duplication,
+4. move the files in, fsync ``parts/``, replay the new segments (counts, de-duplication,
    the index of due partitions), then delete the area. The store then writes a checkpoint
    (``Opened.adopted``), so a restart reads the adopted partitions from it, not again.
 
@@ -48,7 +50,8 @@ import orjson
 from tarry.store.log.fs import Files, OsFiles
 from tarry.store.log.layout import Layout
 from tarry.store.log.manifest import frame, framed_version, unframe, write_last
-from tarry.store.log.partition import Partition
+from tarry.store.log.migrate import nested_segment
+from tarry.store.log.partition import PARTS, Partition, parts_root
 from tarry.store.log.record import MESSAGE, Damage, scan
 from tarry.store.log.recovery import Recovered, replay
 
@@ -106,12 +109,34 @@ class ImportRefused(Exception):
 
 
 def _key_of(name: str) -> int:
-    """The partition key of ``<partition dir>/<file>`` (nothing else: no other directory)."""
+    """The partition key of an import file ``<name>.<file>`` (or ``<name>/<file>``, written
+    before the flat layout); nothing else."""
     parts = Path(name).parts
-    key = Layout.parse_dir(parts[0]) if len(parts) == 2 else None
+    if len(parts) == 2:
+        key = Layout.parse_name(parts[0])
+    else:
+        stem, dot, _ = name.partition(".")
+        key = Layout.parse_name(stem) if len(parts) == 1 and dot else None
     if key is None:
-        raise ImportRefused(f"{name}: not a file of a partition directory")
+        raise ImportRefused(f"{name}: not a file of a partition")
     return key
+
+
+def _target_of(target: str) -> tuple[int, int]:
+    """(key, segment) a plan's target names: ``parts/<name>.seg-<n>.log``, or
+    ``<name>/seg-<n>.log`` in a plan written before the flat layout (moved to ``parts/`` now:
+    the files it moved already were by ``migrate.py``)."""
+    parts = Path(target).parts
+    if len(parts) == 2 and parts[0] == PARTS:
+        found = Layout.parse_segment(parts[1])
+    elif len(parts) == 2:
+        key, segment = Layout.parse_name(parts[0]), nested_segment(parts[1])
+        found = (key, segment) if key is not None and segment is not None else None
+    else:
+        found = None
+    if found is None:
+        raise ImportRefused(f"{target}: not a segment file of a partition")
+    return found
 
 
 def _verify(area: Path, granularity_ms: int) -> ImportManifest:
@@ -126,9 +151,7 @@ def _verify(area: Path, granularity_ms: int) -> ImportManifest:
         )
     for entry in manifest.files:
         if _key_of(entry["name"]) != entry["partition"]:
-            raise ImportRefused(
-                f"{entry['name']}: not in partition {entry['partition']}'s directory"
-            )
+            raise ImportRefused(f"{entry['name']}: not named for partition {entry['partition']}")
         path = area / entry["name"]
         try:
             data = path.read_bytes()
@@ -156,7 +179,7 @@ def _survivors(
             due, _, key = item.meta()
             if not start <= due < end:
                 raise ImportRefused(
-                    f"{path.parent.name}/{path.name} at byte {item.offset}: due at {due}, "
+                    f"{path.name} at byte {item.offset}: due at {due}, "
                     f"outside its partition [{start}, {end})"
                 )
             if key and key in state.dedupe:
@@ -186,19 +209,14 @@ def _carry_out(
 ) -> int:
     touched: dict[int, Partition] = {}
     for source, target, _ in moves:
-        # the key from the target's directory: a plan of any version names it the same way
-        number = _key_of(target)
+        number, segment = _target_of(target)
         partition = touched.setdefault(number, partition_of(number))
-        src, dst = area / source, root / target
+        src, dst = area / source, partition.segment_path(segment)
         if src.exists():
-            new_dir = not dst.parent.exists()
-            fs.mkdir(dst.parent)
-            if new_dir:
-                fs.fsync_dir(dst.parent.parent)
             fs.rename(src, dst)
-            fs.fsync_dir(dst.parent)
         elif not dst.exists():
             raise ImportRefused(f"{source} is gone and {target} does not exist")
+    fs.fsync_dir(parts_root(root))
     before = state.replayed_records
     for partition in touched.values():
         replay(partition, state, build_index=partition.index is not None, fs=fs)
@@ -227,7 +245,7 @@ def _adopt(
             continue
         partition = partition_of(number)
         if number not in planned:
-            planned[number] = len(list(partition.dir.glob("seg-*.log")))
+            planned[number] = len(partition.on_disk())
         target = partition.segment_path(planned[number])
         planned[number] += 1
         moves.append((str(source.relative_to(area)), str(target.relative_to(root)), number))

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from tarry.model.ids import id_due_ms
-from tarry.store.log.partition import Partition, PartitionState
+from tarry.store.log.partition import Partition, PartitionState, parts_root
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import PartitionTable
 
@@ -55,16 +55,15 @@ async def delete_released(
     again = {p.number for p in _doomed(table, now_ms)}
     doomed = [p for p in doomed if p.number in again and table.partitions.get(p.number) is p]
     for partition in doomed:
-        count = len(list(partition.dir.glob("*")))
         files.close_partition(partition)
-        files.fs.remove_tree(partition.dir)
+        found = partition.on_disk()
+        for path, _ in found:
+            files.fs.unlink(path)
         table.drop(partition)
-        log.info(
-            "partition %d released: deleted %s (%d files)", partition.number, partition.dir, count
-        )
+        log.info("partition %s released: deleted its %d segment files", partition.name, len(found))
     if not doomed:
         return 0
-    files.fs.fsync_dir(table.root)
+    files.fs.fsync_dir(parts_root(table.root))
     forwards = table.state.forwards
 
     def lives(due: int | None) -> bool:

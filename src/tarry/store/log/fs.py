@@ -1,5 +1,5 @@
 """``Files``: every change the log store makes to its files goes through this one small
-interface (creating, appending, truncating, fsyncing, renaming, deleting, and fsyncing
+interface (creating, appending, truncating, fsyncing, renaming, linking, deleting, and fsyncing
 directories), so a test double can record them and show what a power loss would leave
 (``tests/store/crashfs.py``). ``OsFiles`` is the real one; it counts its fsyncs by what they
 make durable (``/metrics``).
@@ -78,6 +78,10 @@ class Files(Protocol):
 
     def rename(self, src: Path, dst: Path) -> None:
         """Replace ``dst`` with ``src`` (atomic; durable once both directories are fsynced)."""
+
+    def link(self, src: Path, dst: Path) -> None:
+        """Give the file ``src`` a second name ``dst`` (no new inode; durable once ``dst``'s
+        directory is fsynced); ``FileExistsError`` when ``dst`` exists."""
 
     def unlink(self, path: Path) -> None:
         """Delete the file at ``path``, if any."""
@@ -204,6 +208,9 @@ class OsFiles:
 
     def rename(self, src: Path, dst: Path) -> None:
         os.replace(src, dst)
+
+    def link(self, src: Path, dst: Path) -> None:
+        os.link(src, dst)
 
     def unlink(self, path: Path) -> None:
         path.unlink(missing_ok=True)

@@ -9,20 +9,35 @@ from now goes to the finest level whose partitions are at most ``1/PER_LEVEL`` o
              nearer ones; MAX_LEVEL: all further ones)
 
 With the default 5-minute granularity: 5 min, 20 min, 80 min, 5.3 h, 21 h and 3.6 days; a year
-of due times takes about 100 partitions of the top level and some 16 of each lower one, instead
-of 105,120 five-minute partitions (one directory, file and write each). A coarse partition is
+of due times takes about 100 partitions of the top level and some 12 to 16 of each lower one,
+instead of 105,120 five-minute partitions (one file and write each). A coarse partition is
 not split when it comes near: it is indexed whole once its start is within ``prefetch_ms`` (16
 bytes per pending message; at most 3.6 days of messages), and deleted once its window is over
 and every message in it is released.
 
+Why these numbers (``FACTOR`` 4, ``PER_LEVEL`` 16, ``MAX_LEVEL`` 5): a year of uniform due times
+takes about 165 partitions, a file (an inode) each; ``PER_LEVEL`` 8 would take 135, ``MAX_LEVEL``
+6 about 100 (6 and 8: 65), ``MAX_LEVEL`` 7 about 94. Each level up makes the widest partition 4
+times wider, and a partition is indexed whole when it comes near: with 100,000,000 pending over
+a year a 3.6-day partition holds ~1,000,000 messages (16 MB of index, and its records read once
+to build it, on a background thread), a 14-day one ~3,900,000 (62 MB, four times the reading),
+a 57-day one ~15,600,000. One inode a partition (not a directory and a file each) already
+halves what a year's new partitions cost the file system (bench/README, issue 22); the 30 to 65
+fewer files the other numbers would save were not measured apart (the benchmark's pairs spread
+by a third on a shared machine), and the bound on what one partition costs to index is worth
+more. ``FACTOR`` and the granularity fix every key already written and cannot change;
+``MAX_LEVEL`` can grow to 7 (the key's 3 level bits) and ``PER_LEVEL`` can change without
+touching stored keys (they only decide where new messages go; ``candidates`` looks at every
+level).
+
 A partition's key orders partitions by start: ``start // granularity << 3 | level``. Level 0 keys
-are ``number << 3`` where ``number = due // granularity`` names the directory ``p-<number>``, as in
-the stores written before the layout; coarser partitions live in
-``p<level>-<start // granularity>``. The offline import (``pipeline/sink_log.py``) places its
-copies with ``keys_for``, the vectorised ``key_for``, so its areas hold the same partitions.
-Partitions of different levels
-may overlap in time (a message due next month was placed at level 5 a month ago; one sent today for
-the same moment goes to a finer level): finding a message by id looks at each level's partition
+are ``number << 3`` where ``number = due // granularity`` names the partition ``p-<number>``, as
+in the stores written before the layout; coarser partitions are ``p<level>-<start //
+granularity>``. Their segment files are ``<root>/parts/<name>.seg-<n>.log`` (``migrate.py``).
+The offline import (``pipeline/sink_log.py``) places its copies with ``keys_for``, the
+vectorised ``key_for``, so its areas hold the same partitions. Partitions of different levels
+may overlap in time (a message due next month was placed at level 5 a month ago; one sent today
+for the same moment goes to a finer level): finding a message by id looks at each level's partition
 covering its due time (``candidates``: at most ``MAX_LEVEL + 1`` dictionary lookups).
 """
 
@@ -100,13 +115,16 @@ class Layout:
         return key >> _LEVEL_BITS, key & _LEVEL_MASK
 
     @staticmethod
-    def dir_name(key: int) -> str:
+    def name_of(key: int) -> str:
+        """Partition ``key``'s name, ``p-<number>`` (level 0) or ``p<level>-<start // G>`` (G:
+        the granularity): the prefix of its segment files (``<name>.seg-<n>.log``) and, in
+        stores written before the flat layout, its directory."""
         level, number = key & _LEVEL_MASK, key >> _LEVEL_BITS
         return f"p-{number:010d}" if level == 0 else f"p{level}-{number:010d}"
 
     @staticmethod
-    def parse_dir(name: str) -> int | None:
-        """The key a partition directory's name gives, or None (not a partition)."""
+    def parse_name(name: str) -> int | None:
+        """The key a partition's name gives, or None (not a partition)."""
         head, _, number = name.partition("-")
         if not head.startswith("p") or not number.isdigit():
             return None
@@ -114,3 +132,18 @@ class Layout:
         if not level_text.isdigit() or int(level_text) > MAX_LEVEL:
             return None
         return int(number) << _LEVEL_BITS | int(level_text)
+
+    @staticmethod
+    def segment_name(key: int, segment: int) -> str:
+        """The file name of segment ``segment`` of partition ``key`` (in ``<root>/parts/``)."""
+        return f"{Layout.name_of(key)}.seg-{segment:06d}.log"
+
+    @staticmethod
+    def parse_segment(name: str) -> tuple[int, int] | None:
+        """(key, segment) of a segment file's name (``segment_name``), or None."""
+        stem, dot, rest = name.partition(".seg-")
+        digits = rest.removesuffix(".log")
+        if not dot or not rest.endswith(".log") or not digits.isdigit():
+            return None
+        key = Layout.parse_name(stem)
+        return None if key is None else (key, int(digits))

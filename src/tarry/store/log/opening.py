@@ -11,7 +11,8 @@ finished offline imports (``adopt.py``; the store checkpoints after adopting: ``
 A directory written before the WAL (partitions, perhaps a version-1 manifest, no ``wal/``) is
 opened the same way (its WAL tail is empty; every record past its last snapshot is read from
 the partitions, as that version's recovery did) and migrated: the store writes a checkpoint at
-once, so that its manifest is of this version (``Opened.migrated``).
+once, so that its manifest is of this version (``Opened.migrated``). A directory written with a
+directory per partition has its segment files moved into ``parts/`` first (``migrate.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 from tarry.store.log import clean
 from tarry.store.log.adopt import adopt_imports
 from tarry.store.log.layout import Layout
+from tarry.store.log.migrate import flatten
+from tarry.store.log.partition import parts_root
 from tarry.store.log.recovery import load_snapshot, replay, snapshot_root, sweep_orphans
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import PartitionTable
@@ -62,7 +65,11 @@ def recover(root: Path, *, table: PartitionTable, files: SegmentFiles) -> Opened
         # acknowledged, or a power loss could take the store's directory with everything.
         fs.mkdir(snapshot_root(root))
         fs.mkdir(wal_root(root))
+        fs.mkdir(parts_root(root))
         fs.fsync_dir(root.parent)
+        fs.fsync_dir(root)
+    elif not parts_root(root).is_dir():  # written before the flat layout (``migrate.py``)
+        fs.mkdir(parts_root(root))
         fs.fsync_dir(root)
     migrated = not wal_root(root).is_dir()
     if migrated:
@@ -71,9 +78,10 @@ def recover(root: Path, *, table: PartitionTable, files: SegmentFiles) -> Opened
             "checkpoint in this version's format (an older tarry cannot open it afterwards)",
             root,
         )
-    with os.scandir(root) as entries:
+    flatten(root, fs=fs)
+    with os.scandir(parts_root(root)) as entries:
         keys = sorted(
-            key for e in entries if (key := Layout.parse_dir(e.name)) is not None and e.is_dir()
+            {found[0] for e in entries if (found := Layout.parse_segment(e.name)) is not None}
         )
     for key in keys:  # in order: each insertion lands at the end
         table.partition(key)

@@ -1,5 +1,6 @@
 """A time partition: the messages due in ``[start_ms, end_ms)``, in append-only segment files
-``<root>/p-<number>/seg-<n>.log`` (``segment.py``; coarser partitions far ahead: ``layout.py``),
+``<root>/parts/<name>.seg-<n>.log`` (``segment.py``; names and coarser partitions far ahead:
+``layout.py``; every partition's files in one directory: ``migrate.py`` says why),
 with a small header kept in memory (counts, segment sizes) and, only while it is due, a
 ``DueIndex``. Appended behind the write-ahead log (``wal.py``), fsynced by checkpoints.
 
@@ -12,6 +13,7 @@ follows validation by a few ms): it moves a ``released`` partition back to ``sea
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -22,10 +24,12 @@ from tarry.store.log.layout import Layout
 __all__ = [
     "ALLOWED",
     "OFFSET_MASK",
+    "PARTS",
     "SEGMENT_SHIFT",
     "Partition",
     "PartitionState",
     "mark_written",
+    "parts_root",
     "position",
     "reserve",
     "split",
@@ -34,6 +38,12 @@ __all__ = [
 #: A position is ``segment << SEGMENT_SHIFT | offset`` (offsets up to 1 TiB per segment).
 SEGMENT_SHIFT = 40
 OFFSET_MASK = (1 << SEGMENT_SHIFT) - 1
+#: The directory of every partition's segment files, under the store's root.
+PARTS = "parts"
+
+
+def parts_root(root: Path) -> Path:
+    return root / PARTS
 
 
 def position(segment: int, offset: int) -> int:
@@ -61,11 +71,19 @@ ALLOWED: dict[PartitionState, frozenset[PartitionState]] = {
 
 
 class Partition:
-    def __init__(self, root: Path, number: int, layout: Layout) -> None:
+    def __init__(self, root: Path, number: int, layout: Layout, *, nested: bool = False) -> None:
+        """Partition ``number`` of the store at ``root``; ``nested``: its files are where the
+        layout before flat files kept them, ``<root>/<name>/seg-<n>.log`` (the read-only tools
+        read such a store in place; the store itself moves them: ``migrate.py``)."""
         #: The partition's key (``layout.py``): sorts partitions by start.
         self.number = number
         self.start_ms, self.end_ms = layout.window(number)
-        self.dir = root / layout.dir_name(number)
+        #: ``p<level>-<start // granularity>``: the prefix of its segment files' names.
+        self.name = layout.name_of(number)
+        if nested:
+            self._base, self._prefix = root / self.name, "seg-"
+        else:
+            self._base, self._prefix = parts_root(root), f"{self.name}.seg-"
         #: Bytes reserved (written or being written) per segment, in order.
         self.sizes: list[int] = []
         #: Bytes whose write has completed, per segment (what a reader may scan).
@@ -76,9 +94,6 @@ class Partition:
         self.finished = 0
         self.index: DueIndex | None = None
         self._paths: list[Path] = []
-        #: This process has made (or found) its directory (``SegmentFiles`` makes it on the
-        #: first write).
-        self.has_dir = False
         self.state = PartitionState.OPEN
 
     @property
@@ -110,8 +125,24 @@ class Partition:
     def segment_path(self, segment: int) -> Path:
         paths = self._paths
         while len(paths) <= segment:
-            paths.append(self.dir / f"seg-{len(paths):06d}.log")
+            paths.append(self._base / f"{self._prefix}{len(paths):06d}.log")
         return paths[segment]
+
+    def owns(self, path: Path) -> bool:
+        """``path`` is one of this partition's segment files."""
+        return path.parent == self._base and path.name.startswith(self._prefix)
+
+    def on_disk(self) -> list[tuple[Path, int]]:
+        """(path, size) of each segment file found, in order: segments are numbered from 0
+        without a gap, so a ``stat`` each and one more (not a listing of a directory that holds
+        every partition's files)."""
+        found: list[tuple[Path, int]] = []
+        while True:
+            path = self.segment_path(len(found))
+            try:
+                found.append((path, os.stat(path).st_size))
+            except FileNotFoundError:
+                return found
 
 
 def reserve(

@@ -190,21 +190,15 @@ def replay(
         return
     if known and _unchanged(partition, known):
         return  # the snapshot covers every byte: not even a directory listing
-    try:
-        entries = sorted(
-            (e for e in os.scandir(partition.dir) if e.name.startswith("seg-")),
-            key=lambda e: e.name,
-        )
-    except FileNotFoundError:
-        entries = []
-    files = [Path(e.path) for e in entries]
+    entries = partition.on_disk()
+    files = [path for path, _ in entries]
     sizes: list[int] = []
     new_due: list[int] = []
     new_pos: list[int] = []
     gone: list[int] = []
     for segment, path in enumerate(files):
         start = known[segment] if segment < len(known) else 0
-        actual = entries[segment].stat().st_size
+        actual = entries[segment][1]
         if not index_only and actual < start:
             # The snapshot named bytes the disk does not have (written without an fsync, lost
             # to a power loss): appends must go on from the end of its last whole record.

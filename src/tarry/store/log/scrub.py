@@ -82,7 +82,7 @@ async def scrub_all(
                 pool, scrub_partition, partition, list(partition.written)
             )
         except Exception as exc:  # unreadable (EIO, permissions): that is damage too
-            lines = [f"{partition.dir}: cannot be read ({exc})"]
+            lines = [f"partition {partition.name}: cannot be read ({exc})"]
         for line in lines:
             if table.state.report(line):
                 log.error("damaged record found by the start-up check: %s", line)

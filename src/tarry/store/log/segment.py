@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 FLUSH_BYTES = 8 * 1024 * 1024
 #: A checkpoint that has this many files and directories to fsync or more makes them durable
 #: with one ``syncfs`` instead: each fsync waits for its own journal commit and disk-cache flush
-#: (a checkpoint after a burst over a year has some 130-170 files and as many new directories),
+#: (a checkpoint after a burst over a year has some 130-170 files),
 #: while a ``syncfs`` is one, plus whatever else of the file system is unwritten (so a few files
 #: are fsynced one by one). Only where a ``syncfs`` reports failed write-backs.
 SYNCFS_FILES = 32
@@ -156,21 +156,16 @@ class SegmentFiles:
         self._dirty.add(path)
 
     def _open(self, partition: Partition, path: Path) -> int:
-        """A write descriptor for one of ``partition``'s segments. Its directory is made the
-        first time this process writes to the partition (``mkdir`` of one that exists is a
-        no-op), not looked up before each open: a partition new to a group over a year costs
-        a ``mkdir`` and an ``open``, nothing more."""
-        if not partition.has_dir:
-            self.fs.mkdir(partition.dir)
-            partition.has_dir = True
-            self._new_dirs.add(partition.dir.parent)
+        """A write descriptor for one of ``partition``'s segments, created when new: one inode,
+        in the directory every partition's files share (made at the store's start), which the
+        next checkpoint fsyncs."""
         try:
             fd = self.fs.open_append(path)
-        except FileNotFoundError:  # deleted behind this process's back: made again
-            self.fs.mkdir(partition.dir)
-            self._new_dirs.add(partition.dir.parent)
+        except FileNotFoundError:  # its directory deleted behind this process's back: made again
+            self.fs.mkdir(path.parent)
+            self._new_dirs.add(path.parent.parent)
             fd = self.fs.open_append(path)
-        self._new_dirs.add(partition.dir)
+        self._new_dirs.add(path.parent)
         return fd
 
     def cut(self, lengths: dict[Path, int]) -> None:
@@ -244,9 +239,9 @@ class SegmentFiles:
             for file in list(self._files_of.get(partition.number, ())):
                 self.pending_bytes -= sum(map(len, self._pending[file]))
                 self._forget(file)
-            for path in [p for p in self._write if p.parent == partition.dir]:
+            for path in [p for p in self._write if partition.owns(p)]:
                 self.fs.close(self._write.pop(path))
-            for path in [p for p in self._read if p.parent == partition.dir]:
+            for path in [p for p in self._read if partition.owns(p)]:
                 self._read.pop(path).close()
 
     def close(self) -> None:

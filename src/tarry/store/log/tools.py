@@ -9,7 +9,8 @@ from typing import Any
 
 from tarry.store.log.layout import Layout
 from tarry.store.log.manifest import Manifest, ManifestError
-from tarry.store.log.partition import Partition
+from tarry.store.log.migrate import nested_partitions
+from tarry.store.log.partition import Partition, parts_root
 from tarry.store.log.record import Damage, Record, scan
 from tarry.store.log.recovery import Recovered, load_snapshot, replay, snapshot_root
 from tarry.store.log.snapshot import SnapshotError, read_blob
@@ -25,14 +26,21 @@ def log_root(directory: Path) -> Path:
     return directory
 
 
+def _segment_files(root: Path) -> list[Path]:
+    """Every segment file: in ``parts/``, and in partition directories of a store written
+    before the flat layout and not opened since (read in place: ``migrate.py``)."""
+    flat = sorted(parts_root(root).glob("p*-*.seg-*.log"))
+    return flat + sorted(root.glob("p*-*/seg-*.log"))
+
+
 def _partitions(root: Path, granularity_ms: int) -> dict[int, Partition]:
-    partitions = {}
     layout = Layout(granularity_ms)
-    for path in sorted(root.glob("p*-*")):
-        key = Layout.parse_dir(path.name)
-        if path.is_dir() and key is not None:
-            partitions[key] = Partition(root, key, layout)
-    return partitions
+    partitions = {key: Partition(root, key, layout, nested=True) for key in nested_partitions(root)}
+    for path in _segment_files(root):
+        found = Layout.parse_segment(path.name)
+        if found is not None:
+            partitions[found[0]] = Partition(root, found[0], layout)
+    return dict(sorted(partitions.items()))
 
 
 def _wal(root: Path, problems: list[str] | None = None) -> dict[str, Any]:
@@ -61,17 +69,17 @@ def inspect(directory: Path, *, granularity_ms: int = 300_000) -> dict[str, Any]
     manifest = state.manifest
     rows = []
     for number, partition in sorted(partitions.items()):
-        files = sorted(partition.dir.glob("seg-*.log"))
+        files = partition.on_disk()
         start_index, level = Layout.split_key(number)
         rows.append(
             {
-                # The directory's number (start // granularity) and its level (``layout.py``).
+                # The name's number (start // granularity) and its level (``layout.py``).
                 "partition": start_index,
                 "level": level,
                 "start_ms": partition.start_ms,
                 "end_ms": partition.end_ms,
                 "segments": len(files),
-                "bytes": sum(f.stat().st_size for f in files),
+                "bytes": sum(size for _, size in files),
                 "messages": partition.total,
                 "pending": partition.live,
             }
@@ -102,7 +110,7 @@ def verify(directory: Path) -> dict[str, Any]:
     root = log_root(directory)
     problems: list[str] = []
     records = 0
-    files = sorted(root.glob("p*-*/seg-*.log"))
+    files = _segment_files(root)
     for path in files:
         data = path.read_bytes()
         for item in scan(data):
