@@ -190,15 +190,13 @@ def replay(
         return
     if known and _unchanged(partition, known):
         return  # the snapshot covers every byte: not even a directory listing
-    entries = partition.on_disk()
-    files = [path for path, _ in entries]
+    files = partition.on_disk()
     sizes: list[int] = []
     new_due: list[int] = []
     new_pos: list[int] = []
     gone: list[int] = []
-    for segment, path in enumerate(files):
+    for segment, (path, actual) in enumerate(files):
         start = known[segment] if segment < len(known) else 0
-        actual = entries[segment][1]
         if not index_only and actual < start:
             # The snapshot named bytes the disk does not have (written without an fsync, lost
             # to a power loss): appends must go on from the end of its last whole record.
