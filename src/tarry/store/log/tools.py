@@ -36,10 +36,14 @@ def _segment_files(root: Path) -> list[Path]:
 def _partitions(root: Path, granularity_ms: int) -> dict[int, Partition]:
     layout = Layout(granularity_ms)
     partitions = {key: Partition(root, key, layout, nested=True) for key in nested_partitions(root)}
-    for path in _segment_files(root):
-        found = Layout.parse_segment(path.name)
-        if found is not None:
-            partitions[found[0]] = Partition(root, found[0], layout)
+    flat_keys = {found[0] for p in _segment_files(root) if (found := Layout.parse_segment(p.name))}
+    for key in flat_keys:
+        flat = Partition(root, key, layout)
+        # A move into parts/ that a crash cut short leaves a partition in both places.
+        # ``flatten`` deletes no old file before every new name is durable, so one of the two
+        # holds every segment: read the one with more (the next start finishes the move).
+        if key not in partitions or len(flat.on_disk()) > len(partitions[key].on_disk()):
+            partitions[key] = flat
     return dict(sorted(partitions.items()))
 
 
