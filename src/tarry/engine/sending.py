@@ -7,9 +7,9 @@ sink over HTTP; its offline sink writes the log store's segment files with the s
 
 Two paths after the syntax check: a batch of plain sends to local queues, all delayed, is kept
 as columns where the store takes them (``ColumnStore``, the log store) and answered from the
-columns (``_keep_plain``: no request, plan, message or outcome object per send); everything
-else goes the general way, a ``Message`` per copy (fan-out, hand-over to routes, de-duplication,
-immediate release).
+columns (``_keep_plain``: no request, plan, message, outcome or result object per send, the
+answers a ``ColumnResults``); everything else goes the general way, a ``Message`` per copy
+(fan-out, hand-over to routes, de-duplication, immediate release).
 """
 
 from __future__ import annotations
