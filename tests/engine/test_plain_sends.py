@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tarry.engine.types import SendResult
+from tarry.engine.types import ColumnResults, SendResult
 from tarry.errors import TarryError
 from tarry.model.batch import COLUMN_MIN
 from tarry.model.ids import id_due_ms
@@ -28,9 +28,14 @@ def _batch(n: int = COLUMN_MIN + 44) -> list[dict[str, Any]]:
 def _answer(result: SendResult | TarryError) -> object:
     """A result as the HTTP answer shows it, its id left out (each send makes its own)."""
     if isinstance(result, TarryError):
-        return result.to_dict()
+        return {"error": result.to_dict()}
     public = result.to_public()
     return {k: v for k, v in public.items() if k != "id"}
+
+
+def _public(answer: dict[str, Any]) -> object:
+    """An answer of ``ColumnResults.public``, as ``_answer`` shows a result."""
+    return answer if "error" in answer else {k: v for k, v in answer.items() if k != "id"}
 
 
 def _spy(engine: Any, calls: list[str]) -> None:
@@ -66,6 +71,14 @@ async def test_plain_sends_are_answered_as_the_general_path_answers_them(
     else:  # SQLite keeps sends inside the engine's queue transaction (``store_in``)
         assert "store_columns" not in calls
     assert [_answer(r) for r in results] == [_answer(r) for r in general]
+    if isinstance(engine.store, ColumnStore):
+        # and the answer written from the columns is the results' public form, dict for dict
+        assert isinstance(results, ColumnResults)
+        refusal = lambda e: {"error": e.to_dict()}  # noqa: E731
+        assert results.public(refusal) == [
+            refusal(r) if isinstance(r, TarryError) else r.to_public() for r in results
+        ]
+        assert [_public(a) for a in results.public(refusal)] == [_answer(r) for r in general]
     assert [getattr(r, "code", None) for r in results[4:13]] == [
         None,
         "invalid_argument",

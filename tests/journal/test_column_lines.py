@@ -22,3 +22,29 @@ def test_lines_of_columns_are_the_lines_of_their_messages(rows: list[Row], event
     assert (lazy._made is None) is (event == "scheduled")  # a released line has its lateness
     want = encode_lines(EventRun(event, list(columns.messages()), NOW + 5), "node-1")
     assert got == want
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.binary(max_size=300), st.integers(NOW + 1, NOW + 10**12)),
+        min_size=1,
+        max_size=50,
+    ),
+    st.sampled_from(["q", "é.q", "100%d.q"]),
+    st.sampled_from(["node-1", "nœud-%s-%%"]),
+)
+def test_lines_of_columns_all_to_one_queue_and_never_expiring_are_their_messages_lines(
+    sends: list[tuple[bytes, int]], destination: str, node: str
+) -> None:
+    # Given plain sends all to one destination, none expiring (the common batch), with names
+    # JSON or a template could mistake
+    columns = columns_of([(destination, body, due, -1) for body, due in sends], NOW)
+    # When their scheduled lines are written from the columns and from their messages
+    lazy = columns.messages()
+    got = encode_lines(EventRun("scheduled", lazy, NOW + 5), node)
+    made = lazy._made
+    want = encode_lines(EventRun("scheduled", list(lazy), NOW + 5), node)
+    # Then they are the same bytes, and no message was made for the first
+    assert made is None
+    assert got == want and got[1] == len(sends)

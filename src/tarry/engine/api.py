@@ -38,7 +38,7 @@ class EngineAPI(Protocol):
 
     async def send_batch(
         self, items: Sequence[Mapping[str, Any]], *, may_send: MayAccess | None = None
-    ) -> list[SendResult | TarryError]:
+    ) -> Sequence[SendResult | TarryError]:
         """Each item accepted or rejected on its own, in order; accepted ones share one commit."""
 
     async def get_message(self, message_id: str) -> Message:

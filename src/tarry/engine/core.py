@@ -258,7 +258,7 @@ class Engine:
 
     async def send_batch(
         self, items: Sequence[Mapping[str, Any]], *, may_send: MayAccess | None = None
-    ) -> list[SendResult | TarryError]:
+    ) -> Sequence[SendResult | TarryError]:
         check_batch_size(items, limit=self.config.server.max_batch)
         return await self.sender.send_many(items, may_send)
 

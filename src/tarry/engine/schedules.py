@@ -65,7 +65,7 @@ __all__ = ["Schedules"]
 
 log = logging.getLogger(__name__)
 
-SendMany = Callable[[Sequence[Mapping[str, Any]]], Awaitable[list[SendResult | TarryError]]]
+SendMany = Callable[[Sequence[Mapping[str, Any]]], Awaitable[Sequence[SendResult | TarryError]]]
 CheckMany = Callable[
     [Sequence[Mapping[str, Any]], MayAccess | None], Awaitable[list[SendPlan | TarryError]]
 ]

@@ -7,9 +7,9 @@ sink over HTTP; its offline sink writes the log store's segment files with the s
 
 Two paths after the syntax check: a batch of plain sends to local queues, all delayed, is kept
 as columns where the store takes them (``ColumnStore``, the log store) and answered from the
-columns (``_keep_plain``: no request, plan, message or outcome object per send); everything
-else goes the general way, a ``Message`` per copy (fan-out, hand-over to routes, de-duplication,
-immediate release).
+columns (``_keep_plain``: no request, plan, message, outcome or result object per send, the
+answers a ``ColumnResults``); everything else goes the general way, a ``Message`` per copy
+(fan-out, hand-over to routes, de-duplication, immediate release).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tarry.engine import queue_admin, release
 from tarry.engine.context import EngineContext
 from tarry.engine.handover import hand_over
 from tarry.engine.release_path import ReleasePath
-from tarry.engine.types import MayAccess, SendResult
+from tarry.engine.types import ColumnResults, MayAccess, SendResult
 from tarry.errors import TarryError, Unavailable
 from tarry.model.accepted import AcceptedColumns
 from tarry.model.batch import BatchCheck
@@ -163,7 +163,7 @@ class Sender:
         may_send: MayAccess | None,
         *,
         internal: bool = False,
-    ) -> list[SendResult | TarryError]:
+    ) -> Sequence[SendResult | TarryError]:
         """``internal``: tarry's own sends (a schedule's occurrences, a route's failure report),
         which no overload refuses: they are work already taken on, not new intake."""
         # Releases first: refuse new work while releases are too far behind (nothing stored),
@@ -250,38 +250,24 @@ class Sender:
         errors: list[TarryError | None],
         accepted: AcceptedColumns,
         now: int,
-    ) -> list[SendResult | TarryError]:
+    ) -> Sequence[SendResult | TarryError]:
         """Keep plain sends as columns and answer them from the columns: each is one message
         to its queue, created (no ``message_id``), scheduled (delayed: nothing is released at
         once), so the general path's steps after validation come down to these."""
-        results = cast(list[SendResult | TarryError], errors)
         if not len(accepted):
-            return results
+            return cast(list[SendResult | TarryError], errors)
         try:
             await store.store_columns(accepted)
         except TarryError as exc:
             self.breakers.store.failure(exc)
             for row in accepted.rows:
-                results[row] = exc
-            return results
+                errors[row] = exc
+            return cast(list[SendResult | TarryError], errors)
         self.breakers.store.success()
-        scheduled = _STATE_TEXT[MessageState.SCHEDULED]
-        expires = accepted.expires_at_ms.tolist()
-        for row, id, destination, due, expires_at in zip(
-            accepted.rows,
-            accepted.ids,
-            accepted.destination,
-            accepted.deliver_at_ms.tolist(),
-            expires,
-            strict=True,
-        ):  # positional, in field order
-            results[row] = SendResult(
-                id, scheduled, due, None if expires_at < 0 else expires_at, True, destination
-            )
         self.ctx.emit(EventRun("scheduled", accepted.messages(), now))
         self.ctx.waiters.lag.accepted_due(accepted.destination, accepted.deliver_at_ms, now)
         self.ctx.due(int(accepted.deliver_at_ms.min()), now)
-        return results
+        return ColumnResults(errors, accepted, _STATE_TEXT[MessageState.SCHEDULED])
 
     def _answer(
         self,

@@ -3,14 +3,16 @@ The types the layers below share (``MessageQuery``, ``Event``) live in ``tarry.m
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast, overload
 
+from tarry.errors import TarryError
+from tarry.model.accepted import AcceptedColumns
 from tarry.model.message import Message
 from tarry.model.queue_args import EffectiveQueueArgs, QueueArgs
 
-__all__ = ["Delivery", "MayAccess", "QueueInfo", "SendResult"]
+__all__ = ["ColumnResults", "Delivery", "MayAccess", "QueueInfo", "SendResult"]
 
 #: A permission check: does the caller's token allow this action on that name?
 MayAccess = Callable[[str], bool]
@@ -43,6 +45,75 @@ class SendResult:
         if self.copies:
             data["copies"] = [{"id": i, "queue": q} for i, q in self.copies]
         return data
+
+
+class ColumnResults(Sequence[SendResult | TarryError]):
+    """The answers to a batch of plain sends kept as columns (``AcceptedColumns``), in order:
+    each refusal as given, and each accepted send a ``SendResult`` (created, ``state``, no
+    copies), made only when one is read; ``public`` gives ``to_public`` of them all from the
+    columns, with no object per send."""
+
+    __slots__ = ("_accepted", "_made", "_refused", "_state")
+
+    def __init__(
+        self, refused: list[TarryError | None], accepted: AcceptedColumns, state: str
+    ) -> None:
+        #: Each send's refusal, None where ``accepted`` holds it.
+        self._refused = refused
+        self._accepted = accepted
+        self._state = state
+        self._made: list[SendResult | TarryError] | None = None
+
+    def __len__(self) -> int:
+        return len(self._refused)
+
+    @overload
+    def __getitem__(self, index: int) -> SendResult | TarryError: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[SendResult | TarryError]: ...
+
+    def __getitem__(
+        self, index: int | slice
+    ) -> SendResult | TarryError | Sequence[SendResult | TarryError]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[SendResult | TarryError]:
+        return iter(self._all())
+
+    def public(self, refusal: Callable[[TarryError], dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each answer as the API shows it: ``SendResult.to_public`` of the accepted ones (a
+        test holds the two to the same dicts), ``refusal`` of the refused ones."""
+        c = self._accepted
+        state = self._state
+        answers = [
+            {"id": id, "state": state, "deliver_at": due, "expires_at": expires}
+            for id, due, expires in zip(c.ids, c.deliver_at_ms.tolist(), _expires(c), strict=True)
+        ]
+        if len(answers) == len(self._refused):
+            return answers
+        out: list[dict[str, Any] | None] = [
+            None if error is None else refusal(error) for error in self._refused
+        ]
+        for row, answer in zip(c.rows, answers, strict=True):
+            out[row] = answer
+        return cast(list[dict[str, Any]], out)
+
+    def _all(self) -> list[SendResult | TarryError]:
+        if self._made is None:
+            made: list[SendResult | TarryError | None] = list(self._refused)
+            c, state = self._accepted, self._state
+            for row, id, destination, due, expires in zip(
+                c.rows, c.ids, c.destination, c.deliver_at_ms.tolist(), _expires(c), strict=True
+            ):  # positional, in field order
+                made[row] = SendResult(id, state, due, expires, True, destination)
+            self._made = cast(list[SendResult | TarryError], made)
+        return self._made
+
+
+def _expires(columns: AcceptedColumns) -> list[int | None]:
+    """Each accepted send's expiry (None: never)."""
+    return [None if e < 0 else e for e in columns.expires_at_ms.tolist()]
 
 
 # Not frozen: a receive makes one per message, and a frozen dataclass's __init__

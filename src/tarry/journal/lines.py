@@ -12,8 +12,12 @@ common send) fills a template of the four values that differ per message."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tarry.model.accepted import AcceptedColumns, ColumnMessages
 from tarry.model.events import Event, EventRun
@@ -89,14 +93,15 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
     columns = messages.columns if isinstance(messages, ColumnMessages) else None
     try:
         first = columns.destination[0] if columns is not None else messages[0].destination
-        plain, general = _templates(run.event, node, run.queue, run.reason, first)
+        templates = _templates(run.event, node, run.queue, run.reason, first)
     except Exception:  # the run's own values cannot be encoded: every line would drop
         return b"", 0, len(messages)
     late = run.event in LATE_EVENTS
     time_ms = run.time_ms
     dumps = orjson.dumps
     if columns is not None and not late:
-        return _encode_columns(columns, time_ms, plain, general)
+        return _encode_columns(columns, time_ms, templates)
+    plain, general = templates.plain, templates.general
     known: dict[str | None, bytes] = {None: _NULL}
     get = known.get
     lines: list[bytes] = []
@@ -145,12 +150,15 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
 
 
 def _encode_columns(
-    columns: AcceptedColumns, time_ms: int, plain: bytes, general: bytes
+    columns: AcceptedColumns, time_ms: int, templates: _Templates
 ) -> tuple[bytes, int, int]:
     """``_encode_run``'s lines of plain sends kept as columns (``ColumnMessages``), from the
-    columns: no ``Message`` is made for them. ``plain`` and ``general``: its templates."""
-    dumps = orjson.dumps
+    columns: no ``Message`` is made for them."""
     first = columns.destination[0]
+    if all(map(first.__eq__, columns.destination)) and not bool((columns.expires_at_ms >= 0).any()):
+        return _plain_columns(columns, time_ms, templates.plain_parts), len(columns), 0
+    plain, general = templates.plain, templates.general
+    dumps = orjson.dumps
     known: dict[str, bytes] = {}
     get = known.get
     sent = columns.sent_at_ms
@@ -188,41 +196,87 @@ def _encode_columns(
     return b"".join(lines), len(lines), dropped
 
 
+def _plain_columns(columns: AcceptedColumns, time_ms: int, parts: tuple[str, ...]) -> bytes:
+    """The ``plain`` template's line of every row, all to the first destination and none
+    expiring, joined by Arrow a column at a time (``parts``: the template's text around its
+    five values): no Python step per line."""
+    head, after_time, after_id, after_sent, after_due, tail = parts
+    n = len(columns)
+    # Tarry's ids are letters and digits (``IdGenerator``): their JSON is the id in quotes.
+    lines = pc.binary_join_element_wise(
+        f'{head}{time_ms}{after_time}"',
+        pa.array(columns.ids, pa.string()),
+        f'"{after_id}{columns.sent_at_ms}{after_sent}',
+        pa.array(columns.deliver_at_ms).cast(pa.string()),
+        after_due,
+        pa.array(np.fromiter(map(len, columns.body), np.int64, n)).cast(pa.string()),
+        tail,
+        "",
+    )
+    _, offsets, data = lines.buffers()
+    end = int(np.frombuffer(offsets, np.int32)[lines.offset + n])
+    text: bytes = data.slice(0, end).to_pybytes()
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class _Templates:
+    """A run's line templates, its time the first value of each and the message's after it:
+    ``plain`` for a message with no optional field set, to the run's first destination, and
+    the text around its five values (time, id, sent, due, size) in ``plain_parts``;
+    ``general`` for any other. A run of an event whose lines carry ``lateness_ms`` has no
+    ``plain_parts``."""
+
+    plain: bytes
+    general: bytes
+    plain_parts: tuple[str, ...]
+
+
 #: ``_templates`` by (event, node, queue, reason, first destination): a release round makes a
 #: run or two, each of a few messages, and building a run's templates cost about as much as
 #: its lines. Few keys repeat (an event of a queue, a node); emptied when it grows past
 #: ``_TEMPLATES_KEPT`` (queues or reasons made on the fly).
-_TEMPLATE_CACHE: dict[tuple[str, str, str | None, str | None, str], tuple[bytes, bytes]] = {}
+_TEMPLATE_CACHE: dict[tuple[str, str, str | None, str | None, str], _Templates] = {}
 _TEMPLATES_KEPT = 1024
 
 
 def _templates(
     event: str, node: str, queue: str | None, reason: str | None, first: str
-) -> tuple[bytes, bytes]:
-    """A run's two line templates (``plain``: a message with no optional field set, to
-    ``first``; ``general``), its time the first value of each, the message's after it."""
+) -> _Templates:
+    """A run's line templates (``_Templates``)."""
     key = (event, node, queue, reason, first)
     got = _TEMPLATE_CACHE.get(key)
     if got is not None:
         return got
     dumps = orjson.dumps
+    late = event in LATE_EVENTS
     head = b'{"event":' + _fixed(dumps(event)) + b',"time":%d,"node":' + _fixed(dumps(node))
     head += b',"id":'
     queue_json = _fixed(dumps(queue))
-    tail = _fixed(dumps(reason)) + (
-        b',"lateness_ms":%d}\n' if event in LATE_EVENTS else b',"lateness_ms":null}\n'
-    )
+    tail = _fixed(dumps(reason)) + (b',"lateness_ms":%d}\n' if late else b',"lateness_ms":null}\n')
     general = (
         head + b'%s,"destination":%s,"topic":%s,"queue":' + queue_json
         + b',"message_id":%s,"correlation_id":%s,"sent_at":%d,"deliver_at":%d,'
         b'"expires_at":%s,"size":%d,"failures":%d,"reason":' + tail
     )  # fmt: skip
-    plain = (
-        head + b'%s,"destination":' + _fixed(dumps(first)) + b',"topic":null,"queue":'
-        + queue_json + b',"message_id":null,"correlation_id":null,"sent_at":%d,'
-        b'"deliver_at":%d,"expires_at":null,"size":%d,"failures":0,"reason":' + tail
+    # The plain template's text around its values, as written: (time, id, sent, due, size).
+    parts = (
+        b'{"event":' + dumps(event) + b',"time":',
+        b',"node":' + dumps(node) + b',"id":',
+        b',"destination":' + dumps(first) + b',"topic":null,"queue":' + dumps(queue)
+        + b',"message_id":null,"correlation_id":null,"sent_at":',
+        b',"deliver_at":',
+        b',"expires_at":null,"size":',
+        b',"failures":0,"reason":' + dumps(reason) + b',"lateness_ms":',
     )  # fmt: skip
+    values = (b"%d", b"%s", b"%d", b"%d", b"%d", b"%d}\n" if late else b"null}\n")
+    plain = b"".join(_fixed(part) + value for part, value in zip(parts, values, strict=True))
+    made = _Templates(
+        plain,
+        general,
+        () if late else (*(part.decode() for part in parts[:-1]), parts[-1].decode() + "null}\n"),
+    )
     if len(_TEMPLATE_CACHE) >= _TEMPLATES_KEPT:
         _TEMPLATE_CACHE.clear()
-    _TEMPLATE_CACHE[key] = plain, general
-    return plain, general
+    _TEMPLATE_CACHE[key] = made
+    return made

@@ -328,15 +328,20 @@ def _parse_columns(items: Sequence[Any]) -> tuple[ParsedColumns | None, dict[str
     is flagged to go one at a time. None when no column could be made; and each present
     field's values, send by send (None for a send flagged)."""
     n = len(items)
-    rows: list[Mapping[str, Any]] = []
+    rows: Sequence[Mapping[str, Any]] = items
     by_row = np.zeros(n, bool)
-    for i, data in enumerate(items):
-        if type(data) is dict and _COLUMN_SET.issuperset(data):
-            rows.append(data)
-        else:
-            rows.append(_NO_FIELDS)
-            by_row[i] = True
-    present = set().union(*rows)
+    # The common batch, every send a dict of column fields, seen in two C-level passes.
+    if set(map(type, items)) != {dict} or not _COLUMN_SET.issuperset(
+        present := set().union(*items)
+    ):
+        rows = []
+        for i, data in enumerate(items):
+            if type(data) is dict and _COLUMN_SET.issuperset(data):
+                rows.append(data)
+            else:
+                rows.append(_NO_FIELDS)
+                by_row[i] = True
+        present = set().union(*rows)
     arrays: list[pa.Array] = []
     names: list[str] = []
     fields: dict[str, list[Any]] = {}

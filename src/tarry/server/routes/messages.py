@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-from tarry.engine.types import SendResult
+from tarry.engine.types import ColumnResults, SendResult
 from tarry.errors import InvalidArgument, NotAuthorized, NotFound, TarryError
 from tarry.model.query import MessageQuery
 from tarry.model.time import parse_instant_ms
@@ -46,12 +46,18 @@ async def send_batch(request: Request) -> JSON:
     principal = caller(request)
     messages = await batch_messages(request, max_batch=request.app.state.config.server.max_batch)
     results = await engine_of(request).send_batch(messages, may_send=principal.may_send)
+    if isinstance(results, ColumnResults):  # plain sends: no copies to show
+        return JSON({"results": results.public(_refusal)})
     return JSON({"results": [_result(r, principal) for r in results]})
+
+
+def _refusal(error: TarryError) -> dict[str, Any]:
+    return {"error": error.to_dict()}
 
 
 def _result(result: SendResult | TarryError, principal: Principal) -> dict[str, Any]:
     if isinstance(result, TarryError):
-        return {"error": result.to_dict()}
+        return _refusal(result)
     public = result.to_public()
     return principal.sent_view(public) if result.copies else public  # it shows copies only
 
