@@ -108,11 +108,27 @@ def send_spread(urls: list[str], count: int, delays_ms: tuple[int, int]) -> dict
             {"destination": QUEUE, "body": str(i), "delay_ms": random.randint(*delays_ms)}
             for i in range(start, min(count, start + per_batch))
         ]
-        response = httpx.post(f"{url}/v1/messages/batch", json={"messages": batch}, timeout=30)
-        response.raise_for_status()
+        response = post_batch(url, batch)
         for result in response.json()["results"]:
             accepted[result["id"]] = result["deliver_at"]
     return accepted
+
+
+def post_batch(
+    url: str, batch: list[dict[str, object]], *, patience_s: float = 60
+) -> httpx.Response:
+    """POST ``batch``, sent again after ``Retry-After`` while the node answers ``429
+    overloaded`` (releases first on a loaded machine: nothing of the batch was stored), as a
+    producer is told to; any other refusal fails."""
+    give_up = time.monotonic() + patience_s
+    while True:
+        response = httpx.post(f"{url}/v1/messages/batch", json={"messages": batch}, timeout=30)
+        overloaded = (
+            response.status_code == 429 and response.json()["error"]["code"] == "overloaded"
+        )
+        if not overloaded or time.monotonic() > give_up:
+            return response.raise_for_status()
+        time.sleep(float(response.headers.get("retry-after", "1")))
 
 
 def send_until_accepted(url: str, count: int, *, timeout_s: float) -> dict[str, int]:
