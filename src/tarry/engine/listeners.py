@@ -43,6 +43,20 @@ def as_runs(events: Sequence[Event]) -> Iterator[Sequence[Event]]:
     if isinstance(events, EventRun):
         yield events
         return
+    if len(events) > 1:
+        # A transaction's events are most often one run (a batch released, received or
+        # acked): read a column at a time, the run is found without a key tuple an event.
+        kinds, messages, times, queues, reasons = zip(*events, strict=True)
+        n = len(kinds)
+        event, time_ms, queue, reason = kinds[0], times[0], queues[0], reasons[0]
+        if (
+            kinds.count(event) == n
+            and times.count(time_ms) == n
+            and queues.count(queue) == n
+            and reasons.count(reason) == n
+        ):
+            yield EventRun(event, messages, time_ms, queue, reason)
+            return
     for (event, time_ms, queue, reason), run in groupby(events, _SHARED):
         yield EventRun(event, list(map(_MESSAGE, run)), time_ms, queue, reason)
 
