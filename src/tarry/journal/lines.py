@@ -7,12 +7,15 @@ batch; the others through ``orjson`` (the same escaping as the dict's).
 
 A run (``EventRun``: one change at one time for many messages) has its event, time, node,
 queue and reason written into its templates once; a message with no optional field set (the
-common send) fills a template of the four values that differ per message."""
+common send) makes its line as one f-string of the values that differ per message (a bytes
+``%`` template costs more: it parses its format for every line), and the next message of the
+same times and size takes that line's text after the id as it is."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 import orjson
@@ -21,6 +24,7 @@ import pyarrow.compute as pc
 
 from tarry.model.accepted import AcceptedColumns, ColumnMessages
 from tarry.model.events import Event, EventRun
+from tarry.model.message import Message
 
 __all__ = ["LATE_EVENTS", "encode_lines"]
 
@@ -33,6 +37,7 @@ _LINE = (
     b'"size":%d,"failures":%d,"reason":%s,"lateness_ms":%s}\n'
 )
 _NULL = b"null"
+_ID = attrgetter("id")
 
 
 def encode_lines(events: Sequence[Event], node: str) -> tuple[bytes, int, int]:
@@ -40,6 +45,11 @@ def encode_lines(events: Sequence[Event], node: str) -> tuple[bytes, int, int]:
     encoded (a value of the wrong type, text that is not valid Unicode) is dropped alone."""
     if isinstance(events, EventRun):
         return _encode_run(events, node)
+    return _encode_events(events, node)
+
+
+def _encode_events(events: Sequence[Event], node: str) -> tuple[bytes, int, int]:
+    """``encode_lines`` of any events, a line at a time."""
     dumps = orjson.dumps
     # Per batch, so names seen once (a topic per message) never build up across batches.
     known: dict[str | None, bytes] = {None: _NULL}
@@ -94,38 +104,88 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
     try:
         first = columns.destination[0] if columns is not None else messages[0].destination
         templates = _templates(run.event, node, run.queue, run.reason, first)
-    except Exception:  # the run's own values cannot be encoded: every line would drop
-        return b"", 0, len(messages)
+    except Exception:  # a value of the run's templates cannot be encoded: each line alone
+        return _encode_events(run, node)
     late = run.event in LATE_EVENTS
     time_ms = run.time_ms
-    dumps = orjson.dumps
     if columns is not None and not late:
         return _encode_columns(columns, time_ms, templates)
-    plain, general = templates.plain, templates.general
+    try:
+        bare = "".join(map(_ID, messages)).encode().isalnum()
+    except Exception:  # an id that is not text: each line finds out alone
+        bare = False
+    lines, dropped = _text_lines(messages, time_ms, late, first, templates, bare)
+    return "".join(lines).encode(), len(lines), dropped
+
+
+def _text_lines(
+    messages: Sequence[Message],
+    time_ms: int,
+    late: bool,
+    first: str,
+    templates: _Templates,
+    bare: bool,
+) -> tuple[list[str], int]:
+    """The lines of ``_encode_run`` as text, the plain ones each one f-string (``bare``: every
+    id is ASCII letters and digits, so its JSON is itself in quotes): a bytes ``%`` template
+    parses its format and makes an object per value, for every line. A message with an
+    optional field set, or a time that is not an ``int`` (whose text ``%d`` would write
+    otherwise), takes the ``general`` template."""
+    head, after_time, after_id, after_sent, after_due, tail = templates.plain_parts
+    before_id = f"{head}{time_ms}{after_time}"
+    if bare:
+        before_id, after_id = f'{before_id}"', f'"{after_id}'
+    # ``f"{time_ms}"`` is ``b"%d" % time_ms`` only for an ``int``.
+    timed = type(time_ms) is int
+    general = templates.general
+    dumps = orjson.dumps
     known: dict[str | None, bytes] = {None: _NULL}
     get = known.get
-    lines: list[bytes] = []
+    # A plain line's text after its id, cut from it when the next has the same times and
+    # size: a run's messages come mostly in due order, and a batch's share their send time.
+    line, line_id, rest = "", "", None
+    last_due: int | None = None
+    last_sent: int | None = None
+    last_size: int | None = None
+    lines: list[str] = []
     append = lines.append
     dropped = 0
     for message in messages:
         try:
-            due = message.deliver_at_ms
+            sent, due = message.sent_at_ms, message.deliver_at_ms
             if (
-                message.message_id is None
+                timed
+                and type(sent) is int
+                and type(due) is int
+                and message.message_id is None
                 and message.correlation_id is None
                 and message.expires_at_ms is None
                 and message.topic is None
                 and not message.failures
                 and message.destination == first
             ):
-                values: tuple[object, ...] = (
-                    time_ms,
-                    dumps(message.id),
-                    message.sent_at_ms,
-                    due,
-                    len(message.body),
-                )
-                append(plain % (*values, time_ms - due) if late else plain % values)
+                id = message.id if bare else dumps(message.id).decode()
+                size = len(message.body)
+                if due == last_due and sent == last_sent and size == last_size:
+                    if rest is None:
+                        rest = line[len(before_id) + len(line_id) :]
+                    append(f"{before_id}{id}{rest}")
+                    continue
+                last_due = due
+                last_sent = sent
+                last_size = size
+                line_id = id
+                rest = None
+                if late:
+                    line = (
+                        f"{before_id}{id}{after_id}{sent}{after_sent}{due}{after_due}{size}"
+                        f"{tail}{time_ms - due}}}\n"
+                    )
+                else:
+                    line = (
+                        f"{before_id}{id}{after_id}{sent}{after_sent}{due}{after_due}{size}{tail}"
+                    )
+                append(line)
                 continue
             destination, topic = message.destination, message.topic
             message_id, correlation_id = message.message_id, message.correlation_id
@@ -137,16 +197,17 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
                 get(topic) or known.setdefault(topic, dumps(topic)),
                 _NULL if message_id is None else dumps(message_id),
                 _NULL if correlation_id is None else dumps(correlation_id),
-                message.sent_at_ms,
+                sent,
                 due,
                 _NULL if expires_at_ms is None else b"%d" % expires_at_ms,
                 len(message.body),
                 message.failures,
             )
-            append(general % (*values, time_ms - due) if late else general % values)
+            encoded = general % (*values, time_ms - due) if late else general % values
+            append(encoded.decode())
         except Exception:
             dropped += 1
-    return b"".join(lines), len(lines), dropped
+    return lines, dropped
 
 
 def _encode_columns(
@@ -224,8 +285,8 @@ class _Templates:
     """A run's line templates, its time the first value of each and the message's after it:
     ``plain`` for a message with no optional field set, to the run's first destination, and
     the text around its five values (time, id, sent, due, size) in ``plain_parts``;
-    ``general`` for any other. A run of an event whose lines carry ``lateness_ms`` has no
-    ``plain_parts``."""
+    ``general`` for any other. A run of an event whose lines carry ``lateness_ms`` has its
+    lateness and ``}\\n`` after ``plain_parts``."""
 
     plain: bytes
     general: bytes
@@ -274,7 +335,7 @@ def _templates(
     made = _Templates(
         plain,
         general,
-        () if late else (*(part.decode() for part in parts[:-1]), parts[-1].decode() + "null}\n"),
+        (*(part.decode() for part in parts[:-1]), parts[-1].decode() + ("" if late else "null}\n")),
     )
     if len(_TEMPLATE_CACHE) >= _TEMPLATES_KEPT:
         _TEMPLATE_CACHE.clear()
