@@ -295,27 +295,14 @@ def _fields(payload: bytes) -> tuple[int, int, int, int, str, int, dict[str, Any
     return due, sent, expires, flags, destination, dedupe_hash, extra, at
 
 
-def plain_message_of(payload: bytes, due: int, sent: int, expires: int, dest_len: int) -> Message:
-    """The message of a MESSAGE payload without flags (as in ``encode_message``: every
-    optional field at its default)."""
-    at = _FIXED + dest_len
-    return plain_message(
-        payload[:ID_LEN].decode("ascii"),
-        payload[_FIXED:at].decode("utf-8"),
-        payload[at:],
-        sent,
-        due,
-        None if expires < 0 else expires,
-    )
-
-
 #: A MESSAGE payload without flags as a row of ``DueColumns``: (id, destination, body, sent,
 #: due, expires).
 PlainRow = tuple[str, str, bytes, int, int, "int | None"]
 
 
 def plain_row(payload: bytes, due: int, sent: int, expires: int, dest_len: int) -> PlainRow:
-    """``plain_message_of``'s fields as a row, without the ``Message`` (a release by columns)."""
+    """The fields of a MESSAGE payload without flags (as in ``encode_message``: every optional
+    field at its default) as a row, without a ``Message`` (a release by columns)."""
     at = _FIXED + dest_len
     return (
         payload[:ID_LEN].decode("ascii"),
@@ -325,6 +312,11 @@ def plain_row(payload: bytes, due: int, sent: int, expires: int, dest_len: int) 
         due,
         None if expires < 0 else expires,
     )
+
+
+def plain_message_of(payload: bytes, due: int, sent: int, expires: int, dest_len: int) -> Message:
+    """The message of a MESSAGE payload without flags (``plain_row``'s fields)."""
+    return plain_message(*plain_row(payload, due, sent, expires, dest_len))
 
 
 def decode_message(payload: bytes) -> tuple[Message, int]:
