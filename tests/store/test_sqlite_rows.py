@@ -16,6 +16,8 @@ from tarry.model.ids import IdGenerator
 from tarry.model.message import Death, DeathReason, Message, Report, Undeliverable
 from tarry.model.queue_args import QueueArgs
 from tarry.model.state import MessageState
+from tarry.queues import release_writes
+from tarry.queues import txn as txn_module
 from tarry.queues.catalog import Catalog, QueueEntry
 from tarry.queues.sequence import Sequencer
 from tarry.queues.txn import QueueTxn
@@ -271,7 +273,9 @@ def test_a_row_taken_yet_not_seen_fails_the_release_instead_of_looping(
     txn.flush()
     conn.execute("COMMIT")
     again = _txn(conn)
-    monkeypatch.setattr(again, "_seqs_of", lambda ids: iter(()))
+    # Neither the look-up nor the check after the INSERT sees the row.
+    for module in (txn_module, release_writes):
+        monkeypatch.setattr(module, "seqs_of", lambda conn, ids: iter(()))
     conn.execute("BEGIN")
     again.enqueue_many([copy.deepcopy(message)], "orders")
     with pytest.raises(Unavailable):

@@ -40,6 +40,7 @@ from tarry.dispatch.lag import ReleaseLag
 from tarry.dispatch.lanes import RouteLanes
 from tarry.dispatch.route_policy import failure_report_for, retry_at_ms
 from tarry.errors import DeliveryFailed, TarryError
+from tarry.model.due import DueColumns
 from tarry.model.events import Event
 from tarry.model.message import Message
 from tarry.model.route_policy import RoutePolicy
@@ -306,10 +307,7 @@ class Dispatcher:
             if not found:
                 return 0
             self.stats.rounds += 1
-            # Asked once per destination, not twice per message (a batch mostly shares one).
-            is_local = {d: self._is_local(d) for d in {m.destination for m in due}}
-            local = [m for m in due if is_local[m.destination]]
-            external = [m for m in due if not is_local[m.destination]]
+            local, external = self._split(due)
             if local:
                 self._spawn_release(local)
                 if found >= self._config.batch_size:
@@ -349,6 +347,21 @@ class Dispatcher:
             # The lanes' workers start deliveries: give them a turn before the next fetch.
             await asyncio.sleep(0)
         return handed_on
+
+    def _split(self, due: Sequence[Message]) -> tuple[Sequence[Message], list[Message]]:
+        """``due`` as (the local ones, the external ones), in order. A batch read as columns
+        (``DueColumns``) that goes to local queues alone (most rounds) stays as it is: its
+        release writes the columns, and no ``Message`` is made for it here."""
+        columns = due if isinstance(due, DueColumns) else None
+        destinations = set(columns.destination) if columns is not None else None
+        if destinations is None:
+            destinations = {m.destination for m in due}
+        # Asked once per destination, not twice per message (a batch mostly shares one).
+        is_local = {d: self._is_local(d) for d in destinations}
+        if all(is_local.values()):
+            return due, []
+        local = [m for m in due if is_local[m.destination]]
+        return local, [m for m in due if not is_local[m.destination]]
 
     def _spawn_release(self, batch: Sequence[Message]) -> None:
         # The release keeps its own books as it ends (``_hand_local``), not in a done callback:

@@ -23,6 +23,7 @@ import asyncio
 from collections.abc import Sequence
 
 from tarry.errors import Overloaded
+from tarry.model.due import DueColumns
 from tarry.model.message import Message
 from tarry.model.time import Clock
 
@@ -52,6 +53,13 @@ class ReleaseLag:
         """The due times the lag counts from: a first attempt's due time, a held-back message's
         time to try again; a retried message is left out (its retry time is the store's)."""
         held = self._held
+        if isinstance(messages, DueColumns):  # none retried: read from the columns
+            if not held:
+                return list(messages.deliver_at_ms)
+            ids = messages.ids
+            return [
+                max(due, held.get(i, 0)) for i, due in zip(ids, messages.deliver_at_ms, strict=True)
+            ]
         if not held:
             return [m.deliver_at_ms for m in messages if not m.failures]
         return [max(m.deliver_at_ms, held.get(m.id, 0)) for m in messages if not m.failures]

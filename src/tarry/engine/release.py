@@ -27,6 +27,8 @@ from typing import TypeVar
 
 from tarry.engine.context import EngineContext
 from tarry.errors import DeliveryFailed, NotCancellable, TarryError
+from tarry.model.due import DueColumns
+from tarry.model.events import EventRun
 from tarry.model.message import DeathReason, Message, SendPlan
 from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
@@ -137,8 +139,16 @@ async def release(
     Consumers are woken (and the events told) once the queue database has committed, not after
     the markers: the messages are theirs from then on, and the marker's append may wait
     behind a producer's fsync in the log store's group commit."""
-    refused, _ = await _release(ctx, batch, claimed=True, committed=ctx.after)
+    refused, _ = await _release(ctx, batch, claimed=True, committed=lambda txn: _told(ctx, txn))
     return refused
+
+
+def _told(ctx: EngineContext, txn: QueueTxn) -> None:
+    """``ctx.after`` of a release, its runs (``QueueTxn.enqueue_columns``) told with the
+    events, as the same events made one a message would be."""
+    for ready in txn.runs:
+        ctx.emit(EventRun("released", ready, ready.now_ms, ready.queue))
+    ctx.after(txn)
 
 
 async def _release(
@@ -156,6 +166,11 @@ async def _release(
         # release lateness is counted) when this one runs.
         txn = ctx.txn(conn, ctx.clock.now_ms())
         refused: list[tuple[Message, DeliveryFailed]] = []
+        # Plain due messages as columns (``DueColumns``): written from the columns where
+        # their queues take them as they are (nothing refused, nothing dead-lettered).
+        if isinstance(batch, DueColumns) and txn.enqueue_columns(batch):
+            txn.flush()
+            return txn, refused, batch.ids
         by_queue: dict[str, list[Message]] = {}
         for message in batch:
             by_queue.setdefault(message.destination, []).append(message)
@@ -174,8 +189,12 @@ async def _release(
             await ctx.store.remove(placed, state=MessageState.READY, now_ms=txn.now_ms)
     finally:
         if claimed:
-            ctx.store.release_claims([m.id for m in batch])
+            ctx.store.release_claims(_ids(batch))
     return refused, txn
+
+
+def _ids(batch: Sequence[Message]) -> list[str]:
+    return batch.ids if isinstance(batch, DueColumns) else [m.id for m in batch]
 
 
 async def give_up(ctx: EngineContext, message: Message, error: DeliveryFailed) -> None:

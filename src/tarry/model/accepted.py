@@ -11,14 +11,13 @@ general path (``tarry.engine.sending``), which makes one ``Message`` per copy.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import overload
 
 import numpy as np
 import numpy.typing as npt
 
+from tarry.model.lazy_messages import LazyMessages
 from tarry.model.message import Message, plain_message
 
 __all__ = ["AcceptedColumns", "ColumnMessages"]
@@ -53,15 +52,14 @@ class AcceptedColumns:
         return self._messages
 
 
-class ColumnMessages(Sequence[Message]):
-    """``AcceptedColumns`` as a sequence of ``Message``s: its length known at once, the
-    objects made in one pass the first time one is read."""
+class ColumnMessages(LazyMessages):
+    """``AcceptedColumns`` as a sequence of ``Message``s (``LazyMessages``)."""
 
-    __slots__ = ("_columns", "_made")
+    __slots__ = ("_columns",)
 
     def __init__(self, columns: AcceptedColumns) -> None:
+        super().__init__()
         self._columns = columns
-        self._made: list[Message] | None = None
 
     def __len__(self) -> int:
         return len(self._columns.rows)
@@ -71,32 +69,18 @@ class ColumnMessages(Sequence[Message]):
         """The columns the messages stand for (a listener may read them instead)."""
         return self._columns
 
-    @overload
-    def __getitem__(self, index: int) -> Message: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Message]: ...
-
-    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
-        return self._all()[index]
-
-    def __iter__(self) -> Iterator[Message]:
-        return iter(self._all())
-
-    def _all(self) -> list[Message]:
-        if self._made is None:
-            c = self._columns
-            sent = c.sent_at_ms
-            expires: list[int | None] = [None if e < 0 else e for e in c.expires_at_ms.tolist()]
-            self._made = list(
-                map(
-                    plain_message,
-                    c.ids,
-                    c.destination,
-                    c.body,
-                    repeat(sent),
-                    c.deliver_at_ms.tolist(),
-                    expires,
-                )
+    def _make(self) -> list[Message]:
+        c = self._columns
+        sent = c.sent_at_ms
+        expires: list[int | None] = [None if e < 0 else e for e in c.expires_at_ms.tolist()]
+        return list(
+            map(
+                plain_message,
+                c.ids,
+                c.destination,
+                c.body,
+                repeat(sent),
+                c.deliver_at_ms.tolist(),
+                expires,
             )
-        return self._made
+        )

@@ -218,10 +218,15 @@ def plain_message(
     sent_at_ms: int,
     deliver_at_ms: int,
     expires_at_ms: int | None,
+    state: MessageState = MessageState.SCHEDULED,
+    queue: str | None = None,
+    enqueued_at_ms: int | None = None,
+    queue_expires_at_ms: int | None = None,
 ) -> Message:
-    """A scheduled ``Message`` with every optional field at its default, as
-    ``Message(id=..., ..., updated_at_ms=sent_at_ms)`` builds it, for the hot paths that build
-    one per record read (a released batch). Every field is passed by position: a class called
+    """A ``Message`` with every optional field at its default, as ``Message(id=..., ...,
+    updated_at_ms=sent_at_ms)`` builds it (scheduled), or as entering ``queue`` at
+    ``enqueued_at_ms`` then leaves it (ready; updated then), for the hot paths that build one
+    per record read (a released batch). Every field is passed by position: a class called
     with keywords gets them through a dict, which makes the call several times dearer, once
     per message here. Keep it in the order of ``Message``'s fields."""
     return Message(
@@ -232,7 +237,7 @@ def plain_message(
         sent_at_ms,
         deliver_at_ms,
         expires_at_ms,
-        MessageState.SCHEDULED,
+        state,
         None,  # message_id
         None,  # correlation_id
         None,  # reply_to
@@ -243,10 +248,10 @@ def plain_message(
         0,  # failures
         None,  # last_error
         [],  # deaths
-        None,  # queue
-        None,  # enqueued_at_ms
-        None,  # queue_expires_at_ms
+        queue,
+        enqueued_at_ms,
+        queue_expires_at_ms,
         False,  # redelivered
         0,  # delivery_count
-        sent_at_ms,  # updated_at_ms
+        sent_at_ms if enqueued_at_ms is None else enqueued_at_ms,  # updated_at_ms
     )

@@ -18,6 +18,12 @@ class Sequencer:
         self.value += 1
         return self.value
 
+    def next_many(self, count: int) -> range | list[int]:
+        """``next()`` ``count`` times, in order."""
+        start = self.value + 1
+        self.value += count
+        return range(start, start + count)
+
 
 class ClockSequencer(Sequencer):
     """For queues that several nodes fill (a shared PostgreSQL store): arrival order is the
@@ -31,6 +37,9 @@ class ClockSequencer(Sequencer):
     def next(self) -> int:
         self.value = max(self.value + 1, self._clock.now_ms() * 1000)
         return self.value
+
+    def next_many(self, count: int) -> range | list[int]:
+        return [self.next() for _ in range(count)]
 
 
 def last_seq(conn: SqlConnection) -> int:

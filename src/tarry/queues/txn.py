@@ -8,8 +8,7 @@ state changes it made in ``events`` so the engine can tell its listeners after t
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +16,7 @@ import orjson
 
 from tarry.errors import DeliveryFailed, Unavailable
 from tarry.model.deaths import record_death, would_cycle
+from tarry.model.due import DueColumns, ReadyColumns
 from tarry.model.events import Event
 from tarry.model.expiry import is_expired, queue_expiries_ms, queue_expiry_ms
 from tarry.model.ids import IdGenerator
@@ -27,20 +27,21 @@ from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog
 from tarry.queues.ready_rows import takeable_rows
 from tarry.queues.receipts import RECEIPT_SQL, hand_out, settled_by_receipt
+from tarry.queues.release_columns import plain_release
+from tarry.queues.release_writes import (
+    Gathered,
+    Plain,
+    remember,
+    seqs_of,
+    taken_before,
+    without,
+    write_gathered,
+    write_plain,
+    write_row,
+)
 from tarry.queues.sequence import Sequencer
 from tarry.store.sql import QueueConnection, id_column, id_key, in_list, row_key, row_lock
-from tarry.store.sqlite.rows import (
-    COLUMNS,
-    SELECT_SQL,
-    Insert,
-    Released,
-    from_row,
-    insert_released,
-    insert_rows,
-    is_plain,
-    released_row,
-    to_insert,
-)
+from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL, from_row, is_plain, to_insert
 
 __all__ = ["HANDOFF_MS", "QUEUED_STATES", "QueueTxn"]
 
@@ -56,8 +57,6 @@ QUEUED_STATES = ("ready", "delivered")
 _SEQ = COLUMNS.index("seq")
 #: Every column, as ``SELECT_SQL`` reads them (for RETURNING).
 _ALL = ", ".join(COLUMNS)
-#: Plain messages gathered for ``flush``, by queue, each with its row (``insert_released``).
-_Plain = dict[str, list[tuple[Message, Released]]]
 
 
 def _takeable_in(state: str, *, unexpired: bool) -> str:
@@ -90,9 +89,13 @@ class QueueTxn:
         self.events: list[Event] = []
         #: Rows ``enqueue(insert=True)`` gathered for ``flush``: (message, seq, insert); each is
         #: visible from ``now_ms``.
-        self._rows: list[tuple[Message, int, Insert]] = []
-        #: Plain messages ``enqueue_many`` gathered for ``flush``, by queue.
-        self._plain: _Plain = {}
+        self._rows: Gathered = []
+        #: Plain rows ``enqueue_many`` and ``enqueue_columns`` gathered for ``flush``, by queue.
+        self._plain: Plain = {}
+        #: What ``enqueue_columns`` released, by queue: told as "released" runs after the
+        #: events (``tarry.engine.release``), its messages made only for a listener that reads
+        #: them.
+        self.runs: list[ReadyColumns] = []
         #: Queues that received ready messages: their waiting consumers are woken after commit.
         self.filled: set[str] = set()
 
@@ -215,20 +218,32 @@ class QueueTxn:
             self._ready(message, queue, expires)
             plain.append(
                 (
-                    message,
-                    (
-                        message.id,
-                        message.body,
-                        message.sent_at_ms,
-                        message.deliver_at_ms,
-                        seq,
-                        message.expires_at_ms,
-                        expires,
-                    ),
+                    message.id,
+                    message.body,
+                    message.sent_at_ms,
+                    message.deliver_at_ms,
+                    seq,
+                    message.expires_at_ms,
+                    expires,
                 )
             )
             self.emit("released", message, queue)
         return refused
+
+    def enqueue_columns(self, due: DueColumns) -> bool:
+        """``enqueue_many`` of plain due messages, each into the queue it is for, written from
+        the columns (``plain_release``) and told as runs (``runs``): no ``Message`` is made.
+        False, with nothing done, when some queue needs the general path (``enqueue_many``
+        of the messages): one missing, put-disabled or with a length limit, or a message that
+        expires on arrival."""
+        released = plain_release(due, self.catalog, now_ms=self.now_ms, seq=self.seq)
+        if released is None:
+            return False
+        for ready, rows in released:
+            self._plain.setdefault(ready.queue, []).extend(rows)
+            self.filled.add(ready.queue)
+            self.runs.append(ready)
+        return True
 
     def _ready(self, message: Message, queue: str, expires: int | None) -> None:
         """What entering ``queue`` now sets on a message (``enqueue``, ``enqueue_many``)."""
@@ -241,15 +256,7 @@ class QueueTxn:
         """Separate queue database: which of these ids are already here (released before a
         crash that came ahead of the store's marker)? Releasing those again must do nothing."""
         self.flush()
-        return {message_id for message_id, _ in self._seqs_of(message_ids)}
-
-    def _seqs_of(self, message_ids: Sequence[str]) -> Iterator[tuple[str, int]]:
-        """(id, seq) of each of these messages that is here."""
-        column = id_column(self.conn)
-        for start in range(0, len(message_ids), 900):
-            chunk = [id_key(self.conn, i) for i in message_ids[start : start + 900]]
-            where, args = in_list(self.conn, column, chunk)
-            yield from self.conn.execute(f"SELECT id, seq FROM messages WHERE {where}", args)
+        return {message_id for message_id, _ in seqs_of(self.conn, message_ids)}
 
     def flush(self) -> None:
         """Write the rows ``enqueue(insert=True)`` and ``enqueue_many`` gathered. A plain row
@@ -261,63 +268,29 @@ class QueueTxn:
         rows, self._rows = self._rows, []
         plain, self._plain = self._plain, {}
         if not rows:
-            if not self._write_plain(plain):
-                plain = self._left_out(plain, self._taken_before(plain))
-            self._remember(plain)
+            if not write_plain(self.conn, plain, self.now_ms):
+                plain = self._left_out(plain, taken_before(self.conn, plain))
+            remember(self.conn, plain, self.now_ms)
             return
         self.conn.execute("SAVEPOINT flush")
         try:
             # Again while some id is found taken: on PostgreSQL another node may have written
             # one since the look-up (each round leaves out at least one message).
-            while not self._write_gathered(rows, plain):
+            while not write_gathered(self.conn, rows, plain, self.now_ms):
                 self.conn.execute("ROLLBACK TO flush")
-                before = self.released_before([m.id for r in plain.values() for m, _ in r])
+                before = self.released_before([r[0] for p in plain.values() for r in p])
                 plain = self._left_out(plain, before)
         finally:
             self.conn.execute("RELEASE flush")
-        self._remember(plain)
+        remember(self.conn, plain, self.now_ms)
 
-    def _taken_before(self, plain: _Plain) -> set[str]:
-        """After a plain INSERT that left some rows out: the ids whose row holds another
-        ``seq`` than the one given here (written before, not by this flush)."""
-        given = {row[0]: row[4] for written in plain.values() for _, row in written}
-        return {i for i, seq in self._seqs_of(list(given)) if given[i] != seq}
-
-    def _left_out(self, plain: _Plain, before: set[str]) -> _Plain:
+    def _left_out(self, plain: Plain, before: set[str]) -> Plain:
         """``plain`` without the messages released before (and without their events)."""
         if not before:  # taken, yet not seen: the release waits for another round
             raise Unavailable("a released message's row is being written elsewhere")
         self.events = [e for e in self.events if e[0] != "released" or e[1].id not in before]
-        return {q: [(m, r) for m, r in p if m.id not in before] for q, p in plain.items()}
-
-    def _remember(self, plain: _Plain) -> None:  # the connection's memory of released rows
-        if (memory := self.conn.released) is not None:
-            for queue, written in plain.items():
-                for _, row in written:
-                    memory.keep(row[4], released_row(queue, self.now_ms, row), len(row[1]))
-
-    def _write_gathered(self, rows: list[tuple[Message, int, Insert]], plain: _Plain) -> bool:
-        """``flush``'s writes: ``rows`` with multi-row INSERTs (``insert_rows``; a key conflict
-        undoes them alone, and they are written row by row), then the plain rows column-wise.
-        False when some plain row was not written, its id being here already."""
-        try:
-            insert_rows(self.conn, [insert for _, _, insert in rows])
-        except sqlite3.IntegrityError:
-            self.conn.execute("ROLLBACK TO flush")
-            for message, seq, insert in rows:
-                self._write(message, insert, seq=seq, visible_at_ms=self.now_ms)
-        return self._write_plain(plain)
-
-    def _write_plain(self, plain: _Plain) -> bool:
-        """The plain rows, column-wise; False when some row was not written, its id being
-        here already."""
-        gathered = written = 0
-        for queue, released in plain.items():
-            gathered += len(released)
-            written += insert_released(
-                self.conn, queue=queue, now_ms=self.now_ms, rows=[r for _, r in released]
-            )
-        return written == gathered
+        self.runs = [run.without(before) for run in self.runs]
+        return without(plain, before)
 
     def adopt(self, message: Message) -> bool:
         """Separate queue database: take in a scheduled message as a row keyed by its tarry id
@@ -332,19 +305,7 @@ class QueueTxn:
     ) -> None:
         self.flush()
         insert = to_insert(message, seq=seq, visible_at_ms=visible_at_ms)
-        self._write(message, insert, seq=seq, visible_at_ms=visible_at_ms)
-
-    def _write(
-        self, message: Message, insert: Insert, *, seq: int | None, visible_at_ms: int | None
-    ) -> None:
-        try:
-            self.conn.execute(*insert)
-        except sqlite3.IntegrityError:
-            # Its (destination, message_id) key is held by an older finished message that the
-            # producer reused after retention: keep this one too, without the key.
-            self.conn.execute(
-                *to_insert(message, seq=seq, visible_at_ms=visible_at_ms, dedupe=False)
-            )
+        write_row(self.conn, message, insert, seq=seq, visible_at_ms=visible_at_ms)
 
     def insert_and_enqueue(self, message: Message, queue: str) -> None:
         """A message tarry makes itself (dead-letter copy, report) enters ``queue``."""

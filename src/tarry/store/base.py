@@ -100,8 +100,9 @@ class DelayedStore(Protocol):
         """Durably keep ``messages`` (state ``scheduled``) in one commit. Raises ``Unavailable``."""
         ...
 
-    async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:
-        """Claim up to ``limit`` messages with ``deliver_at_ms <= now_ms``, oldest due first."""
+    async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> Sequence[Message]:
+        """Claim up to ``limit`` messages with ``deliver_at_ms <= now_ms``, oldest due first
+        (a store may give plain ones as ``tarry.model.due.DueColumns``)."""
         ...
 
     async def next_due_time(self) -> int | None:

@@ -38,6 +38,7 @@ from tarry.store.base import StoreOutcome
 from tarry.store.log import clean, cleanup
 from tarry.store.log.appending import Appender, NewRecords
 from tarry.store.log.checkpoint import Checkpoints
+from tarry.store.log.claiming import claim_due
 from tarry.store.log.dedupe import admit
 from tarry.store.log.figures import write_path
 from tarry.store.log.forecast import due_counts
@@ -46,7 +47,7 @@ from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash
 from tarry.store.log.layout import Layout
 from tarry.store.log.locate import Located, list_page, locate_many
 from tarry.store.log.opening import recover
-from tarry.store.log.reading import load, pick_due, read_message, read_messages
+from tarry.store.log.reading import load, pick_due, read_message
 from tarry.store.log.record import (
     CANCELLED,
     FAILED,
@@ -273,27 +274,15 @@ class LogStore:
         await self._appender.append(new, now_ms=max(self.table.now_ms, batch.sent_at_ms))
 
     # --- due messages -----------------------------------------------------------------------
-    async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> list[Message]:
+    async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> Sequence[Message]:
         self._check()
         table = self.table
         table.now_ms = max(table.now_ms, now_ms)
         if self._claims_lapse_ms <= now_ms:
             self._lapse_claims(now_ms)
         helds = pick_due(table, self.files, now_ms, limit)
-        out: list[Message] = []
-        failures, claims, until = table.state.failures, self._claims, now_ms + lease_ms
-        for held, message in zip(helds, read_messages(table, self.files, helds), strict=True):
-            if message is None:
-                continue
-            failure = failures.get(message.id)
-            if failure is not None:
-                if failure.retry_at_ms > now_ms:  # a back-off that outlived a restart
-                    table.wait(message.id, held, failure.retry_at_ms)
-                    continue
-                message.failures, message.last_error = failure.attempts, failure.error
-            held.destination, held.until = message.destination, until
-            claims[message.id] = held
-            out.append(message)
+        until = now_ms + lease_ms
+        out = claim_due(table, self.files, helds, now_ms=now_ms, until_ms=until)
         if out:
             self._claims_lapse_ms = min(self._claims_lapse_ms, until)
         if now_ms - self._last_upkeep_ms >= self.snapshot_interval_ms and self._upkeeping is None:

@@ -6,22 +6,24 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import cast
+from typing import TypeVar, cast
 
 import numpy as np
 
 from tarry.model.message import Message
 from tarry.store.log.held import Held
 from tarry.store.log.partition import Partition, split
-from tarry.store.log.record import MESSAGE, Record, decode_message
+from tarry.store.log.record import MESSAGE, PlainReader, Record, decode_message, plain_message_of
 from tarry.store.log.recovery import replay
 from tarry.store.log.scrub import damage_line
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import PartitionTable
 
-__all__ = ["ensure_loaded", "load", "pick_due", "read_message", "read_messages"]
+__all__ = ["ensure_loaded", "load", "pick_due", "read_message", "read_messages", "read_records"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def load(table: PartitionTable, partition: Partition) -> None:
@@ -105,6 +107,14 @@ def read_messages(
     table: PartitionTable, files: SegmentFiles, helds: list[Held]
 ) -> list[Message | None]:
     """``read_message`` of each, reading each partition's records in one go."""
+    return read_records(table, files, helds, plain_message_of)
+
+
+def read_records(
+    table: PartitionTable, files: SegmentFiles, helds: list[Held], plain: PlainReader[T]
+) -> list[Message | T | None]:
+    """``read_messages``, a record without flags read by ``plain`` (``plain_row``: a release
+    by columns)."""
     if not helds:
         return []
     number = helds[0].number
@@ -113,11 +123,11 @@ def read_messages(
         if partition is None:
             return [None] * len(helds)
         positions = [held.pos for held in helds]
-        got = files.read_messages(partition, positions)
+        got = files.read_records(partition, positions, plain)
         if str not in set(map(type, got)):
-            return cast(list[Message | None], got)
+            return cast(list[Message | T | None], got)
         return [_readable(table, partition, pos, g) for pos, g in zip(positions, got, strict=True)]
-    out: list[Message | None] = [None] * len(helds)
+    out: list[Message | T | None] = [None] * len(helds)
     by_number: dict[int, list[int]] = {}
     for i, held in enumerate(helds):
         by_number.setdefault(held.number, []).append(i)
@@ -126,16 +136,16 @@ def read_messages(
         if partition is None:
             continue
         positions = [helds[i].pos for i in indexes]
-        got = files.read_messages(partition, positions)
+        got = files.read_records(partition, positions, plain)
         for i, pos, message in zip(indexes, positions, got, strict=True):
             out[i] = _readable(table, partition, pos, message)
     return out
 
 
 def _readable(
-    table: PartitionTable, partition: Partition, pos: int, got: Message | str
-) -> Message | None:
-    if isinstance(got, Message):
+    table: PartitionTable, partition: Partition, pos: int, got: Message | T | str
+) -> Message | T | None:
+    if not isinstance(got, str):
         return got
     _damaged(table, partition, pos, got)
     return None

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import google_crc32c
 import orjson
@@ -60,15 +60,20 @@ __all__ = [
     "RELEASED",
     "VERSION",
     "Damage",
+    "PlainReader",
+    "PlainRow",
     "SHORT",
     "Record",
     "decode_message",
     "decode_messages",
+    "decode_records",
     "encode_marker",
     "encode_markers",
     "encode_message",
     "encode_messages",
     "parse_record",
+    "plain_message_of",
+    "plain_row",
     "scan",
     "scan_ids",
 ]
@@ -290,11 +295,16 @@ def _fields(payload: bytes) -> tuple[int, int, int, int, str, int, dict[str, Any
     return due, sent, expires, flags, destination, dedupe_hash, extra, at
 
 
-def _plain(payload: bytes, due: int, sent: int, expires: int, dest_len: int) -> Message:
-    """The message of a MESSAGE payload without flags (as in ``encode_message``: every
-    optional field at its default)."""
+#: A MESSAGE payload without flags as a row of ``DueColumns``: (id, destination, body, sent,
+#: due, expires).
+PlainRow = tuple[str, str, bytes, int, int, "int | None"]
+
+
+def plain_row(payload: bytes, due: int, sent: int, expires: int, dest_len: int) -> PlainRow:
+    """The fields of a MESSAGE payload without flags (as in ``encode_message``: every optional
+    field at its default) as a row, without a ``Message`` (a release by columns)."""
     at = _FIXED + dest_len
-    return plain_message(
+    return (
         payload[:ID_LEN].decode("ascii"),
         payload[_FIXED:at].decode("utf-8"),
         payload[at:],
@@ -304,11 +314,16 @@ def _plain(payload: bytes, due: int, sent: int, expires: int, dest_len: int) -> 
     )
 
 
+def plain_message_of(payload: bytes, due: int, sent: int, expires: int, dest_len: int) -> Message:
+    """The message of a MESSAGE payload without flags (``plain_row``'s fields)."""
+    return plain_message(*plain_row(payload, due, sent, expires, dest_len))
+
+
 def decode_message(payload: bytes) -> tuple[Message, int]:
     """The message of a MESSAGE payload and its de-duplication hash (0: none)."""
     due, sent, expires, flags, dest_len = _MSG.unpack_from(payload, ID_LEN)
     if not flags:  # the common case
-        return _plain(payload, due, sent, expires, dest_len), 0
+        return plain_message_of(payload, due, sent, expires, dest_len), 0
     due, sent, expires, flags, destination, dedupe_hash, extra, at = _fields(payload)
     message = Message(
         id=payload[:ID_LEN].decode("ascii"),
@@ -346,14 +361,27 @@ def _bad_header(version: int, kind: int, length: int) -> bool:
 _MESSAGE_AT = struct.Struct("<BBHII26sqqqHH")
 
 
+T = TypeVar("T")
+#: What a MESSAGE payload without flags is read as (``plain_message_of``, ``plain_row``).
+PlainReader = Callable[[bytes, int, int, int, int], T]
+
+
 def decode_messages(buf: bytes | mmap.mmap, offsets: Sequence[int]) -> list[Message | str]:
+    """``decode_records`` with a ``Message`` for every record."""
+    return decode_records(buf, offsets, plain_message_of)
+
+
+def decode_records(
+    buf: bytes | mmap.mmap, offsets: Sequence[int], plain: PlainReader[T]
+) -> list[Message | T | str]:
     """The message of the record at each of ``offsets`` of ``buf``, or why there is none
     (``parse_record``'s reasons, or "not a message record"), without a ``Record`` and two calls
     a record in between (most of what reading a due message cost). A whole, valid MESSAGE
     record (nearly every one) is read with one unpack of its header and fixed fields, its
     header's share of the CRC looked up by length (a batch's records mostly share one);
-    anything else goes through ``_decode_at``, which tells why."""
-    out: list[Message | str] = []
+    anything else goes through ``_decode_at``, which tells why. A record without flags (the
+    common case) is what ``plain`` makes of it."""
+    out: list[Message | T | str] = []
     size = len(buf)
     unpack = _MESSAGE_AT.unpack_from
     head_crcs: dict[int, int] = {}
@@ -378,7 +406,7 @@ def decode_messages(buf: bytes | mmap.mmap, offsets: Sequence[int]) -> list[Mess
                     if flags:
                         out.append(decode_message(payload)[0])
                     else:
-                        out.append(_plain(payload, due, sent, expires, dest_len))
+                        out.append(plain(payload, due, sent, expires, dest_len))
                     continue
         out.append(_decode_at(buf, offset))
     return out

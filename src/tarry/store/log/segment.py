@@ -20,6 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from tarry.model.message import Message
 from tarry.store.log.fs import SYNCFS_REPORTS_ERRORS, Files, OsFiles
@@ -28,14 +29,18 @@ from tarry.store.log.record import (
     HEADER,
     MAX_RECORD,
     SHORT,
+    PlainReader,
     Record,
-    decode_messages,
+    decode_records,
     parse_record,
+    plain_message_of,
 )
 
 __all__ = ["FLUSH_BYTES", "SYNCFS_FILES", "SegmentFiles"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 #: Appends held in memory past this many bytes are written out by the writer thread.
@@ -276,11 +281,17 @@ class SegmentFiles:
             return parse_record(view, offset)
 
     def read_messages(self, partition: Partition, positions: list[int]) -> list[Message | str]:
+        """``read_records`` with a ``Message`` for every record."""
+        return self.read_records(partition, positions, plain_message_of)
+
+    def read_records(
+        self, partition: Partition, positions: list[int], plain: PlainReader[T]
+    ) -> list[Message | T | str]:
         """The message at each position of one partition (a fetched batch), or why it cannot
-        be read (``decode_messages``), under one lock: one call per segment the batch touches.
-        A record that runs past the memory map (appended since it was made) is read again
-        from a fresh map of the whole file."""
-        out: list[Message | str] = ["missing segment"] * len(positions)
+        be read (``decode_records``; ``plain`` reads a record without flags), under one lock:
+        one call per segment the batch touches. A record that runs past the memory map
+        (appended since it was made) is read again from a fresh map of the whole file."""
+        out: list[Message | T | str] = ["missing segment"] * len(positions)
         by_segment: dict[int, tuple[list[int], list[int]]] = {}
         for i, pos in enumerate(positions):
             indexes, offsets = by_segment.setdefault(pos >> SEGMENT_SHIFT, ([], []))
@@ -293,11 +304,11 @@ class SegmentFiles:
                 view = self._map(path, max(offsets) + HEADER)
                 if view is None:
                     continue
-                got = decode_messages(view, offsets)
+                got = decode_records(view, offsets, plain)
                 short = [k for k, g in enumerate(got) if type(g) is str and g in SHORT]
                 if short:
                     view = self._map(path, len(view) + 1) or view
-                    again = decode_messages(view, [offsets[k] for k in short])
+                    again = decode_records(view, [offsets[k] for k in short], plain)
                     for k, message in zip(short, again, strict=True):
                         got[k] = message
                 for i, message in zip(indexes, got, strict=True):

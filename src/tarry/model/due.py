@@ -1,0 +1,114 @@
+"""Due messages as columns, for the common release: plain messages (every optional field at its
+default, never failed) that a store read back when they fell due. The dispatcher routes them,
+the queue database writes them and the events tell them from the columns; ``DueColumns`` is
+still a sequence of ``Message``s for whoever reads one (a refused message, an external route),
+and ``ReadyColumns`` the released ones for a listener that reads messages, each made only when
+first read (``LazyMessages``), as ``AcceptedColumns.messages`` does for sends.
+
+What does not fit (headers, a producer id, a failure counted, ...) comes back as ``Message``s.
+"""
+
+from __future__ import annotations
+
+from tarry.model.lazy_messages import LazyMessages
+from tarry.model.message import Message, plain_message
+from tarry.model.state import MessageState
+
+__all__ = ["DueColumns", "ReadyColumns"]
+
+
+class DueColumns(LazyMessages):
+    """Plain scheduled messages, row ``k`` of each column being message ``k``; as messages,
+    each is ``plain_message`` of its row."""
+
+    __slots__ = ("body", "deliver_at_ms", "destination", "expires_at_ms", "ids", "sent_at_ms")
+
+    def __init__(
+        self,
+        ids: list[str],
+        destination: list[str],
+        body: list[bytes],
+        sent_at_ms: list[int],
+        deliver_at_ms: list[int],
+        expires_at_ms: list[int | None],
+    ) -> None:
+        super().__init__()
+        self.ids = ids
+        self.destination = destination
+        self.body = body
+        self.sent_at_ms = sent_at_ms
+        self.deliver_at_ms = deliver_at_ms
+        self.expires_at_ms = expires_at_ms
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _make(self) -> list[Message]:
+        return list(
+            map(
+                plain_message,
+                self.ids,
+                self.destination,
+                self.body,
+                self.sent_at_ms,
+                self.deliver_at_ms,
+                self.expires_at_ms,
+            )
+        )
+
+
+class ReadyColumns(LazyMessages):
+    """Rows ``rows`` of ``due`` released into ``queue`` at ``now_ms`` with their queue expiries:
+    as messages, each as entering the queue leaves it (ready, in ``queue``, enqueued and
+    updated at ``now_ms``)."""
+
+    __slots__ = ("due", "now_ms", "queue", "queue_expires_at_ms", "rows")
+
+    def __init__(
+        self,
+        due: DueColumns,
+        rows: list[int],
+        queue: str,
+        now_ms: int,
+        queue_expires_at_ms: list[int | None],
+    ) -> None:
+        super().__init__()
+        self.due = due
+        self.rows = rows
+        self.queue = queue
+        self.now_ms = now_ms
+        self.queue_expires_at_ms = queue_expires_at_ms
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def without(self, ids: set[str]) -> ReadyColumns:
+        """The same release without the messages of ``ids``."""
+        kept = [k for k, row in enumerate(self.rows) if self.due.ids[row] not in ids]
+        return ReadyColumns(
+            self.due,
+            [self.rows[k] for k in kept],
+            self.queue,
+            self.now_ms,
+            [self.queue_expires_at_ms[k] for k in kept],
+        )
+
+    def _make(self) -> list[Message]:
+        due, queue, now, ready = self.due, self.queue, self.now_ms, MessageState.READY
+        ids, destination, body = due.ids, due.destination, due.body
+        sent, deliver, expires = due.sent_at_ms, due.deliver_at_ms, due.expires_at_ms
+        return [
+            plain_message(
+                ids[row],
+                destination[row],
+                body[row],
+                sent[row],
+                deliver[row],
+                expires[row],
+                ready,
+                queue,
+                now,
+                queue_expires,
+            )
+            for row, queue_expires in zip(self.rows, self.queue_expires_at_ms, strict=True)
+        ]
