@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tarry.journal.lines import encode_lines
-from tarry.model.due import DueColumns
-from tarry.model.events import Event
+from tarry.model.due import DueColumns, ReadyColumns
+from tarry.model.events import Event, EventRun
 from tarry.model.message import Message
 from tarry.queues.txn import QueueTxn
 from tarry.store.sqlite.rows import SELECT_SQL
@@ -27,8 +27,9 @@ def engine_store() -> str:
 NOW = 1_700_000_000_000
 
 
-def _messages() -> list[Message]:
-    """Due messages to two queues (one with a TTL), some plain, some not."""
+def _messages(*, expiring: bool = True) -> list[Message]:
+    """Due messages to two queues (one with a TTL), some plain, some not; with ``expiring``
+    every fourth expires."""
     out = []
     for i in range(40):
         message = Message(
@@ -38,7 +39,7 @@ def _messages() -> list[Message]:
             headers={"k": "v"} if i in (7, 20) else {},
             sent_at_ms=NOW - 5000,
             deliver_at_ms=NOW - 1000 + i,
-            expires_at_ms=NOW + 60_000 if i % 4 == 0 else None,
+            expires_at_ms=NOW + 60_000 if expiring and i % 4 == 0 else None,
             updated_at_ms=NOW - 5000,
         )
         out.append(message)
@@ -57,8 +58,9 @@ async def _released(
     lines: list[bytes] = []
 
     def many(batch: Sequence[Event]) -> None:
-        events.extend(batch)
+        # The lines first: reading the events makes a release's messages.
         lines.append(encode_lines(batch, "node")[0])
+        events.extend(batch)
 
     engine.add_listener(lambda *event: None, many=many)
     fetched: list[Sequence[Message]] = []
@@ -93,6 +95,7 @@ def _copy(message: Message) -> Message:
     return Message(**{f: getattr(message, f) for f in message.__dataclass_fields__})
 
 
+@pytest.mark.parametrize("expiring", [True, False])
 @pytest.mark.parametrize("plain_only", [True, False])
 @pytest.mark.parametrize("before", [0, 5])
 async def test_a_release_by_columns_writes_and_tells_what_the_release_by_objects_does(
@@ -101,9 +104,10 @@ async def test_a_release_by_columns_writes_and_tells_what_the_release_by_objects
     monkeypatch: pytest.MonkeyPatch,
     plain_only: bool,
     before: int,
+    expiring: bool,
 ) -> None:
     # Given the same due messages in two engines
-    messages = [m for m in _messages() if not (plain_only and m.headers)]
+    messages = [m for m in _messages(expiring=expiring) if not (plain_only and m.headers)]
     # When one releases them as the store reads them (plain ones as columns)
     by_columns = await _released(make_engine, tmp_path, "columns", messages, before=before)
     # and the other as objects
@@ -140,3 +144,26 @@ async def test_a_queue_that_needs_the_general_path_takes_the_whole_batch_as_obje
     released = [e for e in engine.recorder.of("released") if e[1] in ids]
     assert sorted(e[1] for e in released) == sorted(m.id for i, m in enumerate(messages) if i != 5)
     assert (await engine.queue_info("short")).ready == 2
+
+
+def test_a_release_by_columns_is_journalled_and_timed_from_its_columns() -> None:
+    # Given plain due messages of two queues read as columns, one queue's share released
+    due = DueColumns(
+        ids=[f"{i:026d}" for i in range(6)],
+        destination=["q", "r", "q", "q", "r", "q"],
+        body=[b"x" * i for i in range(6)],
+        sent_at_ms=[NOW - 9000] * 6,
+        deliver_at_ms=[NOW - 100 * i for i in range(6)],
+        expires_at_ms=[None] * 6,
+    )
+    ready = ReadyColumns(due, [0, 2, 3, 5], "q", NOW + 7, [None] * 4)
+    run = EventRun("released", ready, NOW + 7, "q")
+    # When the journal writes its lines and the metrics read its lateness
+    lines, count, dropped = encode_lines(run, "node")
+    late = run.late_ms()
+    # Then no message was made for either
+    assert ready._made is None
+    # and both are what the same run of messages gives
+    made = EventRun("released", list(ready), NOW + 7, "q")
+    assert (lines, count, dropped) == encode_lines(made, "node")
+    assert late == made.late_ms() == [7, 207, 307, 507]

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tarry.model.accepted import AcceptedColumns, ColumnMessages
+from tarry.model.due import ReadyColumns
 from tarry.model.events import Event, EventRun
 from tarry.model.message import Message
 
@@ -101,8 +102,14 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
     if not messages:
         return b"", 0, 0
     columns = messages.columns if isinstance(messages, ColumnMessages) else None
+    ready = messages if isinstance(messages, ReadyColumns) else None
     try:
-        first = columns.destination[0] if columns is not None else messages[0].destination
+        if columns is not None:
+            first = columns.destination[0]
+        elif ready is not None:
+            first = ready.due.destination[ready.rows[0]]
+        else:
+            first = messages[0].destination
         templates = _templates(run.event, node, run.queue, run.reason, first)
     except Exception:  # a value of the run's templates cannot be encoded: each line alone
         return _encode_events(run, node)
@@ -110,6 +117,8 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
     time_ms = run.time_ms
     if columns is not None and not late:
         return _encode_columns(columns, time_ms, templates)
+    if ready is not None and late and (text := _ready_lines(ready, time_ms, templates)):
+        return text, len(ready), 0
     try:
         bare = "".join(map(_ID, messages)).encode().isalnum()
     except Exception:  # an id that is not text: each line finds out alone
@@ -208,6 +217,33 @@ def _text_lines(
         except Exception:
             dropped += 1
     return lines, dropped
+
+
+def _ready_lines(ready: ReadyColumns, time_ms: int, templates: _Templates) -> bytes | None:
+    """``_encode_run``'s lines of a release by columns (``ReadyColumns``: plain messages of
+    one destination), one f-string each from the columns, no ``Message`` made. None when some
+    line needs the general template (an expiry) or an id is not bare letters and digits."""
+    due = ready.due
+    if type(time_ms) is not int or any(e is not None for e in ready.column(due.expires_at_ms)):
+        return None
+    ids = ready.column(due.ids)
+    if not "".join(ids).encode().isalnum():
+        return None
+    head, after_time, after_id, after_sent, after_due, tail = templates.plain_parts
+    before, after = f'{head}{time_ms}{after_time}"', f'"{after_id}'
+    return "".join(
+        [
+            f"{before}{id}{after}{sent}{after_sent}{due_ms}{after_due}{len(body)}{tail}"
+            f"{time_ms - due_ms}}}\n"
+            for id, sent, due_ms, body in zip(
+                ids,
+                ready.column(due.sent_at_ms),
+                ready.deliver_at_ms,
+                ready.column(due.body),
+                strict=True,
+            )
+        ]
+    ).encode()
 
 
 def _encode_columns(

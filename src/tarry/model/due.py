@@ -10,11 +10,15 @@ What does not fit (headers, a producer id, a failure counted, ...) comes back as
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from tarry.model.lazy_messages import LazyMessages
 from tarry.model.message import Message, plain_message
 from tarry.model.state import MessageState
 
 __all__ = ["DueColumns", "ReadyColumns"]
+
+_T = TypeVar("_T")
 
 
 class DueColumns(LazyMessages):
@@ -81,6 +85,18 @@ class ReadyColumns(LazyMessages):
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def column(self, values: list[_T]) -> list[_T]:
+        """``values`` (a column of ``due``) at this release's rows, in order."""
+        rows = self.rows
+        if len(rows) == len(values):  # the whole batch went to this one queue
+            return values
+        return [values[row] for row in rows]
+
+    @property
+    def deliver_at_ms(self) -> list[int]:
+        """Each released message's due time, in order (read without a ``Message``)."""
+        return self.column(self.due.deliver_at_ms)
 
     def without(self, ids: set[str]) -> ReadyColumns:
         """The same release without the messages of ``ids``."""

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from operator import attrgetter
 from typing import overload
 
+from tarry.model.due import ReadyColumns
 from tarry.model.message import Message
 
 __all__ = ["Event", "EventBatchListener", "EventListener", "EventRun"]
@@ -55,7 +56,14 @@ class EventRun(Sequence[Event]):
         late = self._late_ms
         if late is None:
             time_ms = self.time_ms
-            late = [time_ms - due for due in map(_DUE, self.messages)]
+            messages = self.messages
+            # A release by columns tells its due times without a ``Message`` each.
+            due_ms = (
+                messages.deliver_at_ms
+                if isinstance(messages, ReadyColumns)
+                else map(_DUE, messages)
+            )
+            late = [time_ms - due for due in due_ms]
             if late and min(late) < 0:
                 late = [value if value > 0 else 0 for value in late]
             self._late_ms = late
