@@ -73,6 +73,8 @@ class Queue:
         txn.flush()
         self.conn.execute("COMMIT")
         self.events += txn.events
+        for run in txn.runs:
+            self.events += run
         return result
 
     def release(self, batch: list[Message]) -> None:
