@@ -120,9 +120,8 @@ def ack_handed_out(
             kept[key] = entry
     if not kept:
         return [], rest
-    for key in kept:
-        memory.forget(key)
     keys = list(kept)
+    memory.forget_many(keys)
     conn.execute("SAVEPOINT remembered")
     changed = 0
     for start in range(0, len(keys), _CHUNK):
@@ -152,17 +151,15 @@ def hand_out(
     ``receive_id`` hands them out, each with its receipt (kept as rows: no ``Message`` is made
     here); remembered for their ack where the connection keeps such a memory."""
     memory, released = conn.handed_out, conn.released
-    taken: list[Sequence[Any]] = []
-    receipts: list[str] = []
-    for row in rows:
-        columns, key = row[:-1], row[-1]
-        receipt = receipt_of(receive_id, key)
-        taken.append(columns)
-        receipts.append(receipt)
-        if memory is not None:
-            memory.keep(key, (receipt, columns, now_ms), len(columns[_BODY] or b""))
-        if released is not None:  # ready no more: the release's row is over
-            released.forget(columns[_SEQ])
+    taken = [row[:-1] for row in rows]
+    receipts = [receipt_of(receive_id, row[-1]) for row in rows]
+    if memory is not None:
+        memory.keep_many(
+            (row[-1], (receipt, columns, now_ms), len(columns[_BODY] or b""))
+            for row, receipt, columns in zip(rows, receipts, taken, strict=True)
+        )
+    if released is not None:  # ready no more: the release's rows are over
+        released.forget_many(row[_SEQ] for row in rows)
     return ReceivedRows(taken, receipts, now_ms)
 
 
