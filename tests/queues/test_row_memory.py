@@ -251,6 +251,27 @@ def test_the_memory_is_bounded_by_body_bytes() -> None:
     assert memory.get(3) == ("r.again", (), NOW) and len(memory) == 2
 
 
+def test_keeping_and_forgetting_many_rows_leaves_what_one_at_a_time_leaves() -> None:
+    """A receive keeps (and an ack forgets) its rows in one call: the same entries, oldest
+    forgotten first, whether the bound is the count or the body bytes."""
+    rng = random.Random(7)
+    batches = [
+        [(rng.randrange(30), f"r.{i}.{k}", rng.randrange(6)) for k in range(9)] for i in range(8)
+    ]
+    for bounds in ({"max_rows": 10}, {"max_body_bytes": 20}):
+        one, many = RowMemory(**bounds), RowMemory(**bounds)
+        for batch in batches:
+            for key, entry, size in batch:
+                one.keep(key, entry, size)
+            many.keep_many(batch)
+            gone = [key for key, _, _ in batch[::3]]
+            for key in gone:
+                one.forget(key)
+            many.forget_many(gone)
+            assert [(k, one.get(k)) for k in range(30)] == [(k, many.get(k)) for k in range(30)]
+            assert len(one) == len(many)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_any_mix_of_queue_work_leaves_the_same_with_the_memories_as_without(
     tmp_path: Path, seed: int

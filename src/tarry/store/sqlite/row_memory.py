@@ -35,7 +35,11 @@ class RowMemory:
 
     def keep(self, key: int, entry: Any, body_bytes: int) -> None:
         """Remember ``entry`` under ``key`` (replacing what was there)."""
-        self.keep_many(((key, entry, body_bytes),))
+        self.forget(key)
+        self._rows[key] = (entry, body_bytes)
+        self._body_bytes += body_bytes
+        while len(self._rows) > self._max_rows or self._body_bytes > self._max_body_bytes:
+            self._body_bytes -= self._rows.popitem(last=False)[1][1]
 
     def keep_many(self, entries: Iterable[tuple[int, Any, int]]) -> None:
         """``keep`` of each (key, entry, body bytes), in order; the oldest forgotten once, after
@@ -59,7 +63,9 @@ class RowMemory:
         return None if found is None else found[0]
 
     def forget(self, key: int) -> None:
-        self.forget_many((key,))
+        found = self._rows.pop(key, None)
+        if found is not None:
+            self._body_bytes -= found[1]
 
     def forget_many(self, keys: Iterable[int]) -> None:
         pop = self._rows.pop
