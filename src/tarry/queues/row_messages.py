@@ -47,12 +47,13 @@ class RowMessages(Sequence[Message]):
     def __getitem__(self, index: slice) -> Sequence[Message]: ...
 
     def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
-        return self._all()[index]
+        return self.made()[index]
 
     def __iter__(self) -> Iterator[Message]:
-        return iter(self._all())
+        return iter(self.made())
 
-    def _all(self) -> list[Message]:
+    def made(self) -> list[Message]:
+        """The messages, made now if not made yet."""
         if self._made is None:
             made = [
                 from_row(row, delivered_at_ms=at)
