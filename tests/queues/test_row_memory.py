@@ -10,18 +10,23 @@ import copy
 import random
 import sqlite3
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
+from tarry.engine.types import Deliveries, Delivery
 from tarry.model.ids import IdGenerator
-from tarry.model.message import Message
+from tarry.model.message import Death, DeathReason, Message
 from tarry.model.queue_args import QueueArgs
 from tarry.queues.catalog import Catalog, QueueEntry
 from tarry.queues.sequence import Sequencer
 from tarry.queues.ttl_change import restamp_expiry
 from tarry.queues.txn import QueueTxn
+from tarry.server.responses import received
 from tarry.store.sqlite.database import _connect
 from tarry.store.sqlite.row_memory import RowMemory
 from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL
@@ -155,6 +160,44 @@ def test_an_ack_from_memory_leaves_what_reading_the_rows_leaves(tmp_path: Path) 
     assert kept_acked == plain_acked
     assert kept_rows == plain_rows
     assert plain_reads and not reads
+
+
+@pytest.mark.parametrize("memory", [True, False])
+def test_a_receive_is_answered_from_its_rows_as_from_its_messages(
+    tmp_path: Path, memory: bool
+) -> None:
+    """A receive's HTTP answer written from the rows it took (``Deliveries``) is byte for byte
+    the general path's (``Delivery.to_public`` of each message), for plain messages and the
+    others (headers, deaths, producer ids, an expiry, a body that is not text), first
+    deliveries and redeliveries alike."""
+    # Given a queue holding every kind of message, remembered at their release or not
+    death = Death(DeathReason.EXPIRED, "orders", 1_500, 1, "orders")
+    odd = [
+        replace(BATCH[0], id=IDS.new(NOW), message_id='m"1', correlation_id="c\n1"),
+        replace(BATCH[0], id=IDS.new(NOW), deaths=[death]),
+        replace(BATCH[0], id=IDS.new(NOW), body='é ✓ 😀 " %'.encode()),
+        replace(BATCH[0], id=IDS.new(NOW), body=b"\xff\xfe not text"),
+    ]
+    conn = _database(tmp_path / "queues.db", memory=memory)
+    queue = Queue(conn)
+    queue.release([*BATCH, *odd])
+    # When a consumer takes some, lets them lapse, and takes them all again
+    answers = []
+    for now, count in ((NOW + 1, 3), (NOW + 5_000, 10)):
+        taken = queue.run(
+            now, partial(QueueTxn.receive, queue="orders", max_messages=count, visibility_ms=10)
+        )
+        answers.append((Deliveries(taken), [Delivery(m, r) for m, r in taken]))
+    conn.close()
+    # Then each answer is the general path's, byte for byte
+    for from_rows, general in answers:
+        expected = orjson.dumps({"messages": [d.to_public() for d in general]})
+        assert received(from_rows) == expected == received(general)
+    again = orjson.loads(received(answers[1][0]))["messages"]
+    assert [m["delivery_count"] for m in again] == [2, 2, 2, 1, 1, 1, 1, 1, 1, 1]
+    assert [m["redelivered"] for m in again] == [True] * 3 + [False] * 7
+    assert {m["correlation_id"] for m in again} == {None, "c\n1"}
+    assert sum("body_base64" in m for m in again) == 1 and sum(bool(m["headers"]) for m in again)
 
 
 def test_a_remembered_receipt_no_longer_held_acks_nothing(conn: sqlite3.Connection) -> None:

@@ -73,20 +73,9 @@ def received(deliveries: Sequence[Delivery]) -> bytes:
     return b'{"messages":[' + b",".join(parts) + b"]}"
 
 
-_ID, _BODY, _HEADERS, _SENT, _DUE, _EXPIRES, _MESSAGE_ID, _CORRELATION_ID, _DEATHS = map(
-    COLUMNS.index,
-    (
-        "id",
-        "body",
-        "headers",
-        "sent_at_ms",
-        "deliver_at_ms",
-        "expires_at_ms",
-        "message_id",
-        "correlation_id",
-        "deaths",
-    ),
-)
+_ID, _BODY, _HEADERS, _DEATHS = map(COLUMNS.index, ("id", "body", "headers", "deaths"))
+_SENT, _DUE, _EXPIRES = map(COLUMNS.index, ("sent_at_ms", "deliver_at_ms", "expires_at_ms"))
+_MESSAGE_ID, _CORRELATION_ID = map(COLUMNS.index, ("message_id", "correlation_id"))
 _REDELIVERED, _COUNT = COLUMNS.index("redelivered"), COLUMNS.index("delivery_count")
 
 
