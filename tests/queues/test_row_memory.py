@@ -10,18 +10,23 @@ import copy
 import random
 import sqlite3
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
+from tarry.engine.types import Deliveries, Delivery
 from tarry.model.ids import IdGenerator
-from tarry.model.message import Message
+from tarry.model.message import Death, DeathReason, Message
 from tarry.model.queue_args import QueueArgs
 from tarry.queues.catalog import Catalog, QueueEntry
 from tarry.queues.sequence import Sequencer
 from tarry.queues.ttl_change import restamp_expiry
 from tarry.queues.txn import QueueTxn
+from tarry.server.responses import received
 from tarry.store.sqlite.database import _connect
 from tarry.store.sqlite.row_memory import RowMemory
 from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL
@@ -73,6 +78,8 @@ class Queue:
         txn.flush()
         self.conn.execute("COMMIT")
         self.events += txn.events
+        for run in txn.runs:
+            self.events += run
         return result
 
     def release(self, batch: list[Message]) -> None:
@@ -153,6 +160,44 @@ def test_an_ack_from_memory_leaves_what_reading_the_rows_leaves(tmp_path: Path) 
     assert kept_acked == plain_acked
     assert kept_rows == plain_rows
     assert plain_reads and not reads
+
+
+@pytest.mark.parametrize("memory", [True, False])
+def test_a_receive_is_answered_from_its_rows_as_from_its_messages(
+    tmp_path: Path, memory: bool
+) -> None:
+    """A receive's HTTP answer written from the rows it took (``Deliveries``) is byte for byte
+    the general path's (``Delivery.to_public`` of each message), for plain messages and the
+    others (headers, deaths, producer ids, an expiry, a body that is not text), first
+    deliveries and redeliveries alike."""
+    # Given a queue holding every kind of message, remembered at their release or not
+    death = Death(DeathReason.EXPIRED, "orders", 1_500, 1, "orders")
+    odd = [
+        replace(BATCH[0], id=IDS.new(NOW), message_id='m"1', correlation_id="c\n1"),
+        replace(BATCH[0], id=IDS.new(NOW), deaths=[death]),
+        replace(BATCH[0], id=IDS.new(NOW), body='é ✓ 😀 " %'.encode()),
+        replace(BATCH[0], id=IDS.new(NOW), body=b"\xff\xfe not text"),
+    ]
+    conn = _database(tmp_path / "queues.db", memory=memory)
+    queue = Queue(conn)
+    queue.release([*BATCH, *odd])
+    # When a consumer takes some, lets them lapse, and takes them all again
+    answers = []
+    for now, count in ((NOW + 1, 3), (NOW + 5_000, 10)):
+        taken = queue.run(
+            now, partial(QueueTxn.receive, queue="orders", max_messages=count, visibility_ms=10)
+        )
+        answers.append((Deliveries(taken), [Delivery(m, r) for m, r in taken]))
+    conn.close()
+    # Then each answer is the general path's, byte for byte
+    for from_rows, general in answers:
+        expected = orjson.dumps({"messages": [d.to_public() for d in general]})
+        assert received(from_rows) == expected == received(general)
+    again = orjson.loads(received(answers[1][0]))["messages"]
+    assert [m["delivery_count"] for m in again] == [2, 2, 2, 1, 1, 1, 1, 1, 1, 1]
+    assert [m["redelivered"] for m in again] == [True] * 3 + [False] * 7
+    assert {m["correlation_id"] for m in again} == {None, "c\n1"}
+    assert sum("body_base64" in m for m in again) == 1 and sum(bool(m["headers"]) for m in again)
 
 
 def test_a_remembered_receipt_no_longer_held_acks_nothing(conn: sqlite3.Connection) -> None:
@@ -247,6 +292,27 @@ def test_the_memory_is_bounded_by_body_bytes() -> None:
     assert memory.get(0) is None and memory.get(3) == ("r.3", (), NOW)
     memory.keep(3, ("r.again", (), NOW), 4)  # received again: replaces its entry
     assert memory.get(3) == ("r.again", (), NOW) and len(memory) == 2
+
+
+def test_keeping_and_forgetting_many_rows_leaves_what_one_at_a_time_leaves() -> None:
+    """A receive keeps (and an ack forgets) its rows in one call: the same entries, oldest
+    forgotten first, whether the bound is the count or the body bytes."""
+    rng = random.Random(7)
+    batches = [
+        [(rng.randrange(30), f"r.{i}.{k}", rng.randrange(6)) for k in range(9)] for i in range(8)
+    ]
+    for bounds in ({"max_rows": 10}, {"max_body_bytes": 20}):
+        one, many = RowMemory(**bounds), RowMemory(**bounds)
+        for batch in batches:
+            for key, entry, size in batch:
+                one.keep(key, entry, size)
+            many.keep_many(batch)
+            gone = [key for key, _, _ in batch[::3]]
+            for key in gone:
+                one.forget(key)
+            many.forget_many(gone)
+            assert [(k, one.get(k)) for k in range(30)] == [(k, many.get(k)) for k in range(30)]
+            assert len(one) == len(many)
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -9,9 +9,11 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tarry.engine.types import Delivery
+from tarry.engine.types import Deliveries, Delivery
 from tarry.model.message import Death, DeathReason, plain_message
+from tarry.queues.row_messages import ReceivedRows
 from tarry.server.responses import received
+from tarry.store.sqlite.rows import released_row
 
 _PLAIN = plain_message("01JABCDEFGHJKMNPQRSTVWXYZ0", "orders", b"hello", 1_000, 2_000, None)
 
@@ -56,3 +58,17 @@ def test_any_plain_message_is_encoded_as_its_public_form(
     )
     deliveries = [Delivery(message, "01JRECEIVE.7")]
     assert received(deliveries) == _expected(deliveries)
+
+
+def test_an_answer_from_rows_whose_messages_were_read_is_the_same() -> None:
+    """Once a listener read the messages (the journal), the answer is still from the rows."""
+    row = released_row("orders", 5, ("01JABCDEFGHJKMNPQRSTVWXYZ0", b"hi", 1, 2, 7, None, None))
+    deliveries = Deliveries(ReceivedRows([row], ["01JRECEIVE.1"], 9))
+    untouched = received(deliveries)
+    (message,) = deliveries.taken.messages
+    assert (message.delivery_count, message.updated_at_ms, message.state.value) == (
+        1,
+        9,
+        "delivered",
+    )
+    assert received(deliveries) == untouched == _expected(list(deliveries))

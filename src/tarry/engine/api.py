@@ -76,7 +76,7 @@ class EngineAPI(Protocol):
         max_messages: int = 1,
         wait_ms: int = 0,
         visibility_ms: int | None = None,
-    ) -> list[Delivery]:
+    ) -> Sequence[Delivery]:
         """Up to ``max_messages`` ready messages, waiting up to ``wait_ms`` for the first one.
         Expired messages are never returned. Raises ``not_found``, ``invalid_argument``."""
 

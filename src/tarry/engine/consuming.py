@@ -13,10 +13,10 @@ from functools import partial
 from typing import Any
 
 from tarry.engine.context import EngineContext
-from tarry.engine.types import Delivery
+from tarry.engine.types import Deliveries
 from tarry.errors import InvalidArgument, NotFound
-from tarry.model.message import Message
 from tarry.model.time import wait_at_most
+from tarry.queues.row_messages import ReceivedRows, RowMessages
 from tarry.queues.txn import QueueTxn
 from tarry.store.sql import QueueConnection
 
@@ -33,7 +33,7 @@ async def receive(
     max_messages: int = 1,
     wait_ms: int = 0,
     visibility_ms: int | None = None,
-) -> list[Delivery]:
+) -> Deliveries:
     if not 1 <= max_messages <= 1000:
         raise InvalidArgument(f"max ({max_messages}) must be between 1 and 1000")
     if not 0 <= wait_ms <= 20_000:
@@ -56,11 +56,11 @@ async def receive(
             now = ctx.clock.now_ms()
             entry.last_used_ms = now
 
-            def work(
-                conn: QueueConnection, now: int = now
-            ) -> tuple[QueueTxn, list[tuple[Message, str]]]:
+            def work(conn: QueueConnection, now: int = now) -> tuple[QueueTxn, ReceivedRows]:
                 txn = ctx.txn(conn, now)
-                return txn, txn.receive(queue, max_messages=max_messages, visibility_ms=visibility)
+                taken = txn.receive(queue, max_messages=max_messages, visibility_ms=visibility)
+                _made_for_journal(ctx, txn)
+                return txn, taken
 
             # Look before taking (an empty poll costs a read, not a commit), unless the queue
             # was filled since a receive last emptied it: then the look is a hand-over to the
@@ -73,18 +73,28 @@ async def receive(
                 ctx.after(txn)
                 ctx.waiters.took(queue, taken=len(taken), asked=max_messages)
             else:
-                taken = []
+                taken = ReceivedRows([], [], now)
             ctx.waiters.lag.received(queue, taken=len(taken), asked=max_messages, now_ms=now)
             if taken or queue not in ctx.catalog.queues:
-                return [Delivery(m, r) for m, r in taken]
+                return Deliveries(taken)
             remaining = deadline - loop.time()
             if remaining <= 0:
-                return []
+                return Deliveries(ReceivedRows([], [], now))
             # Re-look at least every second: a visibility timeout ending wakes nobody.
             await wait_at_most(event, min(remaining, 1.0))
     finally:
         if wait_ms:
             ctx.waiters.count[queue] -= 1
+
+
+def _made_for_journal(ctx: EngineContext, txn: QueueTxn) -> None:
+    """The messages of ``txn``'s runs made now, on the queue database's thread, when the
+    journal will read every one of them: the event loop, which tells the listeners, is the
+    busier of the two threads."""
+    if ctx.config.journal.enabled:
+        for run in txn.runs:
+            if isinstance(run.messages, RowMessages):
+                run.messages.made()
 
 
 def _has_ready(ctx: EngineContext, conn: QueueConnection, *, queue: str, now_ms: int) -> bool:
@@ -103,7 +113,9 @@ async def settle(
 
     def work(conn: QueueConnection) -> tuple[QueueTxn, tuple[int, list[str]]]:
         txn = ctx.txn(conn, now)
-        return txn, txn.settle(queue, receipts, ack=ack, requeue=requeue)
+        settled = txn.settle(queue, receipts, ack=ack, requeue=requeue)
+        _made_for_journal(ctx, txn)
+        return txn, settled
 
     txn, (done, unknown) = await ctx.qdb.write(work)
     ctx.after(txn)

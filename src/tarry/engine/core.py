@@ -1,6 +1,5 @@
 """``Engine``: tarry's core, composed of the store, the local queues, the dispatcher and the
-transports. Every edge (HTTP, AMQP ingress, pipeline) calls it; it calls the model for rules.
-"""
+transports. Every edge (HTTP, AMQP ingress, pipeline) calls it; it calls the model for rules."""
 
 from __future__ import annotations
 
@@ -243,7 +242,8 @@ class Engine:
         )
 
     def _after(self, txn: QueueTxn) -> None:
-        self._emit_all(txn.events)  # a released batch has an event per message
+        for events in (txn.events, *txn.runs):  # a batch's run: one event per message
+            self._emit_all(events)
         self.waiters.wake(txn.filled)
 
     def _due(self, deliver_at_ms: int, now_ms: int) -> None:
@@ -303,7 +303,7 @@ class Engine:
         max_messages: int = 1,
         wait_ms: int = 0,
         visibility_ms: int | None = None,
-    ) -> list[Delivery]:
+    ) -> Sequence[Delivery]:
         return await consuming.receive(
             self.ctx, queue, max_messages=max_messages, wait_ms=wait_ms, visibility_ms=visibility_ms
         )

@@ -28,7 +28,6 @@ from typing import TypeVar
 from tarry.engine.context import EngineContext
 from tarry.errors import DeliveryFailed, NotCancellable, TarryError
 from tarry.model.due import DueColumns
-from tarry.model.events import EventRun
 from tarry.model.message import DeathReason, Message, SendPlan
 from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
@@ -139,16 +138,8 @@ async def release(
     Consumers are woken (and the events told) once the queue database has committed, not after
     the markers: the messages are theirs from then on, and the marker's append may wait
     behind a producer's fsync in the log store's group commit."""
-    refused, _ = await _release(ctx, batch, claimed=True, committed=lambda txn: _told(ctx, txn))
+    refused, _ = await _release(ctx, batch, claimed=True, committed=ctx.after)
     return refused
-
-
-def _told(ctx: EngineContext, txn: QueueTxn) -> None:
-    """``ctx.after`` of a release, its runs (``QueueTxn.enqueue_columns``) told with the
-    events, as the same events made one a message would be."""
-    for ready in txn.runs:
-        ctx.emit(EventRun("released", ready, ready.now_ms, ready.queue))
-    ctx.after(txn)
 
 
 async def _release(

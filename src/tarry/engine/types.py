@@ -11,8 +11,9 @@ from tarry.errors import TarryError
 from tarry.model.accepted import AcceptedColumns
 from tarry.model.message import Message
 from tarry.model.queue_args import EffectiveQueueArgs, QueueArgs
+from tarry.queues.row_messages import ReceivedRows
 
-__all__ = ["ColumnResults", "Delivery", "MayAccess", "QueueInfo", "SendResult"]
+__all__ = ["ColumnResults", "Deliveries", "Delivery", "MayAccess", "QueueInfo", "SendResult"]
 
 #: A permission check: does the caller's token allow this action on that name?
 MayAccess = Callable[[str], bool]
@@ -145,6 +146,45 @@ class Delivery:
         if text is None:
             data["body_base64"] = m.body_base64
         return data
+
+
+class Deliveries(Sequence[Delivery]):
+    """What a receive took (``ReceivedRows``) as ``Delivery``s, made only when one is read: the
+    HTTP answer is written from the rows (``server.responses.received``)."""
+
+    __slots__ = ("_made", "taken")
+
+    def __init__(self, taken: ReceivedRows) -> None:
+        self.taken = taken
+        self._made: list[Delivery] | None = None
+
+    def __len__(self) -> int:
+        return len(self.taken)
+
+    @overload
+    def __getitem__(self, index: int) -> Delivery: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Delivery]: ...
+
+    def __getitem__(self, index: int | slice) -> Delivery | Sequence[Delivery]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[Delivery]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        # As the list ``receive`` answered before: equal to a list of the same deliveries.
+        if isinstance(other, Deliveries | list):
+            return self._all() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _all(self) -> list[Delivery]:
+        if self._made is None:
+            self._made = [Delivery(m, r) for m, r in self.taken]
+        return self._made
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 from tarry.model.message import Message
 from tarry.model.state import MessageState
+from tarry.queues.row_messages import ReceivedRows, RowMessages
 from tarry.store.sql import QueueConnection, SqlConnection, in_list, row_key, row_lock
 from tarry.store.sqlite.rows import COLUMNS, from_row
 from tarry.store.sqlite.schema import OLD_RECEIPT
@@ -26,6 +27,7 @@ __all__ = [
     "held_by_receipt",
     "receipt_of",
     "settled_by_receipt",
+    "write_acked",
 ]
 
 #: The SQL of a row's receipt, ``?`` being the receive's id and ``{key}`` ``row_key``; the same
@@ -95,17 +97,18 @@ def key_named(receipt: str, *, integer: bool) -> Any:
 
 def ack_handed_out(
     conn: QueueConnection, queue: str, receipts: Sequence[str], *, now_ms: int
-) -> tuple[dict[str, Message], list[str]]:
+) -> tuple[list[tuple[str, Sequence[Any], int]], list[str]]:
     """Ack the messages of ``queue`` in flight under ``receipts`` that the connection's memory
     of handed-out rows holds (``store.sqlite.row_memory``), without reading their rows: an
-    UPDATE that checks each is still in flight under its receipt. Returns the messages acked,
-    by receipt, and the receipts left for ``held_by_receipt``: those not remembered (and a
-    receipt given twice, the second time, where it finds its row acked already); all of them
-    when some remembered row is no longer in flight under its receipt (rare: its UPDATE is
-    undone, and ``held_by_receipt`` tells which)."""
+    UPDATE that checks each is still in flight under its receipt. Returns the memory's entries
+    of the messages acked, (receipt, row, received at), in the receipts' order, and the
+    receipts left for ``held_by_receipt``: those not remembered (and a receipt given twice, the
+    second time, where it finds its row acked already); all of them when some remembered row
+    is no longer in flight under its receipt (rare: its UPDATE is undone, and
+    ``held_by_receipt`` tells which)."""
     memory = conn.handed_out
     if memory is None or not receipts:
-        return {}, list(receipts)
+        return [], list(receipts)
     kept: dict[int, tuple[str, Sequence[Any], int]] = {}
     rest: list[str] = []
     for receipt in receipts:
@@ -116,10 +119,9 @@ def ack_handed_out(
         else:
             kept[key] = entry
     if not kept:
-        return {}, rest
-    for key in kept:
-        memory.forget(key)
+        return [], rest
     keys = list(kept)
+    memory.forget_many(keys)
     conn.execute("SAVEPOINT remembered")
     changed = 0
     for start in range(0, len(keys), _CHUNK):
@@ -137,57 +139,74 @@ def ack_handed_out(
     if changed != len(keys):
         conn.execute("ROLLBACK TO remembered")
         conn.execute("RELEASE remembered")
-        return {}, list(receipts)
+        return [], list(receipts)
     conn.execute("RELEASE remembered")
-    done: dict[str, Message] = {}
-    for receipt, row, received_at_ms in kept.values():
-        message = from_row(row, delivered_at_ms=received_at_ms)
-        message.state = MessageState.ACKED
-        done[receipt] = message
-    return done, rest
+    return list(kept.values()), rest
 
 
 def hand_out(
     conn: QueueConnection, rows: Sequence[Any], receive_id: str, now_ms: int
-) -> list[tuple[Message, str]]:
+) -> ReceivedRows:
     """The messages of ``rows`` (``SELECT_SQL``'s columns, then the row key) as the receive of
-    ``receive_id`` hands them out, each with its receipt; remembered for their ack where the
-    connection keeps such a memory."""
+    ``receive_id`` hands them out, each with its receipt (kept as rows: no ``Message`` is made
+    here); remembered for their ack where the connection keeps such a memory."""
     memory, released = conn.handed_out, conn.released
-    taken = []
-    for row in rows:
-        columns, key = row[:-1], row[-1]
-        receipt = receipt_of(receive_id, key)
-        taken.append((from_row(columns, delivered_at_ms=now_ms), receipt))
-        if memory is not None:
-            memory.keep(key, (receipt, columns, now_ms), len(columns[_BODY] or b""))
-        if released is not None:  # ready no more: the release's row is over
-            released.forget(columns[_SEQ])
-    return taken
+    taken = [row[:-1] for row in rows]
+    receipts = [receipt_of(receive_id, row[-1]) for row in rows]
+    if memory is not None:
+        memory.keep_many(
+            (row[-1], (receipt, columns, now_ms), len(columns[_BODY] or b""))
+            for row, receipt, columns in zip(rows, receipts, taken, strict=True)
+        )
+    if released is not None:  # ready no more: the release's rows are over
+        released.forget_many(row[_SEQ] for row in rows)
+    return ReceivedRows(taken, receipts, now_ms)
 
 
 def settled_by_receipt(
     conn: QueueConnection, queue: str, receipts: Sequence[str], *, ack: bool, now_ms: int
-) -> tuple[list[Message], dict[Any, Message], list[str]]:
-    """The messages of ``queue`` in flight under ``receipts``, in the receipts' order; of
-    those, the ones still to write, by row key (an ack writes the others itself, see
-    ``ack_handed_out``); and the receipts that name no message in flight."""
-    acked, rest = ack_handed_out(conn, queue, receipts, now_ms=now_ms) if ack else ({}, receipts)
-    held = held_by_receipt(conn, queue, rest) if rest else {}
+) -> tuple[Sequence[Message], dict[Any, Message], list[str]]:
+    """The messages of ``queue`` in flight under ``receipts``, in the receipts' order (acked,
+    with ``ack``); of those, the ones still to write, by row key (an ack writes the others
+    itself, see ``ack_handed_out``); and the receipts that name no message in flight. An ack
+    of remembered rows only (the usual one) keeps its messages as rows (``RowMessages``)."""
+    acked, rest = ack_handed_out(conn, queue, receipts, now_ms=now_ms) if ack else ([], receipts)
+    if not rest:
+        rows = [row for _, row, _ in acked]
+        at = [received_at_ms for _, _, received_at_ms in acked]
+        return RowMessages(rows, at, MessageState.ACKED), {}, []
+    done = {receipt: (row, at) for receipt, row, at in acked}
+    held = held_by_receipt(conn, queue, rest)
     unknown: list[str] = []
     settled: dict[Any, Message] = {}
     in_order: list[Message] = []
     for receipt in receipts:
-        message = acked.pop(receipt, None)
-        if message is None:
+        entry = done.pop(receipt, None)
+        if entry is not None:
+            message = from_row(entry[0], delivered_at_ms=entry[1])
+        else:
             found = held.get(receipt)
             # The same receipt twice: the second finds nothing.
             if found is None or found[0] in settled:
                 unknown.append(receipt)
                 continue
             settled[found[0]] = message = found[1]
+        if ack:
+            message.state = MessageState.ACKED
         in_order.append(message)
     return in_order, settled, unknown
+
+
+def write_acked(conn: SqlConnection, keys: Sequence[Any], now_ms: int) -> None:
+    """Ack the rows of ``keys`` (``settled_by_receipt``'s still to write): one UPDATE a chunk."""
+    key = row_key(conn)
+    for start in range(0, len(keys), _CHUNK):
+        where, chunk = in_list(conn, key, keys[start : start + _CHUNK])
+        conn.execute(
+            "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
+            f"updated_at_ms = ? WHERE {where}",
+            [now_ms, *chunk],
+        )
 
 
 def _holds(row: Any, receipt: str, queue: str) -> bool:

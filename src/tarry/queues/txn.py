@@ -17,7 +17,7 @@ import orjson
 from tarry.errors import DeliveryFailed, Unavailable
 from tarry.model.deaths import record_death, would_cycle
 from tarry.model.due import DueColumns, ReadyColumns
-from tarry.model.events import Event
+from tarry.model.events import Event, EventRun
 from tarry.model.expiry import is_expired, queue_expiries_ms, queue_expiry_ms
 from tarry.model.ids import IdGenerator
 from tarry.model.message import DeathReason, Message, Report, Undeliverable
@@ -26,7 +26,7 @@ from tarry.model.reports import report_message
 from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog
 from tarry.queues.ready_rows import takeable_rows
-from tarry.queues.receipts import RECEIPT_SQL, hand_out, settled_by_receipt
+from tarry.queues.receipts import RECEIPT_SQL, hand_out, settled_by_receipt, write_acked
 from tarry.queues.release_columns import plain_release
 from tarry.queues.release_writes import (
     Gathered,
@@ -39,6 +39,7 @@ from tarry.queues.release_writes import (
     write_plain,
     write_row,
 )
+from tarry.queues.row_messages import ReceivedRows
 from tarry.queues.sequence import Sequencer
 from tarry.store.sql import QueueConnection, id_column, id_key, in_list, row_key, row_lock
 from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL, from_row, is_plain, to_insert
@@ -92,10 +93,9 @@ class QueueTxn:
         self._rows: Gathered = []
         #: Plain rows ``enqueue_many`` and ``enqueue_columns`` gathered for ``flush``, by queue.
         self._plain: Plain = {}
-        #: What ``enqueue_columns`` released, by queue: told as "released" runs after the
-        #: events (``tarry.engine.release``), its messages made only for a listener that reads
-        #: them.
-        self.runs: list[ReadyColumns] = []
+        #: Changes of many messages told as one run each, after ``events`` (a release by
+        #: columns, a receive, an ack): their messages made only for a listener that reads them.
+        self.runs: list[EventRun] = []
         #: Queues that received ready messages: their waiting consumers are woken after commit.
         self.filled: set[str] = set()
 
@@ -242,7 +242,7 @@ class QueueTxn:
         for ready, rows in released:
             self._plain.setdefault(ready.queue, []).extend(rows)
             self.filled.add(ready.queue)
-            self.runs.append(ready)
+            self.runs.append(EventRun("released", ready, ready.now_ms, ready.queue))
         return True
 
     def _ready(self, message: Message, queue: str, expires: int | None) -> None:
@@ -289,7 +289,12 @@ class QueueTxn:
         if not before:  # taken, yet not seen: the release waits for another round
             raise Unavailable("a released message's row is being written elsewhere")
         self.events = [e for e in self.events if e[0] != "released" or e[1].id not in before]
-        self.runs = [run.without(before) for run in self.runs]
+        self.runs = [
+            EventRun(run.event, run.messages.without(before), run.time_ms, run.queue)
+            if isinstance(run.messages, ReadyColumns)
+            else run
+            for run in self.runs
+        ]
         return without(plain, before)
 
     def adopt(self, message: Message) -> bool:
@@ -462,16 +467,14 @@ class QueueTxn:
             is not None
         )
 
-    def receive(
-        self, queue: str, *, max_messages: int, visibility_ms: int
-    ) -> list[tuple[Message, str]]:
+    def receive(self, queue: str, *, max_messages: int, visibility_ms: int) -> ReceivedRows:
         """Take up to ``max_messages`` of ``queue`` for a consumer, in queue order: one read of
         the rows, then one UPDATE of them all by row key. A row's receipt is this call's id and
         the row's key (``queues.receipts``), so no id is made per row."""
         now = self.now_ms
         rows = self._takeable(queue, max_messages, unexpired=True)
         if not rows:
-            return []
+            return ReceivedRows([], [], now)
         prefix = self.ids.new(now)
         where, keys = in_list(self.conn, row_key(self.conn), [row[-1] for row in rows])
         self.conn.execute(
@@ -483,7 +486,7 @@ class QueueTxn:
             [prefix, now + visibility_ms, now, *keys],
         )
         taken = hand_out(self.conn, rows, prefix, now)
-        self.events += [("received", message, now, queue, None) for message, _ in taken]
+        self.runs.append(EventRun("received", taken.messages, now, queue))
         return taken
 
     def settle(
@@ -496,20 +499,11 @@ class QueueTxn:
         in_order, settled, unknown = settled_by_receipt(
             self.conn, queue, receipts, ack=ack, now_ms=now
         )
-        key = row_key(self.conn)
         if ack:
-            keys = list(settled)
-            for start in range(0, len(keys), 500):
-                where, chunk = in_list(self.conn, key, keys[start : start + 500])
-                self.conn.execute(
-                    "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
-                    f"updated_at_ms = ? WHERE {where}",
-                    [now, *chunk],
-                )
-            for message in in_order:
-                message.state = MessageState.ACKED
-            self.events += [("acked", m, now, queue, None) for m in in_order]
+            write_acked(self.conn, list(settled), now)
+            self.runs.append(EventRun("acked", in_order, now, queue))
             return len(in_order), unknown
+        key = row_key(self.conn)
         for row, message in settled.items():
             if requeue:
                 # Back to its old place; it keeps its original expiry.

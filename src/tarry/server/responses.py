@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 from starlette.responses import JSONResponse, Response
 
-from tarry.engine.types import Delivery
+from tarry.engine.types import Deliveries, Delivery
+from tarry.store.sqlite.rows import COLUMNS
 
 __all__ = ["JSON", "Encoded", "received"]
 
@@ -40,7 +41,11 @@ def received(deliveries: Sequence[Delivery]) -> bytes:
     """``{"messages": [...]}`` of ``Delivery.to_public`` of each, byte for byte what
     ``orjson.dumps`` makes of it. A receive answers a few dozen messages at a time and a dict
     per message cost more than the rest of the answer: a message with nothing but the
-    common fields (nearly every one) fills a template; any other is written from its dict."""
+    common fields (nearly every one) fills a template; any other is written from its dict.
+    A receive's own answer (``Deliveries``) is written from its rows, with no object per
+    message but for those that are not plain."""
+    if isinstance(deliveries, Deliveries):
+        return _received_rows(deliveries)
     dumps = orjson.dumps
     parts: list[bytes] = []
     for delivery in deliveries:
@@ -63,6 +68,48 @@ def received(deliveries: Sequence[Delivery]) -> bytes:
                 _NULL if correlation_id is None else dumps(correlation_id),
                 b"true" if m.redelivered else b"false",
                 m.delivery_count,
+            )
+        )
+    return b'{"messages":[' + b",".join(parts) + b"]}"
+
+
+_ID, _BODY, _HEADERS, _DEATHS = map(COLUMNS.index, ("id", "body", "headers", "deaths"))
+_SENT, _DUE, _EXPIRES = map(COLUMNS.index, ("sent_at_ms", "deliver_at_ms", "expires_at_ms"))
+_MESSAGE_ID, _CORRELATION_ID = map(COLUMNS.index, ("message_id", "correlation_id"))
+_REDELIVERED, _COUNT = COLUMNS.index("redelivered"), COLUMNS.index("delivery_count")
+
+
+def _received_rows(deliveries: Deliveries) -> bytes:
+    """``received`` of a receive's rows, each as the receive left it (``from_row`` with
+    ``delivered_at_ms``: delivered once more, redelivered if it was delivered before)."""
+    taken = deliveries.taken
+    dumps = orjson.dumps
+    parts: list[bytes] = []
+    for k, (row, receipt) in enumerate(zip(taken.rows, taken.receipts, strict=True)):
+        text = None
+        if row[_HEADERS] == "{}" and not row[_DEATHS]:
+            try:
+                text = (row[_BODY] or b"").decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        if text is None:  # headers, deaths, or a body that is not text: from its message
+            parts.append(dumps(deliveries[k].to_public()))
+            continue
+        expires, message_id, correlation_id = row[_EXPIRES], row[_MESSAGE_ID], row[_CORRELATION_ID]
+        count = row[_COUNT]
+        parts.append(
+            _PLAIN
+            % (
+                dumps(row[_ID]),
+                dumps(receipt),
+                dumps(text),
+                row[_DUE],
+                _NULL if expires is None else b"%d" % expires,
+                row[_SENT],
+                _NULL if message_id is None else dumps(message_id),
+                _NULL if correlation_id is None else dumps(correlation_id),
+                b"true" if row[_REDELIVERED] or count > 0 else b"false",
+                count + 1,
             )
         )
     return b'{"messages":[' + b",".join(parts) + b"]}"
