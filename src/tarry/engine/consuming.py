@@ -16,7 +16,7 @@ from tarry.engine.context import EngineContext
 from tarry.engine.types import Deliveries
 from tarry.errors import InvalidArgument, NotFound
 from tarry.model.time import wait_at_most
-from tarry.queues.row_messages import ReceivedRows, RowMessages
+from tarry.queues.row_messages import ReceivedRows
 from tarry.queues.txn import QueueTxn
 from tarry.store.sql import QueueConnection
 
@@ -59,7 +59,6 @@ async def receive(
             def work(conn: QueueConnection, now: int = now) -> tuple[QueueTxn, ReceivedRows]:
                 txn = ctx.txn(conn, now)
                 taken = txn.receive(queue, max_messages=max_messages, visibility_ms=visibility)
-                _made_for_journal(ctx, txn)
                 return txn, taken
 
             # Look before taking (an empty poll costs a read, not a commit), unless the queue
@@ -87,16 +86,6 @@ async def receive(
             ctx.waiters.count[queue] -= 1
 
 
-def _made_for_journal(ctx: EngineContext, txn: QueueTxn) -> None:
-    """The messages of ``txn``'s runs made now, on the queue database's thread, when the
-    journal will read every one of them: the event loop, which tells the listeners, is the
-    busier of the two threads."""
-    if ctx.config.journal.enabled:
-        for run in txn.runs:
-            if isinstance(run.messages, RowMessages):
-                run.messages.made()
-
-
 def _has_ready(ctx: EngineContext, conn: QueueConnection, *, queue: str, now_ms: int) -> bool:
     return ctx.txn(conn, now_ms).has_ready(queue)
 
@@ -114,7 +103,6 @@ async def settle(
     def work(conn: QueueConnection) -> tuple[QueueTxn, tuple[int, list[str]]]:
         txn = ctx.txn(conn, now)
         settled = txn.settle(queue, receipts, ack=ack, requeue=requeue)
-        _made_for_journal(ctx, txn)
         return txn, settled
 
     txn, (done, unknown) = await ctx.qdb.write(work)

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tarry.model.accepted import AcceptedColumns, ColumnMessages
-from tarry.model.due import ReadyColumns
 from tarry.model.events import Event, EventRun
+from tarry.model.lazy_messages import LazyMessages, PlainLines
 from tarry.model.message import Message
 
 __all__ = ["LATE_EVENTS", "encode_lines"]
@@ -102,12 +102,12 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
     if not messages:
         return b"", 0, 0
     columns = messages.columns if isinstance(messages, ColumnMessages) else None
-    ready = messages if isinstance(messages, ReadyColumns) else None
+    plain = messages.plain_lines() if isinstance(messages, LazyMessages) else None
     try:
         if columns is not None:
             first = columns.destination[0]
-        elif ready is not None:
-            first = ready.due.destination[ready.rows[0]]
+        elif plain is not None:
+            first = plain.destination
         else:
             first = messages[0].destination
         templates = _templates(run.event, node, run.queue, run.reason, first)
@@ -117,8 +117,8 @@ def _encode_run(run: EventRun, node: str) -> tuple[bytes, int, int]:
     time_ms = run.time_ms
     if columns is not None and not late:
         return _encode_columns(columns, time_ms, templates)
-    if ready is not None and late and (text := _ready_lines(ready, time_ms, templates)):
-        return text, len(ready), 0
+    if plain is not None and (text := _plain_lines(plain, time_ms, late, templates)):
+        return text, len(plain.ids), 0
     try:
         bare = "".join(map(_ID, messages)).encode().isalnum()
     except Exception:  # an id that is not text: each line finds out alone
@@ -219,31 +219,29 @@ def _text_lines(
     return lines, dropped
 
 
-def _ready_lines(ready: ReadyColumns, time_ms: int, templates: _Templates) -> bytes | None:
-    """``_encode_run``'s lines of a release by columns (``ReadyColumns``: plain messages of
-    one destination), one f-string each from the columns, no ``Message`` made. None when some
-    line needs the general template (an expiry) or an id is not bare letters and digits."""
-    due = ready.due
-    if type(time_ms) is not int or any(e is not None for e in ready.column(due.expires_at_ms)):
-        return None
-    ids = ready.column(due.ids)
-    if not "".join(ids).encode().isalnum():
+def _plain_lines(
+    plain: PlainLines, time_ms: int, late: bool, templates: _Templates
+) -> bytes | None:
+    """``_encode_run``'s lines of a batch of plain messages read as columns (``PlainLines``: a
+    release, a receive, an ack), one f-string each, no ``Message`` made. None when an id is
+    not bare letters and digits, or the time not an ``int`` (the general way tells each)."""
+    ids = plain.ids
+    if type(time_ms) is not int or not "".join(ids).encode().isalnum():
         return None
     head, after_time, after_id, after_sent, after_due, tail = templates.plain_parts
     before, after = f'{head}{time_ms}{after_time}"', f'"{after_id}'
-    return "".join(
-        [
-            f"{before}{id}{after}{sent}{after_sent}{due_ms}{after_due}{len(body)}{tail}"
-            f"{time_ms - due_ms}}}\n"
-            for id, sent, due_ms, body in zip(
-                ids,
-                ready.column(due.sent_at_ms),
-                ready.deliver_at_ms,
-                ready.column(due.body),
-                strict=True,
-            )
+    columns = zip(ids, plain.sent_at_ms, plain.deliver_at_ms, plain.sizes, strict=True)
+    if late:
+        lines = [
+            f"{before}{id}{after}{sent}{after_sent}{due}{after_due}{size}{tail}{time_ms - due}}}\n"
+            for id, sent, due, size in columns
         ]
-    ).encode()
+    else:
+        lines = [
+            f"{before}{id}{after}{sent}{after_sent}{due}{after_due}{size}{tail}"
+            for id, sent, due, size in columns
+        ]
+    return "".join(lines).encode()
 
 
 def _encode_columns(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from tarry.model.lazy_messages import LazyMessages
+from tarry.model.lazy_messages import LazyMessages, PlainLines
 from tarry.model.message import Message, plain_message
 from tarry.model.state import MessageState
 
@@ -46,6 +46,9 @@ class DueColumns(LazyMessages):
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def due_times(self) -> list[int]:
+        return self.deliver_at_ms
 
     def _make(self) -> list[Message]:
         return list(
@@ -93,10 +96,22 @@ class ReadyColumns(LazyMessages):
             return values
         return [values[row] for row in rows]
 
-    @property
-    def deliver_at_ms(self) -> list[int]:
-        """Each released message's due time, in order (read without a ``Message``)."""
+    def due_times(self) -> list[int]:
         return self.column(self.due.deliver_at_ms)
+
+    def plain_lines(self) -> PlainLines | None:
+        """Every message's journal line read from the columns, unless one expires (the rows
+        of a release are all to its queue)."""
+        due = self.due
+        if not self.rows or any(e is not None for e in self.column(due.expires_at_ms)):
+            return None
+        return PlainLines(
+            due.destination[self.rows[0]],
+            self.column(due.ids),
+            self.column(due.sent_at_ms),
+            self.due_times(),
+            [len(body) for body in self.column(due.body)],
+        )
 
     def without(self, ids: set[str]) -> ReadyColumns:
         """The same release without the messages of ``ids``."""

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from operator import attrgetter
 from typing import overload
 
-from tarry.model.due import ReadyColumns
+from tarry.model.lazy_messages import LazyMessages
 from tarry.model.message import Message
 
 __all__ = ["Event", "EventBatchListener", "EventListener", "EventRun"]
@@ -57,11 +57,9 @@ class EventRun(Sequence[Event]):
         if late is None:
             time_ms = self.time_ms
             messages = self.messages
-            # A release by columns tells its due times without a ``Message`` each.
+            # A batch kept as columns tells its due times without a ``Message`` each.
             due_ms = (
-                messages.deliver_at_ms
-                if isinstance(messages, ReadyColumns)
-                else map(_DUE, messages)
+                messages.due_times() if isinstance(messages, LazyMessages) else map(_DUE, messages)
             )
             late = [time_ms - due for due in due_ms]
             if late and min(late) < 0:

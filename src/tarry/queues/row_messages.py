@@ -10,61 +10,88 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
+from tarry.model.lazy_messages import LazyMessages, PlainLines
 from tarry.model.message import Message
 from tarry.model.state import MessageState
-from tarry.store.sqlite.rows import from_row
+from tarry.store.sqlite.rows import COLUMNS, from_row
 
 __all__ = ["ReceivedRows", "RowMessages"]
 
+_ID, _DESTINATION, _TOPIC, _BODY = (
+    COLUMNS.index(c) for c in ("id", "destination", "topic", "body")
+)
+_SENT_AT, _DELIVER_AT, _EXPIRES_AT = (
+    COLUMNS.index(c) for c in ("sent_at_ms", "deliver_at_ms", "expires_at_ms")
+)
+_MESSAGE_ID, _CORRELATION_ID, _FAILURES = (
+    COLUMNS.index(c) for c in ("message_id", "correlation_id", "failures")
+)
 
-class RowMessages(Sequence[Message]):
+
+class RowMessages(LazyMessages):
     """Rows (``SELECT_SQL``'s columns) as the messages ``from_row(row, delivered_at_ms=...)``
     makes of them, each then in ``state`` when given; the messages made in one pass the first
-    time one is read (or ``made`` already, where the caller read them as messages)."""
+    time one is read (``LazyMessages``)."""
 
-    __slots__ = ("_delivered_at_ms", "_made", "_rows", "_state")
+    __slots__ = ("_delivered_at_ms", "_rows", "_state")
 
     def __init__(
         self,
         rows: Sequence[Sequence[Any]],
         delivered_at_ms: Sequence[int],
         state: MessageState | None = None,
-        *,
-        made: list[Message] | None = None,
     ) -> None:
+        super().__init__()
         self._rows = rows
         self._delivered_at_ms = delivered_at_ms
         self._state = state
-        self._made = made
 
     def __len__(self) -> int:
-        return len(self._rows) if self._made is None else len(self._made)
-
-    @overload
-    def __getitem__(self, index: int) -> Message: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Message]: ...
-
-    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
-        return self.made()[index]
-
-    def __iter__(self) -> Iterator[Message]:
-        return iter(self.made())
+        return len(self._rows)
 
     def made(self) -> list[Message]:
         """The messages, made now if not made yet."""
-        if self._made is None:
-            made = [
-                from_row(row, delivered_at_ms=at)
-                for row, at in zip(self._rows, self._delivered_at_ms, strict=True)
-            ]
-            state = self._state
-            if state is not None:
-                for message in made:
-                    message.state = state
-            self._made = made
-        return self._made
+        return self._all()
+
+    def _make(self) -> list[Message]:
+        made = [
+            from_row(row, delivered_at_ms=at)
+            for row, at in zip(self._rows, self._delivered_at_ms, strict=True)
+        ]
+        state = self._state
+        if state is not None:
+            for message in made:
+                message.state = state
+        return made
+
+    def due_times(self) -> list[int]:
+        return [row[_DELIVER_AT] for row in self._rows]
+
+    def plain_lines(self) -> PlainLines | None:
+        """Every message's journal line read from the rows (``from_row`` keeps these columns
+        as they are, a missing body as empty) when each is plain and all are to one
+        destination."""
+        rows = self._rows
+        if not rows:
+            return None
+        first = rows[0][_DESTINATION]
+        for row in rows:
+            if (
+                row[_DESTINATION] != first
+                or row[_TOPIC] is not None
+                or row[_MESSAGE_ID] is not None
+                or row[_CORRELATION_ID] is not None
+                or row[_EXPIRES_AT] is not None
+                or row[_FAILURES]
+            ):
+                return None
+        return PlainLines(
+            first,
+            [row[_ID] for row in rows],
+            [row[_SENT_AT] for row in rows],
+            [row[_DELIVER_AT] for row in rows],
+            [len(row[_BODY] or b"") for row in rows],
+        )
 
 
 class ReceivedRows(Sequence[tuple[Message, str]]):
