@@ -23,7 +23,7 @@ def _odd(i: int) -> dict[str, Any]:
     """A message whose line the plain form cannot write, one field at a time."""
     extra = [
         {"message_id": f"m-{i}"},
-        {"correlation_id": "c%d\u00e9" % i},
+        {"correlation_id": f"c{i}\u00e9"},
         {"ttl_ms": 600_000},
     ][i % 3]
     return {**_plain(i), **extra}

@@ -17,14 +17,12 @@ from tarry.store.sqlite.rows import COLUMNS, from_row
 
 __all__ = ["ReceivedRows", "RowMessages"]
 
-_ID, _DESTINATION, _TOPIC, _BODY = (
-    COLUMNS.index(c) for c in ("id", "destination", "topic", "body")
-)
-_SENT_AT, _DELIVER_AT, _EXPIRES_AT = (
-    COLUMNS.index(c) for c in ("sent_at_ms", "deliver_at_ms", "expires_at_ms")
-)
-_MESSAGE_ID, _CORRELATION_ID, _FAILURES = (
-    COLUMNS.index(c) for c in ("message_id", "correlation_id", "failures")
+_ID, _DESTINATION, _BODY = (COLUMNS.index(c) for c in ("id", "destination", "body"))
+_SENT_AT, _DELIVER_AT = (COLUMNS.index(c) for c in ("sent_at_ms", "deliver_at_ms"))
+_FAILURES = COLUMNS.index("failures")
+#: The columns a plain message leaves empty, of those its journal line reads.
+_NONE_WHEN_PLAIN = tuple(
+    COLUMNS.index(c) for c in ("topic", "message_id", "correlation_id", "expires_at_ms")
 )
 
 
@@ -74,23 +72,22 @@ class RowMessages(LazyMessages):
         rows = self._rows
         if not rows:
             return None
-        first = rows[0][_DESTINATION]
-        for row in rows:
-            if (
-                row[_DESTINATION] != first
-                or row[_TOPIC] is not None
-                or row[_MESSAGE_ID] is not None
-                or row[_CORRELATION_ID] is not None
-                or row[_EXPIRES_AT] is not None
-                or row[_FAILURES]
-            ):
-                return None
+        # A column at a time (each a tuple), each test one C-level count.
+        columns = list(zip(*rows, strict=False))
+        n, first = len(rows), rows[0][_DESTINATION]
+        if (
+            columns[_DESTINATION].count(first) != n
+            or columns[_FAILURES].count(0) != n
+            or any(columns[c].count(None) != n for c in _NONE_WHEN_PLAIN)
+        ):
+            return None
+        bodies = columns[_BODY]
         return PlainLines(
             first,
-            [row[_ID] for row in rows],
-            [row[_SENT_AT] for row in rows],
-            [row[_DELIVER_AT] for row in rows],
-            [len(row[_BODY] or b"") for row in rows],
+            columns[_ID],
+            columns[_SENT_AT],
+            columns[_DELIVER_AT],
+            [len(body or b"") for body in bodies] if None in bodies else list(map(len, bodies)),
         )
 
 
