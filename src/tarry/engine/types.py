@@ -9,6 +9,7 @@ from typing import Any, cast, overload
 
 from tarry.errors import TarryError
 from tarry.model.accepted import AcceptedColumns
+from tarry.model.lazy_messages import LazySequence
 from tarry.model.message import Message
 from tarry.model.queue_args import EffectiveQueueArgs, QueueArgs
 from tarry.queues.row_messages import ReceivedRows
@@ -148,30 +149,18 @@ class Delivery:
         return data
 
 
-class Deliveries(Sequence[Delivery]):
+class Deliveries(LazySequence[Delivery]):
     """What a receive took (``ReceivedRows``) as ``Delivery``s, made only when one is read: the
     HTTP answer is written from the rows (``server.responses.received``)."""
 
-    __slots__ = ("_made", "taken")
+    __slots__ = ("taken",)
 
     def __init__(self, taken: ReceivedRows) -> None:
+        super().__init__()
         self.taken = taken
-        self._made: list[Delivery] | None = None
 
     def __len__(self) -> int:
         return len(self.taken)
-
-    @overload
-    def __getitem__(self, index: int) -> Delivery: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Delivery]: ...
-
-    def __getitem__(self, index: int | slice) -> Delivery | Sequence[Delivery]:
-        return self._all()[index]
-
-    def __iter__(self) -> Iterator[Delivery]:
-        return iter(self._all())
 
     def __eq__(self, other: object) -> bool:
         # As the list ``receive`` answered before: equal to a list of the same deliveries.
@@ -181,10 +170,8 @@ class Deliveries(Sequence[Delivery]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def _all(self) -> list[Delivery]:
-        if self._made is None:
-            self._made = [Delivery(m, r) for m, r in self.taken]
-        return self._made
+    def _make(self) -> list[Delivery]:
+        return [Delivery(m, r) for m, r in self.taken]
 
 
 @dataclass(frozen=True, slots=True)

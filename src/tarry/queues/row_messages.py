@@ -7,10 +7,10 @@ one. The database thread then does no more per message than its statements and m
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Sequence
+from typing import Any
 
-from tarry.model.lazy_messages import LazyMessages, PlainLines
+from tarry.model.lazy_messages import LazyMessages, LazySequence, PlainLines
 from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.store.sqlite.rows import COLUMNS, from_row
@@ -46,10 +46,6 @@ class RowMessages(LazyMessages):
 
     def __len__(self) -> int:
         return len(self._rows)
-
-    def made(self) -> list[Message]:
-        """The messages, made now if not made yet."""
-        return self._all()
 
     def _make(self) -> list[Message]:
         made = [
@@ -91,7 +87,7 @@ class RowMessages(LazyMessages):
         )
 
 
-class ReceivedRows(Sequence[tuple[Message, str]]):
+class ReceivedRows(LazySequence[tuple[Message, str]]):
     """What one receive at ``received_at_ms`` took, in queue order: each row (``SELECT_SQL``'s
     columns as they were before the receive) with its receipt, as (message, receipt) pairs for
     those that read them; the message of each as the receive left it (``messages``)."""
@@ -99,6 +95,7 @@ class ReceivedRows(Sequence[tuple[Message, str]]):
     __slots__ = ("messages", "receipts", "received_at_ms", "rows")
 
     def __init__(self, rows: list[Sequence[Any]], receipts: list[str], received_at_ms: int) -> None:
+        super().__init__()
         self.rows = rows
         self.receipts = receipts
         self.received_at_ms = received_at_ms
@@ -107,16 +104,5 @@ class ReceivedRows(Sequence[tuple[Message, str]]):
     def __len__(self) -> int:
         return len(self.rows)
 
-    @overload
-    def __getitem__(self, index: int) -> tuple[Message, str]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[tuple[Message, str]]: ...
-
-    def __getitem__(
-        self, index: int | slice
-    ) -> tuple[Message, str] | Sequence[tuple[Message, str]]:
-        return list(zip(self.messages, self.receipts, strict=True))[index]
-
-    def __iter__(self) -> Iterator[tuple[Message, str]]:
-        return zip(self.messages, self.receipts, strict=True)
+    def _make(self) -> list[tuple[Message, str]]:
+        return list(zip(self.messages, self.receipts, strict=True))

@@ -54,23 +54,49 @@ def received(deliveries: Sequence[Delivery]) -> bytes:
         if text is None:  # headers, deaths, or a body that is not text (body_base64)
             parts.append(dumps(delivery.to_public()))
             continue
-        expires, message_id, correlation_id = m.expires_at_ms, m.message_id, m.correlation_id
         parts.append(
-            _PLAIN
-            % (
-                dumps(m.id),
-                dumps(delivery.receipt),
-                dumps(text),
+            _plain(
+                m.id,
+                delivery.receipt,
+                text,
                 m.deliver_at_ms,
-                _NULL if expires is None else b"%d" % expires,
+                m.expires_at_ms,
                 m.sent_at_ms,
-                _NULL if message_id is None else dumps(message_id),
-                _NULL if correlation_id is None else dumps(correlation_id),
-                b"true" if m.redelivered else b"false",
+                m.message_id,
+                m.correlation_id,
+                m.redelivered,
                 m.delivery_count,
             )
         )
     return b'{"messages":[' + b",".join(parts) + b"]}"
+
+
+def _plain(
+    id: str,
+    receipt: str,
+    text: str,
+    deliver_at_ms: int,
+    expires_at_ms: int | None,
+    sent_at_ms: int,
+    message_id: str | None,
+    correlation_id: str | None,
+    redelivered: bool,
+    delivery_count: int,
+) -> bytes:
+    """``_PLAIN`` filled in: the answer of one message with the common fields alone."""
+    dumps = orjson.dumps
+    return _PLAIN % (
+        dumps(id),
+        dumps(receipt),
+        dumps(text),
+        deliver_at_ms,
+        _NULL if expires_at_ms is None else b"%d" % expires_at_ms,
+        sent_at_ms,
+        _NULL if message_id is None else dumps(message_id),
+        _NULL if correlation_id is None else dumps(correlation_id),
+        b"true" if redelivered else b"false",
+        delivery_count,
+    )
 
 
 _ID, _BODY, _HEADERS, _DEATHS = map(COLUMNS.index, ("id", "body", "headers", "deaths"))
@@ -95,20 +121,18 @@ def _received_rows(deliveries: Deliveries) -> bytes:
         if text is None:  # headers, deaths, or a body that is not text: from its message
             parts.append(dumps(deliveries[k].to_public()))
             continue
-        expires, message_id, correlation_id = row[_EXPIRES], row[_MESSAGE_ID], row[_CORRELATION_ID]
-        count = row[_COUNT]
+        count = row[_COUNT]  # as the receive left it: delivered once more
         parts.append(
-            _PLAIN
-            % (
-                dumps(row[_ID]),
-                dumps(receipt),
-                dumps(text),
+            _plain(
+                row[_ID],
+                receipt,
+                text,
                 row[_DUE],
-                _NULL if expires is None else b"%d" % expires,
+                row[_EXPIRES],
                 row[_SENT],
-                _NULL if message_id is None else dumps(message_id),
-                _NULL if correlation_id is None else dumps(correlation_id),
-                b"true" if row[_REDELIVERED] or count > 0 else b"false",
+                row[_MESSAGE_ID],
+                row[_CORRELATION_ID],
+                bool(row[_REDELIVERED]) or count > 0,
                 count + 1,
             )
         )
