@@ -20,11 +20,12 @@ from tarry.store.log.record import (
     _flagged_payload,
     _frame,
     decode_message,
-    decode_messages,
+    decode_records,
     encode_markers,
     encode_message,
     encode_messages,
     parse_record,
+    plain_message_of,
     scan,
     scan_ids,
 )
@@ -137,7 +138,7 @@ def test_decode_messages_reads_each_record_as_parse_record_and_decode_message_do
     buf += torn[:-2]  # a short record at the end
     offsets.append(len(buf) - 3)  # and a short header
     # When every offset is decoded at once
-    got = decode_messages(bytes(buf), offsets)
+    got = decode_records(bytes(buf), offsets, plain_message_of)
 
     # Then each is what reading that record alone gives
     def alone(offset: int) -> Message | str:

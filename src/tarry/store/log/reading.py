@@ -1,5 +1,5 @@
 """Reading pending messages back: indexing partitions as they come due (``ensure_loaded``), and
-reading the records of the messages a fetch or a release picked (``read_messages``), damage
+reading the records of the messages a fetch or a release picked (``read_records``), damage
 reported (``/healthz``) and left out, never delivered."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import numpy as np
 from tarry.model.message import Message
 from tarry.store.log.held import Held
 from tarry.store.log.partition import Partition, split
-from tarry.store.log.record import MESSAGE, PlainReader, Record, decode_message, plain_message_of
+from tarry.store.log.record import MESSAGE, PlainReader, Record, decode_message
 from tarry.store.log.recovery import replay
 from tarry.store.log.scrub import damage_line
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import PartitionTable
 
-__all__ = ["ensure_loaded", "load", "pick_due", "read_message", "read_messages", "read_records"]
+__all__ = ["ensure_loaded", "load", "pick_due", "read_message", "read_records"]
 
 log = logging.getLogger(__name__)
 
@@ -103,18 +103,12 @@ def read_message(table: PartitionTable, files: SegmentFiles, held: Held) -> Mess
     return None
 
 
-def read_messages(
-    table: PartitionTable, files: SegmentFiles, helds: list[Held]
-) -> list[Message | None]:
-    """``read_message`` of each, reading each partition's records in one go."""
-    return read_records(table, files, helds, plain_message_of)
-
-
 def read_records(
     table: PartitionTable, files: SegmentFiles, helds: list[Held], plain: PlainReader[T]
 ) -> list[Message | T | None]:
-    """``read_messages``, a record without flags read by ``plain`` (``plain_row``: a release
-    by columns)."""
+    """``read_message`` of each, reading each partition's records in one go; a record without
+    flags read by ``plain`` (``plain_message_of``, or ``plain_row`` for a release by
+    columns)."""
     if not helds:
         return []
     number = helds[0].number

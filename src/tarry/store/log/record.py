@@ -65,7 +65,6 @@ __all__ = [
     "SHORT",
     "Record",
     "decode_message",
-    "decode_messages",
     "decode_records",
     "encode_marker",
     "encode_markers",
@@ -366,11 +365,6 @@ T = TypeVar("T")
 PlainReader = Callable[[bytes, int, int, int, int], T]
 
 
-def decode_messages(buf: bytes | mmap.mmap, offsets: Sequence[int]) -> list[Message | str]:
-    """``decode_records`` with a ``Message`` for every record."""
-    return decode_records(buf, offsets, plain_message_of)
-
-
 def decode_records(
     buf: bytes | mmap.mmap, offsets: Sequence[int], plain: PlainReader[T]
 ) -> list[Message | T | str]:
@@ -413,7 +407,7 @@ def decode_records(
 
 
 def _decode_at(buf: bytes | mmap.mmap, offset: int) -> Message | str:
-    """``decode_messages`` of one record, any record: the message, or why there is none."""
+    """``decode_records`` of one record, any record: the message, or why there is none."""
     size = len(buf)
     if size - offset < HEADER:
         return SHORT_HEADER

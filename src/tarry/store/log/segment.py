@@ -33,7 +33,6 @@ from tarry.store.log.record import (
     Record,
     decode_records,
     parse_record,
-    plain_message_of,
 )
 
 __all__ = ["FLUSH_BYTES", "SYNCFS_FILES", "SegmentFiles"]
@@ -279,10 +278,6 @@ class SegmentFiles:
                 if end <= offset + HEADER + MAX_RECORD and end > len(view):
                     view = self._map(path, end) or view
             return parse_record(view, offset)
-
-    def read_messages(self, partition: Partition, positions: list[int]) -> list[Message | str]:
-        """``read_records`` with a ``Message`` for every record."""
-        return self.read_records(partition, positions, plain_message_of)
 
     def read_records(
         self, partition: Partition, positions: list[int], plain: PlainReader[T]
