@@ -192,10 +192,12 @@ class Database:
         if self._claims_call is not None:
             self._claims_call.cancel()
             self._claims_call = None
-        if self._conn is not None and self._conn.pending_receives:
+        while True:
+            while self._pending or self._first or self._flushing:
+                await asyncio.sleep(0.005)
+            if self._conn is None or not self._conn.pending_receives:
+                break
             await self.write(_nothing)  # writes the claims (see ``write``)
-        while self._pending or self._first or self._flushing:
-            await asyncio.sleep(0.005)
         self._closing.set()
         if self._checkpointer is not None:
             self._checkpointer.join()
@@ -257,15 +259,15 @@ class Database:
             self._writer.put(lambda: self._flush(loop))
         return future
 
-    def _write_claims_later(self) -> None:
+    def _write_claims_later(self, since: float | None) -> None:
         """On the event loop, after a batch left claims unwritten: a write (of nothing) once
         the oldest is ``write_after_s`` old, which writes those that old (as every
         transaction does, ``_run_batch``: this one is for when none comes)."""
         conn = self._conn
         claims = None if conn is None else conn.pending_receives
-        if self._claims_call is not None or not claims:
+        if self._claims_call is not None or not claims or self._closing.is_set():
             return
-        since = claims.oldest_since()
+        # ``since`` was read on the database thread, which alone changes the claims.
         delay = 0.0 if since is None else since + claims.write_after_s - time.monotonic()
         self._claims_call = asyncio.get_running_loop().call_later(
             max(delay, 0.0), self._write_claims_now
@@ -274,7 +276,7 @@ class Database:
     def _write_claims_now(self) -> None:
         self._claims_call = None
         conn = self._conn
-        if conn is None or not conn.pending_receives:
+        if conn is None or not conn.pending_receives or self._closing.is_set():
             return
         # Aware of claims: it writes those old enough, not a receive's just made.
         future = self._submit(_nothing, durable=False, first=False, claims_aware=True)
@@ -311,8 +313,8 @@ class Database:
                 batch = batch[: len(results)]
             self._refused = any(isinstance(value, StorageFault) for _, value in results)
             loop.call_soon_threadsafe(_settle, batch, results)
-            if self._require().pending_receives:
-                loop.call_soon_threadsafe(self._write_claims_later)
+            if claims := self._require().pending_receives:
+                loop.call_soon_threadsafe(self._write_claims_later, claims.oldest_since())
             if self._restart_rounds and (
                 self._restart_rounds > _RESTART_PATIENCE or not (self._pending or self._first)
             ):
