@@ -22,9 +22,13 @@ async def test_a_filled_queue_is_taken_from_without_a_look_first(make_engine, mo
     monkeypatch.setattr(engine.qdb, "read", counted)
     await engine.send_batch([{"destination": "orders", "body": str(i)} for i in range(3)])
     # Filled by the send's release: taken at once, all that was asked for (it may hold more).
-    assert [d.message.body for d in await engine.receive("orders", max_messages=2)] == [b"0", b"1"]
-    assert [d.message.body for d in await engine.receive("orders", max_messages=2)] == [b"2"]
+    first = await engine.receive("orders", max_messages=2)
+    assert [d.message.body for d in first] == [b"0", b"1"]
+    second = await engine.receive("orders", max_messages=2)
+    assert [d.message.body for d in second] == [b"2"]
     assert looks == []
+    # Acked, so no receive's claim waits to be written (``pending_receives``).
+    await engine.ack("orders", [d.receipt for d in [*first, *second]])
     # Fewer than asked: the queue is known empty, and the next receive looks (and commits
     # nothing).
     commits = engine.qdb.db.commits if hasattr(engine.qdb, "db") else None
@@ -32,6 +36,24 @@ async def test_a_filled_queue_is_taken_from_without_a_look_first(make_engine, mo
     assert len(looks) == 1
     if commits is not None:
         assert engine.qdb.db.commits == commits
+
+
+async def test_a_look_writes_the_claims_of_receives_not_yet_acked_once(make_engine) -> None:
+    # A receive kept its rows as a claim: the look (a read) has it written first, once.
+    engine = await make_engine()
+    await engine.declare_queue("orders", {})
+    await engine.send({"destination": "orders", "body": "a"})
+    [held] = await engine.receive("orders", max_messages=2)
+    database = getattr(engine.qdb, "db", None)
+    claims = None if database is None else database._conn.pending_receives
+    commits = None if database is None else database.commits
+    assert await engine.receive("orders", max_messages=2) == []
+    if claims is not None and commits is not None:
+        assert len(claims) == 0
+        assert database.commits == commits + 1
+        assert await engine.receive("orders", max_messages=2) == []
+        assert database.commits == commits + 1
+    assert (await engine.ack("orders", [held.receipt]))["acked"] == 1
 
 
 @pytest.mark.parametrize("wait_ms", [0, 500])

@@ -68,7 +68,7 @@ async def receive(
             if ctx.waiters.may_hold(queue) or await ctx.qdb.read(
                 partial(_has_ready, ctx, queue=queue, now_ms=now)
             ):
-                txn, taken = await ctx.qdb.write(work)
+                txn, taken = await ctx.qdb.write(work, claims_aware=True)
                 ctx.after(txn)
                 ctx.waiters.took(queue, taken=len(taken), asked=max_messages)
             else:
@@ -105,6 +105,7 @@ async def settle(
         settled = txn.settle(queue, receipts, ack=ack, requeue=requeue)
         return txn, settled
 
-    txn, (done, unknown) = await ctx.qdb.write(work)
+    # An ack writes the claims it settles itself; a nack has them written first.
+    txn, (done, unknown) = await ctx.qdb.write(work, claims_aware=ack)
     ctx.after(txn)
     return {("acked" if ack else "nacked"): done, "unknown": unknown}

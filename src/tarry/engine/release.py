@@ -173,7 +173,7 @@ async def _release(
         return txn, refused, [m.id for m in batch if m.id not in gone]
 
     try:
-        txn, refused, placed = await ctx.qdb.write(work, first=True)
+        txn, refused, placed = await ctx.qdb.write(work, first=True, claims_aware=True)
         if committed is not None:
             committed(txn)
         if placed:

@@ -13,7 +13,7 @@ every column."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from tarry.store.sql import QueueConnection, in_list, row_key, row_lock
@@ -26,11 +26,19 @@ _SEQ = COLUMNS.index("seq")
 
 
 def takeable_rows(
-    conn: QueueConnection, ready: str, held: str, args: Sequence[Any], limit: int
+    conn: QueueConnection,
+    ready: str,
+    held: str,
+    args: Sequence[Any],
+    limit: int,
+    *,
+    skip: Collection[int] = (),
 ) -> list[Any]:
     """The first ``limit`` rows, by ``seq``, that ``ready`` (a condition on ready messages) or
     ``held`` (on in-flight ones) finds, each condition taking ``args``: ``SELECT_SQL``'s
-    columns, then the row key; on PostgreSQL the rows are locked, skipping locked ones."""
+    columns, then the row key; on PostgreSQL the rows are locked, skipping locked ones.
+    ``skip``: keys of ready rows to step over (claimed by a receive not yet written, SQLite
+    only: ``store/sqlite/pending_receives.py``)."""
     if row_key(conn) != "rowid":
         lock = row_lock(conn, skip_locked=True)
         found = [
@@ -49,10 +57,13 @@ def takeable_rows(
         f"SELECT * FROM (SELECT seq, rowid, state FROM messages WHERE {ready} ORDER BY seq "
         f"LIMIT ?) UNION ALL SELECT NULL, NULL, NULL WHERE EXISTS (SELECT 1 FROM messages "
         f"WHERE {held})",
-        [*args, limit, *args],
+        [*args, limit + len(skip), *args],
     ).fetchall()
     places = [place for place in found if place[0] is not None]
-    if len(places) < len(found):
+    held_too = len(places) < len(found)
+    if skip:
+        places = [place for place in places if place[1] not in skip][:limit]
+    if held_too:
         returned = conn.execute(
             f"SELECT seq, rowid, state FROM messages WHERE {held} ORDER BY seq LIMIT ?",
             [*args, limit],

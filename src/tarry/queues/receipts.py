@@ -16,12 +16,17 @@ from typing import Any
 from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.queues.row_messages import ReceivedRows, RowMessages
-from tarry.store.sql import QueueConnection, SqlConnection, in_list, row_key, row_lock
+from tarry.store.sql import (
+    QueueConnection,
+    SqlConnection,
+    in_list,
+    row_key,
+    row_lock,
+)
 from tarry.store.sqlite.rows import COLUMNS, from_row
 from tarry.store.sqlite.schema import OLD_RECEIPT
 
 __all__ = [
-    "RECEIPT_SQL",
     "ack_handed_out",
     "hand_out",
     "held_by_receipt",
@@ -30,9 +35,6 @@ __all__ = [
     "write_acked",
 ]
 
-#: The SQL of a row's receipt, ``?`` being the receive's id and ``{key}`` ``row_key``; the same
-#: text as ``receipt_of``.
-RECEIPT_SQL = "CAST(? AS TEXT) || '.' || {key}"
 
 _ALL = ", ".join(COLUMNS)
 _QUEUE = COLUMNS.index("queue")
@@ -47,7 +49,8 @@ _CHUNK = 500
 
 
 def receipt_of(receive_id: str, key: object) -> str:
-    """The receipt ``RECEIPT_SQL`` gives the row of ``key`` (an int or an id) in a receive."""
+    """The receipt ``tarry.store.sql.RECEIPT_SQL`` gives the row of ``key`` (an int or an id)
+    in a receive."""
     return f"{receive_id}.{key}"
 
 
@@ -122,10 +125,17 @@ def ack_handed_out(
         return [], rest
     keys = list(kept)
     memory.forget_many(keys)
+    # Rows whose receive is still a claim (``pending_receives``) are written acked by it.
+    claims = conn.pending_receives
+    claimed: list[int] = []
+    written: list[int] = []
+    for key in keys:
+        (claimed if claims and claims.holds(key, kept[key][0]) else written).append(key)
+    mark = claims.mark() if claims is not None else 0
     conn.execute("SAVEPOINT remembered")
-    changed = 0
-    for start in range(0, len(keys), _CHUNK):
-        chunk = keys[start : start + _CHUNK]
+    changed = claims.ack(conn, queue, claimed, now_ms=now_ms) if claims and claimed else 0
+    for start in range(0, len(written), _CHUNK):
+        chunk = written[start : start + _CHUNK]
         where, args = in_list(conn, "rowid", chunk)
         held, receipt_args = in_list(conn, "receipt", [kept[k][0] for k in chunk])
         # Found by rowid alone: ``+`` keeps the other columns' indexes out of the plan (the
@@ -139,6 +149,8 @@ def ack_handed_out(
     if changed != len(keys):
         conn.execute("ROLLBACK TO remembered")
         conn.execute("RELEASE remembered")
+        if claims is not None:
+            claims.undo_to(mark)
         return [], list(receipts)
     conn.execute("RELEASE remembered")
     return list(kept.values()), rest
@@ -176,6 +188,9 @@ def settled_by_receipt(
         at = [received_at_ms for _, _, received_at_ms in acked]
         return RowMessages(rows, at, MessageState.ACKED), {}, []
     done = {receipt: (row, at) for receipt, row, at in acked}
+    claims = conn.pending_receives
+    if claims:  # rows still claimed are found in flight only once written
+        claims.write_all(conn)
     held = held_by_receipt(conn, queue, rest)
     unknown: list[str] = []
     settled: dict[Any, Message] = {}

@@ -26,7 +26,7 @@ from tarry.model.reports import report_message
 from tarry.model.state import MessageState
 from tarry.queues.catalog import Catalog
 from tarry.queues.ready_rows import takeable_rows
-from tarry.queues.receipts import RECEIPT_SQL, hand_out, settled_by_receipt, write_acked
+from tarry.queues.receipts import hand_out, settled_by_receipt, write_acked
 from tarry.queues.release_columns import plain_release
 from tarry.queues.release_writes import (
     Gathered,
@@ -41,7 +41,17 @@ from tarry.queues.release_writes import (
 )
 from tarry.queues.row_messages import ReceivedRows
 from tarry.queues.sequence import Sequencer
-from tarry.store.sql import QueueConnection, id_column, id_key, in_list, row_key, row_lock
+from tarry.store.sql import (
+    COUNT_DELIVERY,
+    RECEIPT_SQL,
+    QueueConnection,
+    id_column,
+    id_key,
+    in_list,
+    row_key,
+    row_lock,
+)
+from tarry.store.sqlite.pending_receives import MIN_VISIBILITY_MS
 from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL, from_row, is_plain, to_insert
 
 __all__ = ["HANDOFF_MS", "QUEUED_STATES", "QueueTxn"]
@@ -56,6 +66,9 @@ HANDOFF_MS = 200
 #: messages runs once per state, with the state written out, so that each finds its index.
 QUEUED_STATES = ("ready", "delivered")
 _SEQ = COLUMNS.index("seq")
+_STATE = COLUMNS.index("state")
+#: Claimed rows a receive steps over at most; past this their claims are written first.
+_MAX_STEPPED_OVER = 2_000
 #: Every column, as ``SELECT_SQL`` reads them (for RETURNING).
 _ALL = ", ".join(COLUMNS)
 
@@ -320,6 +333,7 @@ class QueueTxn:
 
     def ready_count(self, queue: str) -> int:
         self.flush()
+        self._claims_written()
         args = self._takeable_args(queue, unexpired=False)
         return sum(
             int(
@@ -340,13 +354,30 @@ class QueueTxn:
         visibility timeout ended (usually none: that condition finds nothing in the in-flight
         index's range)."""
         self.flush()
+        claims = self.conn.pending_receives
+        claimed: set[int] = set()
+        if claims:
+            # A receive steps over rows claimed (``pending_receives``), unless they are many;
+            # dropping a queue's head must not take a row a consumer holds.
+            claimed = claims.claimed_in(queue) if unexpired else set()
+            if not unexpired or len(claimed) > _MAX_STEPPED_OVER:
+                self._claims_written()
+                claimed = set()
         return takeable_rows(
             self.conn,
             _takeable_in("ready", unexpired=unexpired),
             _takeable_in("delivered", unexpired=unexpired),
             self._takeable_args(queue, unexpired=unexpired),
             limit,
+            skip=claimed,
         )
+
+    def _claims_written(self) -> None:
+        """Write the receives' unwritten claims (``pending_receives``) before reading the
+        state of queued rows."""
+        claims = self.conn.pending_receives
+        if claims:
+            claims.write_all(self.conn)
 
     def _drop_head(self, queue: str, count: int) -> None:
         for row in self._takeable(queue, count, unexpired=False):
@@ -476,16 +507,27 @@ class QueueTxn:
         if not rows:
             return ReceivedRows([], [], now)
         prefix = self.ids.new(now)
-        where, keys = in_list(self.conn, row_key(self.conn), [row[-1] for row in rows])
-        self.conn.execute(
-            "UPDATE messages SET state = 'delivered', "
-            f"receipt = {RECEIPT_SQL.format(key=row_key(self.conn))}, visible_at_ms = ?, "
-            "delivery_count = delivery_count + 1, "
-            "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END, "
-            f"updated_at_ms = ? WHERE {where}",
-            [prefix, now + visibility_ms, now, *keys],
+        keys = [row[-1] for row in rows]
+        claims = self.conn.pending_receives
+        # Kept as a claim where every row is ready in the table; a row taken again after its
+        # visibility timeout (in flight there) is written at once.
+        kept = (
+            claims is not None
+            and visibility_ms >= MIN_VISIBILITY_MS
+            and all(row[_STATE] == "ready" for row in rows)
         )
+        if not kept:
+            where, args = in_list(self.conn, row_key(self.conn), keys)
+            self.conn.execute(
+                "UPDATE messages SET state = 'delivered', "
+                f"receipt = {RECEIPT_SQL.format(key=row_key(self.conn))}, visible_at_ms = ?, "
+                f"{COUNT_DELIVERY}, updated_at_ms = ? WHERE {where}",
+                [prefix, now + visibility_ms, now, *args],
+            )
         taken = hand_out(self.conn, rows, prefix, now)
+        if kept and claims is not None:
+            # Written later, or never: an ack soon writes the rows acked in one go.
+            claims.claim(prefix, queue, keys, visible_at_ms=now + visibility_ms, received_at_ms=now)
         self.runs.append(EventRun("received", taken.messages, now, queue))
         return taken
 

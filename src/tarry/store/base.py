@@ -250,10 +250,17 @@ class QueueDatabase(Protocol):
     async def close(self) -> None: ...
 
     async def write(
-        self, work: Callable[[QueueConnection], T], *, durable: bool = False, first: bool = False
+        self,
+        work: Callable[[QueueConnection], T],
+        *,
+        durable: bool = False,
+        first: bool = False,
+        claims_aware: bool = False,
     ) -> T:
         """``first``: a release, which goes ahead of the writes waiting where the database
-        runs its writes one after another (SQLite)."""
+        runs its writes one after another (SQLite). ``claims_aware``: ``work`` takes receives'
+        unwritten claims into account itself (``QueueConnection.pending_receives``: a
+        receive, an ack, a release); any other write sees them written."""
         ...
 
     async def read(self, work: Callable[[QueueConnection], T]) -> T: ...

@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 if TYPE_CHECKING:
+    from tarry.store.sqlite.pending_receives import PendingReceives
     from tarry.store.sqlite.row_memory import RowMemory
 
 __all__ = [
+    "COUNT_DELIVERY",
+    "RECEIPT_SQL",
     "QueueConnection",
     "SqlConnection",
     "SqlCursor",
@@ -24,6 +27,17 @@ __all__ = [
     "row_key",
     "row_lock",
 ]
+
+
+#: The SQL of a row's receipt, ``?`` being the receive's id and ``{key}`` ``row_key``; the same
+#: text as ``tarry.queues.receipts.receipt_of``.
+RECEIPT_SQL = "CAST(? AS TEXT) || '.' || {key}"
+#: What a delivery counts on its row (a receive's UPDATE, and an ack of a receive that was not
+#: written, ``store/sqlite/pending_receives.py``): both must leave the same row.
+COUNT_DELIVERY = (
+    "delivery_count = delivery_count + 1, "
+    "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END"
+)
 
 
 class SqlCursor(Protocol):
@@ -56,6 +70,11 @@ class QueueConnection(SqlConnection, Protocol):
     @property
     def handed_out(self) -> RowMemory | None:
         """The rows receives handed out, by row key; None where the connection keeps none."""
+
+    @property
+    def pending_receives(self) -> PendingReceives | None:
+        """Receives whose rows are not written yet (a queue database of its own); None where
+        every receive writes its rows at once."""
 
 
 def row_lock(conn: object, *, skip_locked: bool = False) -> str:

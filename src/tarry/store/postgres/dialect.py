@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 if TYPE_CHECKING:
+    from tarry.store.sqlite.pending_receives import PendingReceives
     from tarry.store.sqlite.row_memory import RowMemory
 
 __all__ = ["PgConnection", "PgDialect", "translate"]
@@ -68,9 +69,10 @@ class PgConnection:
 
     dialect = PgDialect()
     #: No memory of rows (``tarry.store.sql.QueueConnection``): several nodes may write the
-    #: same rows, so each is read from the table.
+    #: same rows, so each is read from the table, and each receive is written at once.
     released: RowMemory | None = None
     handed_out: RowMemory | None = None
+    pending_receives: PendingReceives | None = None
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.raw = conn

@@ -103,11 +103,17 @@ class PostgresStore:
 
     # --- the engine's shared transactions (same face as SQLiteStore.write/read) ---------------
     async def write(
-        self, work: Callable[[PgConnection], T], *, durable: bool = False, first: bool = False
+        self,
+        work: Callable[[PgConnection], T],
+        *,
+        durable: bool = False,
+        first: bool = False,
+        claims_aware: bool = False,
     ) -> T:
         """Run ``work`` in one transaction. Every commit is durable (PostgreSQL's own
-        ``synchronous_commit`` decides); ``durable`` is accepted for the common face, and so is
-        ``first`` (transactions run side by side on the pool's connections)."""
+        ``synchronous_commit`` decides); ``durable`` is accepted for the common face, and so are
+        ``first`` (transactions run side by side on the pool's connections) and
+        ``claims_aware`` (every receive writes its rows at once here)."""
         return await self.db.run(work)
 
     async def read(self, work: Callable[[PgConnection], T]) -> T:

@@ -27,12 +27,14 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tarry.errors import StorageFault, TarryError, Unavailable
 from tarry.store.faults import storage_fault
+from tarry.store.sqlite.pending_receives import PendingReceives
 from tarry.store.sqlite.row_memory import RowMemory
 from tarry.store.sqlite.schema import is_keyed, migrate
 from tarry.store.sqlite.worker import Worker
@@ -53,11 +55,14 @@ class Connection(sqlite3.Connection):
     #: receives handed out, by row key (``row_memory``).
     released: RowMemory | None = None
     handed_out: RowMemory | None = None
+    #: Receives whose rows are not written yet (a queue database of its own).
+    pending_receives: PendingReceives | None = None
 
 
 Work = Callable[[Connection], Any]
-#: A write waiting for the database thread: its work, its caller's future, whether durable.
-Job = tuple[Work, "asyncio.Future[Any]", bool]
+#: A write waiting for the database thread: its work, its caller's future, whether durable,
+#: whether it takes receives' unwritten claims into account itself (``write``).
+Job = tuple[Work, "asyncio.Future[Any]", bool, bool]
 #: Batches the database thread commits before it lets other work in (``_flush``).
 _BATCHES_IN_A_ROW = 16
 #: The size a checkpointed WAL is cut back to (about what ``wal_autocheckpoint``'s default of
@@ -111,6 +116,8 @@ class Database:
         #: Checkpointer rounds since it found the WAL worth starting over, 0 when not
         #: (``_restart_wal``); set by the checkpointer's thread, cleared by the writer's.
         self._restart_rounds = 0
+        #: The event loop's call that writes claims left unwritten (``_write_claims_later``).
+        self._claims_call: asyncio.TimerHandle | None = None
 
     async def open(self) -> None:
         await self._writer.call(self._open)
@@ -148,6 +155,9 @@ class Database:
         # the SQLite store's release changes rows it already holds.
         conn.released = RowMemory() if self._queues_only else None
         conn.handed_out = RowMemory()
+        # The SQLite store's own reads (the due messages, every release round) would each
+        # write the claims first: there every receive writes its rows at once.
+        conn.pending_receives = PendingReceives() if self._queues_only else None
         self._conn = conn
         if self.path is not None:
             self._checkpointer = threading.Thread(
@@ -179,8 +189,15 @@ class Database:
             conn.close()
 
     async def close(self) -> None:
-        while self._pending or self._first or self._flushing:
-            await asyncio.sleep(0.005)
+        if self._claims_call is not None:
+            self._claims_call.cancel()
+            self._claims_call = None
+        while True:
+            while self._pending or self._first or self._flushing:
+                await asyncio.sleep(0.005)
+            if self._conn is None or not self._conn.pending_receives:
+                break
+            await self.write(_nothing)  # writes the claims (see ``write``)
         self._closing.set()
         if self._checkpointer is not None:
             self._checkpointer.join()
@@ -194,8 +211,11 @@ class Database:
         self._writer.stop()
 
     async def read(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` on the reading connection; it sees every committed write."""
+        """Run ``work`` on the reading connection; it sees every committed write, and every
+        receive's rows written (``pending_receives``: unwritten claims are written first)."""
         writer = self._require()
+        if writer.pending_receives:
+            await self.write(_nothing)
         try:
             if self._reader is None:  # an in-memory database has one connection only
                 return await self._writer.call(work, writer)
@@ -204,7 +224,12 @@ class Database:
             raise _unavailable(exc) from exc
 
     async def write(
-        self, work: Callable[[Connection], T], *, durable: bool = False, first: bool = False
+        self,
+        work: Callable[[Connection], T],
+        *,
+        durable: bool = False,
+        first: bool = False,
+        claims_aware: bool = False,
     ) -> T:
         """Run ``work`` inside a transaction shared with other concurrent writes; return once
         the transaction is committed, and fsynced when ``durable`` (see the module docstring).
@@ -212,17 +237,51 @@ class Database:
         ``first`` (a release: messages already due) goes ahead of the other writes waiting:
         into a transaction of its own, the next one, and a transaction of other writes under
         way ends after the write it is running, commits, and leaves the rest for after it. A
-        release then waits for at most one consumer's receive or ack, not for all those queued."""
+        release then waits for at most one consumer's receive or ack, not for all those queued.
+
+        ``claims_aware``: ``work`` takes receives' unwritten claims into account itself (a
+        receive, an ack, a release; ``pending_receives``). Any other write has every claim
+        written before it runs, in its transaction."""
+        return await self._submit(work, durable=durable, first=first, claims_aware=claims_aware)
+
+    def _submit(
+        self, work: Callable[[Connection], T], *, durable: bool, first: bool, claims_aware: bool
+    ) -> asyncio.Future[T]:
         self._require()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         with self._lock:
-            (self._first if first else self._pending).append((work, future, durable))
+            queue = self._first if first else self._pending
+            queue.append((work, future, durable, claims_aware))
             start = not self._flushing
             self._flushing = True
         if start:
             self._writer.put(lambda: self._flush(loop))
-        return await future
+        return future
+
+    def _write_claims_later(self, since: float | None) -> None:
+        """On the event loop, after a batch left claims unwritten: a write (of nothing) once
+        the oldest is ``write_after_s`` old, which writes those that old (as every
+        transaction does, ``_run_batch``: this one is for when none comes)."""
+        conn = self._conn
+        claims = None if conn is None else conn.pending_receives
+        if self._claims_call is not None or not claims or self._closing.is_set():
+            return
+        # ``since`` was read on the database thread, which alone changes the claims.
+        delay = 0.0 if since is None else since + claims.write_after_s - time.monotonic()
+        self._claims_call = asyncio.get_running_loop().call_later(
+            max(delay, 0.0), self._write_claims_now
+        )
+
+    def _write_claims_now(self) -> None:
+        self._claims_call = None
+        conn = self._conn
+        if conn is None or not conn.pending_receives or self._closing.is_set():
+            return
+        # Aware of claims: it writes those old enough, not a receive's just made.
+        future = self._submit(_nothing, durable=False, first=False, claims_aware=True)
+        # Nobody waits for it: a failure is the next write's to meet (the claims stay).
+        future.add_done_callback(_ignore)
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the database thread: commit batch after batch while writes are pending. The
@@ -254,6 +313,8 @@ class Database:
                 batch = batch[: len(results)]
             self._refused = any(isinstance(value, StorageFault) for _, value in results)
             loop.call_soon_threadsafe(_settle, batch, results)
+            if claims := self._require().pending_receives:
+                loop.call_soon_threadsafe(self._write_claims_later, claims.oldest_since())
             if self._restart_rounds and (
                 self._restart_rounds > _RESTART_PATIENCE or not (self._pending or self._first)
             ):
@@ -291,7 +352,7 @@ class Database:
         waits (the writes not run get no result)."""
         conn = self._require()
         results: list[tuple[bool, Any]] = []
-        durable = any(d for _, _, d in batch)
+        durable = any(d for _, _, d, _ in batch)
         level = self._synchronous.upper() if durable else "NORMAL"
         if level != self._level:
             conn.execute(f"PRAGMA synchronous={level}")
@@ -300,9 +361,17 @@ class Database:
         # is rolled back whole (a consumer's receive or ack is often alone, and each statement
         # is a hand-over of the GIL).
         alone = len(batch) == 1
+        claims = conn.pending_receives
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for work, _, _ in batch:
+            if claims:
+                # Claims old enough, or all of them before a write that would not see them.
+                if all(aware for _, _, _, aware in batch):
+                    claims.write_older(conn)
+                else:
+                    claims.write_all(conn)
+            for work, _, _, _ in batch:
+                mark = claims.mark() if claims is not None else 0
                 if not alone:
                     conn.execute("SAVEPOINT w")
                 try:
@@ -318,8 +387,12 @@ class Database:
                     results.append((False, error))
                     if alone:
                         conn.execute("ROLLBACK")
+                        if claims is not None:
+                            claims.undo_to(0)
                         return results
                     conn.execute("ROLLBACK TO w")
+                    if claims is not None:
+                        claims.undo_to(mark)
                 if not alone:
                     conn.execute("RELEASE w")
                 if yields and self._first:
@@ -328,7 +401,11 @@ class Database:
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if claims is not None:
+                claims.undo_to(0)
             raise
+        if claims is not None:
+            claims.commit()
         self.commits += 1
         return results
 
@@ -340,13 +417,22 @@ class Database:
 
 def _settle(batch: list[Job], results: list[tuple[bool, Any]]) -> None:
     """On the event loop: each write's result (or error) to its caller."""
-    for (_, future, _), (ok, value) in zip(batch, results, strict=True):
+    for (_, future, _, _), (ok, value) in zip(batch, results, strict=True):
         if future.done():  # its caller went away (cancelled)
             continue
         if ok:
             future.set_result(value)
         else:
             future.set_exception(value)
+
+
+def _nothing(conn: Connection) -> None:
+    """A write of nothing: its transaction writes the claims (``write``)."""
+
+
+def _ignore(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _copy_back(conn: sqlite3.Connection, database: int) -> int:

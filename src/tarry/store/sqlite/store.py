@@ -72,9 +72,14 @@ class SQLiteStore:
 
     # The local queues share this database (``tarry.queues.local``); they run their work here.
     async def write(
-        self, work: Callable[[Connection], T], *, durable: bool = False, first: bool = False
+        self,
+        work: Callable[[Connection], T],
+        *,
+        durable: bool = False,
+        first: bool = False,
+        claims_aware: bool = False,
     ) -> T:
-        return await self.db.write(work, durable=durable, first=first)
+        return await self.db.write(work, durable=durable, first=first, claims_aware=claims_aware)
 
     async def read(self, work: Callable[[Connection], T]) -> T:
         return await self.db.read(work)
