@@ -67,3 +67,27 @@ def test_a_route_may_report_its_failures_only_where_the_token_may_send() -> None
     billing.require_route_policy(RoutePolicy())
     with pytest.raises(NotAuthorized, match="may not report route failures to 'ops.failures'"):
         billing.require_route_policy(RoutePolicy(on_failure_report_to="ops.failures"))
+
+
+def test_configured_tokens_are_hashed_once_and_presented_ones_never_kept() -> None:
+    from tarry.server.auth import _digest_of
+
+    tokens = AuthConfig(tokens=[TokenConfig(token="kept-secret", name="k")])
+
+    def request(value: str) -> Request:
+        header = [(b"authorization", f"Bearer {value}".encode())]
+        return Request({"type": "http", "headers": header, "method": "GET", "path": "/"})
+
+    _digest_of.cache_clear()
+    assert principal_for(request("kept-secret"), tokens).token.name == "k"  # type: ignore[union-attr]
+    for guess in range(20):
+        with pytest.raises(Unauthenticated):
+            principal_for(request(f"guess-{guess}"), tokens)
+    # Only the configured token's digest is kept, whatever was presented.
+    assert _digest_of.cache_info().currsize == 1
+    # Another configuration's token is its own: the old secret no longer passes.
+    rotated = AuthConfig(tokens=[TokenConfig(token="new-secret", name="k")])
+    with pytest.raises(Unauthenticated):
+        principal_for(request("kept-secret"), rotated)
+    assert principal_for(request("new-secret"), rotated).token.name == "k"  # type: ignore[union-attr]
+    assert principal_for(request("anything"), AuthConfig()) == Principal(None)

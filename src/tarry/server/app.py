@@ -29,7 +29,7 @@ from tarry.server.connections import ConnectionGuard
 from tarry.server.deps import BodyLimits
 from tarry.server.diagnostics import install_stack_dump
 from tarry.server.errors import install_error_handlers
-from tarry.server.fast_lane import FastLane
+from tarry.server.fast_lane import FastLane, LaneFirstAPI
 from tarry.server.logs import configure_logging
 from tarry.server.metrics import Metrics
 from tarry.server.openapi import install_openapi
@@ -69,12 +69,15 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
         _count_accept_failures(asyncio.get_running_loop(), refusals)
         await engine.start()
         install_stack_dump()
+        app.open_lane()
         try:
             yield
         finally:
             await engine.stop()
 
-    app = FastAPI(
+    lane = FastLane(queue_routes=queues.CONSUMER_ROUTES, routes=messages.PRODUCER_ROUTES)
+    app = LaneFirstAPI(
+        lane=lane,
         title="tarry",
         version=tarry.__version__,
         description="Durable delayed-message delivery: a message is kept safely and delivered "
@@ -93,7 +96,6 @@ def create_app(config: TarryConfig, *, engine: EngineAPI | None = None) -> FastA
     routers = (messages, queues, redrive, topics, policies, routes, schedules, health, overview)
     for module in (*routers, console_files):
         app.include_router(module.router)
-    app.add_middleware(FastLane, routes=queues.CONSUMER_ROUTES)
     return app
 
 

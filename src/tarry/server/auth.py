@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from functools import cache
 from typing import Any
 
 from fastapi import Request
@@ -23,15 +24,26 @@ __all__ = ["HIDDEN", "Principal", "check_bind_safety", "principal_for", "visible
 _DELIVERY_REASONS = frozenset({"dispatch", "failure_handling"})
 
 
+#: The caller when no tokens are configured (a ``Principal`` is immutable: one serves all).
+_ANYONE = Principal(None)
+
+
 def _digest(token: TokenConfig) -> bytes:
-    return bytes.fromhex(token.token_sha256 or token_sha256(token.token or ""))
+    return _digest_of(token.token_sha256, token.token)
+
+
+@cache
+def _digest_of(digest_hex: str | None, secret: str | None) -> bytes:
+    """A configured token's SHA-256, hashed once rather than on every request (keyed by the
+    configured values only, never by what a request presents)."""
+    return bytes.fromhex(digest_hex or token_sha256(secret or ""))
 
 
 def principal_for(request: Request, auth: AuthConfig) -> Principal:
     """The caller of ``request``: its bearer token must be one of the configured ones. The
     scheme word is case-insensitive (RFC 7235: ``bearer`` works as ``Bearer``)."""
     if not auth.tokens:
-        return Principal(None)
+        return _ANYONE
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():

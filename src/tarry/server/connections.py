@@ -42,7 +42,7 @@ class ConnectionGuard:
 
         class Guarded(base):  # type: ignore[misc]
             def connection_made(self, transport: Any) -> None:
-                super().connection_made(transport)
+                super().connection_made(_JoinedWrites(transport, self.loop))
                 guard._opened(self)
 
             def connection_lost(self, exc: Exception | None) -> None:
@@ -119,6 +119,51 @@ class ConnectionGuard:
     def _drop(self, connection: H11Protocol) -> None:
         self._open.discard(connection)
         _close(connection)
+
+
+class _JoinedWrites:
+    """A connection's transport whose writes in one turn of the loop go out as one: uvicorn
+    writes a response as its head, then its body, and each write is a send() and (with
+    TCP_NODELAY) a packet of its own. A write is held until the next one (both then go in one
+    vectored send) or the end of the turn, whichever comes first."""
+
+    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            self._held = data
+            self._loop.call_soon(self._flush)
+            return
+        self._held = None
+        self._transport.writelines((held, data))
+
+    def _flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def writelines(self, data: Any) -> None:
+        self._flush()
+        self._transport.writelines(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held = None
+        self._transport.abort()
+
+    def is_closing(self) -> bool:
+        closing: bool = self._transport.is_closing()
+        return closing
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def _close(connection: H11Protocol) -> None:

@@ -51,6 +51,11 @@ async def send_batch(request: Request) -> JSON:
     return JSON({"results": [_result(r, principal) for r in results]})
 
 
+#: The routes ``tarry.server.fast_lane.FastLane`` serves ahead of the app, by (method, path): a
+#: producer calls it for every batch it sends.
+PRODUCER_ROUTES = {("POST", "/v1/messages/batch"): send_batch}
+
+
 def _refusal(error: TarryError) -> dict[str, Any]:
     return {"error": error.to_dict()}
 

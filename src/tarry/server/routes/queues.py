@@ -132,6 +132,6 @@ async def nack(request: Request, name: str) -> JSON:
     return JSON(await engine_of(request).nack(name, _receipts(body), requeue=requeue))
 
 
-#: The routes ``tarry.server.fast_lane.FastLane`` serves ahead of the route search, by (method,
-#: action of ``/v1/queues/{name}/<action>``): a consumer calls them for every batch it takes.
+#: The routes ``tarry.server.fast_lane.FastLane`` serves ahead of the app, by (method, action of
+#: ``/v1/queues/{name}/<action>``): a consumer calls them for every batch it takes.
 CONSUMER_ROUTES = {("POST", "receive"): receive, ("POST", "ack"): ack, ("POST", "nack"): nack}
