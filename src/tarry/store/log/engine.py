@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ from tarry.store.log.record import (
     MOVED,
     RELEASED,
     encode_marker,
-    encode_marker_columns,
+    encode_markers,
     encode_message,
     encode_messages,
 )
@@ -62,7 +62,7 @@ from tarry.store.log.record_columns import encode_plain_columns
 from tarry.store.log.recovery import Recovered
 from tarry.store.log.scrub import scrub_all
 from tarry.store.log.segment import SegmentFiles
-from tarry.store.log.table import DESTINATION, NUMBER, PartitionTable
+from tarry.store.log.table import PartitionTable
 from tarry.store.log.wal import WalLog
 from tarry.store.log.writer import GroupWriter
 
@@ -352,27 +352,24 @@ class LogStore:
 
     async def remove(self, ids: Sequence[str], *, state: MessageState, now_ms: int) -> int:
         self._check()
-        table, partitions = self.table, self.partitions
-        taken = table.take_many(ids)
-        numbers = set(map(NUMBER, map(_HELD, taken)))
-        if not numbers <= partitions.keys():
-            taken = [(message_id, held) for message_id, held in taken if held.number in partitions]
-            numbers &= partitions.keys()
-        if not all(map(DESTINATION, map(_HELD, taken))):
-            for _, held in taken:
-                if not held.destination:
-                    message = read_message(table, self.files, held)
-                    held.destination = message.destination if message else ""
-        self._leaving.update(taken)
+        table = self.table
+        taken: list[tuple[str, Held]] = []
         # One contiguous append per partition (one reservation, one part of the write).
-        by_number = {number: taken for number in numbers}  # one partition: nearly every call
-        if len(numbers) > 1:
-            by_number = {number: [] for number in numbers}
-            for message_id, held in taken:
-                by_number[held.number].append((message_id, held))
+        markers: dict[int, list[tuple[str, int, str]]] = {}
         code = STATE_CODES[state]
+        for message_id in ids:
+            held = table.take(message_id)
+            if held is None or held.number not in self.partitions:
+                continue
+            if not held.destination:
+                message = read_message(table, self.files, held)
+                held.destination = message.destination if message else ""
+            self._leaving[message_id] = held
+            markers.setdefault(held.number, []).append((message_id, held.pos, held.destination))
+            taken.append((message_id, held))
         items = [
-            (partitions[number], _released(code, entries)) for number, entries in by_number.items()
+            (self.partitions[n], encode_markers(RELEASED, code, entries))
+            for n, entries in markers.items()
         ]
         if items and state is MessageState.READY:
             # A release into a local queue is in the queue database already: its marker needs
@@ -575,14 +572,3 @@ class LogStore:
     async def check(self) -> builtins.list[str]:
         """Damage found so far (empty when every record read was sound)."""
         return list(self.state.damaged)
-
-
-_HELD = itemgetter(1)
-_POS = attrgetter("pos")
-
-
-def _released(code: int, taken: Sequence[tuple[str, Held]]) -> bytes:
-    """The RELEASED markers (end state ``code``) of ``taken``, their fields read by ``map``."""
-    ids, helds = zip(*taken, strict=True)
-    positions, destinations = list(map(_POS, helds)), list(map(DESTINATION, helds))
-    return encode_marker_columns(RELEASED, code, ids, positions, destinations)

@@ -69,7 +69,6 @@ __all__ = [
     "decode_plain_columns",
     "decode_records",
     "encode_marker",
-    "encode_marker_columns",
     "encode_markers",
     "encode_message",
     "encode_messages",
@@ -262,37 +261,12 @@ def encode_markers(kind: int, value: int, entries: Sequence[tuple[str, int, str]
     """Markers of one kind (RELEASED / CANCELLED / MOVED) and value, one for each (message id,
     target position, destination) of ``entries``, framed and joined for one append (a
     released batch's markers without a call per marker)."""
-    if not entries:
-        return b""
-    ids, targets, destinations = zip(*entries, strict=True)
-    return encode_marker_columns(kind, value, ids, targets, destinations)
-
-
-def encode_marker_columns(
-    kind: int,
-    value: int,
-    ids: Sequence[str],
-    targets: Sequence[int],
-    destinations: Sequence[str],
-) -> bytes:
-    """``encode_markers`` of entries given as columns. Ids have a fixed length, so a
-    destination fixes the payload's length: its header and the header's CRC are worked out
-    once per destination, and a batch of one destination (a release's, nearly always) packs
-    each payload in one call, with nothing looked up per marker."""
     parts: list[bytes] = []
-    u32, extend = _U32.pack, _extend
-    if len(set(destinations)) == 1:
-        tail = destinations[0].encode("utf-8")
-        header = _HEAD8.pack(VERSION, kind, 0, ID_LEN + _MARK.size + len(tail))
-        crc = _crc(header)
-        pack = struct.Struct(f"<{ID_LEN}sqq{len(tail)}s").pack
-        for message_id, target in zip(ids, targets, strict=True):
-            payload = pack(message_id.encode("ascii"), target, value, tail)
-            parts += (header, u32(extend(crc, payload)), payload)
-        return b"".join(parts)
-    mark = _MARK.pack
+    mark, u32 = _MARK.pack, _U32.pack
+    # Ids have a fixed length, so a destination fixes the payload's length: its header and
+    # the header's CRC are worked out once per destination (a batch mostly shares one).
     framing: dict[str, tuple[bytes, bytes, int]] = {}
-    for message_id, target, destination in zip(ids, targets, destinations, strict=True):
+    for message_id, target, destination in entries:
         frame = framing.get(destination)
         if frame is None:
             tail = destination.encode("utf-8")
@@ -300,7 +274,7 @@ def encode_marker_columns(
             frame = framing[destination] = (header, tail, _crc(header))
         header, tail, crc = frame
         payload = message_id.encode("ascii") + mark(target, value) + tail
-        parts += (header, u32(extend(crc, payload)), payload)
+        parts += (header, u32(_extend(crc, payload)), payload)
     return b"".join(parts)
 
 

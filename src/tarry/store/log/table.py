@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
-from itertools import repeat
-from operator import attrgetter
 from pathlib import Path
-from typing import TypeVar, cast
 
 from tarry.store.log.held import Held
 from tarry.store.log.index import DueIndex
@@ -149,40 +146,35 @@ class PartitionTable:
                     return recent
         return None
 
-    def take_many(self, ids: Sequence[str]) -> list[tuple[str, Held]]:
-        """``take`` of each of ``ids``: (id, held) of those found, in order. A released batch
-        is claimed whole (nearly every call): its claims are popped in one pass."""
-        found: list[Held | None] = list(map(self.claims.pop, ids, repeat(None)))
-        if all(found):  # a ``Held`` is true: no id missed its claim
-            return list(zip(ids, cast("list[Held]", found), strict=True))
-        taken: list[tuple[str, Held]] = []
-        for message_id, claimed in zip(ids, found, strict=True):
-            held = claimed or self.take(message_id)
-            if held is not None:
-                taken.append((message_id, held))
-        return taken
-
     def finished(self, taken: Sequence[tuple[str, Held]]) -> None:
         """Bookkeeping once their RELEASED / CANCELLED / MOVED markers are written, the counts
         changed once per partition and destination (a released batch mostly shares both)."""
-        if not taken:
-            return
-        ids, helds = zip(*taken, strict=True)
-        deque(map(self.leaving.pop, ids, repeat(None)), maxlen=0)
-        if self.state.failures:
-            deque(map(self.state.failures.pop, ids, repeat(None)), maxlen=0)
-        for number, count in counted(list(map(NUMBER, helds))).items():
+        leaving, failures = self.leaving.pop, self.state.failures.pop
+        # Counted in the one pass (a ``Counter`` each costs more than the pass at a round's
+        # few dozen messages).
+        numbers: dict[int, int] = {}
+        destinations: dict[str, int] = {}
+        for message_id, held in taken:
+            leaving(message_id, None)
+            failures(message_id, None)
+            number, destination = held.number, held.destination
+            numbers[number] = numbers.get(number, 0) + 1
+            destinations[destination] = destinations.get(destination, 0) + 1
+        for number, count in numbers.items():
             partition = self.partitions.get(number)
             if partition is not None:
                 partition.finished += count
-        for destination, count in counted(list(map(DESTINATION, helds))).items():
+        for destination, count in destinations.items():
             self.state.scheduled[destination] -= count
         self.changes += len(taken)
 
     def defer(self, taken: Sequence[tuple[str, Held]]) -> dict[str, int]:
         """Released into local queues, their markers deferred (``deferred``); returns their
-        count by destination, for ``deferred_done``."""
-        counts = counted([held.destination for _, held in taken])
+        count by destination, for ``deferred_done``. Plain dicts, as in ``finished``: a
+        ``Counter`` built and added costs more than the pass at a round's few messages."""
+        counts: dict[str, int] = {}
+        for _, held in taken:
+            counts[held.destination] = counts.get(held.destination, 0) + 1
         deferred = self.deferred
         for destination, count in counts.items():
             deferred[destination] += count
@@ -215,20 +207,3 @@ class PartitionTable:
         for message_id, held in taken:
             if self.leaving.pop(message_id, None) is not None:
                 self.wait(message_id, held, held.due)
-
-
-#: A ``Held``'s partition number and destination, read by ``map`` (no Python step a held).
-NUMBER = attrgetter("number")
-DESTINATION = attrgetter("destination")
-_K = TypeVar("_K")
-
-
-def counted(values: list[_K]) -> dict[_K, int]:
-    """How many of each value: a batch mostly shares one, told by one ``count`` in C (a
-    ``Counter`` costs more than that at a round's few dozen)."""
-    if not values:
-        return {}
-    first = values[0]
-    if values.count(first) == len(values):
-        return {first: len(values)}
-    return dict(Counter(values))
