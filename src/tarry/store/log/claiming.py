@@ -30,16 +30,17 @@ def claim_due(
 ) -> Sequence[Message]:
     """Claim (``table.claims``) the readable messages of ``helds`` until ``until_ms``; returns
     them in order, as ``DueColumns`` when every one is plain and none has failed before."""
+    due = _plain_batch(table, files, helds)
+    if due is not None:
+        return _claim_columns(table, helds, due, until_ms)
     got = read_records(table, files, helds, plain_row)
     failures, claims = table.state.failures, table.claims
     if got and all(type(g) is tuple for g in got):
         rows: list[PlainRow] = got  # type: ignore[assignment]  # checked just above
         if not failures or not any(row[0] in failures for row in rows):
-            due = DueColumns(*map(list, zip(*rows, strict=True)))
-            for held, message_id, destination in zip(helds, due.ids, due.destination, strict=True):
-                held.destination, held.until = destination, until_ms
-                claims[message_id] = held
-            return due
+            return _claim_columns(
+                table, helds, DueColumns(*map(list, zip(*rows, strict=True))), until_ms
+            )
     out: list[Message] = []
     for held, read in zip(helds, got, strict=True):
         if read is None:
@@ -56,3 +57,34 @@ def claim_due(
         claims[message.id] = held
         out.append(message)
     return out
+
+
+def _plain_batch(
+    table: PartitionTable, files: SegmentFiles, helds: list[Held]
+) -> DueColumns | None:
+    """A round's usual batch (one partition's records in one segment, every one plain and
+    readable, none failed before) read straight into columns; None for anything else, which
+    the general way reads (and reports) without anything done here."""
+    if not helds:
+        return None
+    number = helds[0].number
+    partition = table.partitions.get(number)
+    if partition is None or any(held.number != number for held in helds):
+        return None
+    columns = files.read_plain_columns(partition, [held.pos for held in helds])
+    if columns is None:
+        return None
+    failures = table.state.failures
+    if failures and not failures.keys().isdisjoint(columns[0]):
+        return None
+    return DueColumns(*columns)
+
+
+def _claim_columns(
+    table: PartitionTable, helds: list[Held], due: DueColumns, until_ms: int
+) -> DueColumns:
+    claims = table.claims
+    for held, message_id, destination in zip(helds, due.ids, due.destination, strict=True):
+        held.destination, held.until = destination, until_ms
+        claims[message_id] = held
+    return due

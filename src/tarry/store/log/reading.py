@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import repeat
 from typing import TypeVar, cast
 
 import numpy as np
@@ -86,9 +87,8 @@ def pick_due(table: PartitionTable, files: SegmentFiles, now_ms: int, limit: int
         if len(picked) >= limit:
             break
         assert partition.index is not None
-        number = partition.number
-        for at, pos in partition.index.pop_due(now_ms, limit - len(picked)):
-            picked.append(Held(number, pos, at, ""))
+        dues, poss = partition.index.pop_due(now_ms, limit - len(picked))
+        picked += map(Held, repeat(partition.number), poss, dues, repeat(""))
     return picked
 
 
@@ -119,7 +119,8 @@ def read_records(
         positions = [held.pos for held in helds]
         got = files.read_records(partition, positions, plain)
         if str not in set(map(type, got)):
-            return cast(list[Message | T | None], got)
+            # A string type: ``list[Message | T | None]`` would be built at every call.
+            return cast("list[Message | T | None]", got)
         return [_readable(table, partition, pos, g) for pos, g in zip(positions, got, strict=True)]
     out: list[Message | T | None] = [None] * len(helds)
     by_number: dict[int, list[int]] = {}

@@ -29,8 +29,10 @@ from tarry.store.log.record import (
     HEADER,
     MAX_RECORD,
     SHORT,
+    PlainColumns,
     PlainReader,
     Record,
+    decode_plain_columns,
     decode_records,
     parse_record,
 )
@@ -309,6 +311,22 @@ class SegmentFiles:
                 for i, message in zip(indexes, got, strict=True):
                     out[i] = message
         return out
+
+    def read_plain_columns(self, partition: Partition, positions: list[int]) -> PlainColumns | None:
+        """The records at ``positions`` of one partition as columns (``decode_plain_columns``)
+        when they lie in one segment and every one is a whole, valid, plain MESSAGE record;
+        None otherwise (``read_records`` reads them and tells why)."""
+        segment = min(positions) >> SEGMENT_SHIFT
+        if max(positions) >> SEGMENT_SHIFT != segment:
+            return None
+        with self._lock:
+            self._flush_quietly(partition)
+            view = self._map(
+                partition.segment_path(segment), (max(positions) & OFFSET_MASK) + HEADER
+            )
+            if view is None:
+                return None
+            return decode_plain_columns(view, segment << SEGMENT_SHIFT, positions)
 
     def _map(self, path: Path, need: int) -> mmap.mmap | None:
         view = self._read.get(path)
