@@ -17,6 +17,7 @@ from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.queues.row_messages import ReceivedRows, RowMessages
 from tarry.store.sql import (
+    ACKED,
     QueueConnection,
     SqlConnection,
     in_list,
@@ -141,7 +142,7 @@ def ack_handed_out(
         # Found by rowid alone: ``+`` keeps the other columns' indexes out of the plan (the
         # in-flight index would walk every message in flight in the queue).
         changed += conn.execute(
-            "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
+            f"UPDATE messages SET {ACKED}, "
             f"updated_at_ms = ? WHERE {where} AND +{held} AND +queue = ? "
             "AND +state = 'delivered'",
             [now_ms, *args, *receipt_args, queue],
@@ -218,8 +219,7 @@ def write_acked(conn: SqlConnection, keys: Sequence[Any], now_ms: int) -> None:
     for start in range(0, len(keys), _CHUNK):
         where, chunk = in_list(conn, key, keys[start : start + _CHUNK])
         conn.execute(
-            "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, "
-            f"updated_at_ms = ? WHERE {where}",
+            f"UPDATE messages SET {ACKED}, updated_at_ms = ? WHERE {where}",
             [now_ms, *chunk],
         )
 

@@ -42,12 +42,11 @@ from tarry.queues.release_writes import (
 from tarry.queues.row_messages import ReceivedRows
 from tarry.queues.sequence import Sequencer
 from tarry.store.sql import (
-    COUNT_DELIVERY,
-    RECEIPT_SQL,
     QueueConnection,
     id_column,
     id_key,
     in_list,
+    received_sql,
     row_key,
     row_lock,
 )
@@ -354,15 +353,13 @@ class QueueTxn:
         visibility timeout ended (usually none: that condition finds nothing in the in-flight
         index's range)."""
         self.flush()
+        # A receive steps over rows claimed (``pending_receives``), unless they are many;
+        # dropping a queue's head must not take a row a consumer holds.
         claims = self.conn.pending_receives
-        claimed: set[int] = set()
-        if claims:
-            # A receive steps over rows claimed (``pending_receives``), unless they are many;
-            # dropping a queue's head must not take a row a consumer holds.
-            claimed = claims.claimed_in(queue) if unexpired else set()
-            if not unexpired or len(claimed) > _MAX_STEPPED_OVER:
-                self._claims_written()
-                claimed = set()
+        claimed = claims.claimed_in(queue) if claims and unexpired else set()
+        if claims and (not unexpired or len(claimed) > _MAX_STEPPED_OVER):
+            self._claims_written()
+            claimed = set()
         return takeable_rows(
             self.conn,
             _takeable_in("ready", unexpired=unexpired),
@@ -509,24 +506,18 @@ class QueueTxn:
         prefix = self.ids.new(now)
         keys = [row[-1] for row in rows]
         claims = self.conn.pending_receives
-        # Kept as a claim where every row is ready in the table; a row taken again after its
-        # visibility timeout (in flight there) is written at once.
-        kept = (
-            claims is not None
-            and visibility_ms >= MIN_VISIBILITY_MS
-            and all(row[_STATE] == "ready" for row in rows)
-        )
-        if not kept:
+        # Kept as a claim (written later, or never: an ack soon writes the rows acked in one
+        # go) where every row is ready in the table; a row taken again after its visibility
+        # timeout (in flight there) is written at once.
+        if visibility_ms < MIN_VISIBILITY_MS or any(row[_STATE] != "ready" for row in rows):
+            claims = None
+        if claims is None:
             where, args = in_list(self.conn, row_key(self.conn), keys)
             self.conn.execute(
-                "UPDATE messages SET state = 'delivered', "
-                f"receipt = {RECEIPT_SQL.format(key=row_key(self.conn))}, visible_at_ms = ?, "
-                f"{COUNT_DELIVERY}, updated_at_ms = ? WHERE {where}",
-                [prefix, now + visibility_ms, now, *args],
+                received_sql(row_key(self.conn), where), [prefix, now + visibility_ms, now, *args]
             )
         taken = hand_out(self.conn, rows, prefix, now)
-        if kept and claims is not None:
-            # Written later, or never: an ack soon writes the rows acked in one go.
+        if claims is not None:
             claims.claim(prefix, queue, keys, visible_at_ms=now + visibility_ms, received_at_ms=now)
         self.runs.append(EventRun("received", taken.messages, now, queue))
         return taken

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tarry.store.sqlite.row_memory import RowMemory
 
 __all__ = [
+    "ACKED",
     "COUNT_DELIVERY",
     "RECEIPT_SQL",
     "QueueConnection",
@@ -24,6 +25,7 @@ __all__ = [
     "id_column",
     "id_key",
     "in_list",
+    "received_sql",
     "row_key",
     "row_lock",
 ]
@@ -38,6 +40,21 @@ COUNT_DELIVERY = (
     "delivery_count = delivery_count + 1, "
     "redelivered = CASE WHEN redelivered <> 0 OR delivery_count > 0 THEN 1 ELSE 0 END"
 )
+
+
+#: What an ack sets on its row (the body is no longer needed once the message is finished).
+ACKED = "state = 'acked', body = NULL, receipt = NULL"
+
+
+def received_sql(key: str, where: str) -> str:
+    """A receive's write of the rows ``where`` finds (``key``: ``row_key``), its parameters the
+    receive's id, the end of the visibility timeout and the time, then ``where``'s: the same
+    statement whether the receive writes at once or its claim is written later
+    (``store/sqlite/pending_receives.py``)."""
+    return (
+        f"UPDATE messages SET state = 'delivered', receipt = {RECEIPT_SQL.format(key=key)}, "
+        f"visible_at_ms = ?, {COUNT_DELIVERY}, updated_at_ms = ? WHERE {where}"
+    )
 
 
 class SqlCursor(Protocol):

@@ -259,7 +259,16 @@ class Database:
             self._writer.put(lambda: self._flush(loop))
         return future
 
-    def _write_claims_later(self, since: float | None) -> None:
+    def _settled(
+        self, batch: list[Job], results: list[tuple[bool, Any]], since: float | None
+    ) -> None:
+        """On the event loop, after a batch: each write's result to its caller; claims left
+        unwritten (their oldest made at ``since``) written in time (``_write_claims_later``)."""
+        _settle(batch, results)
+        if since is not None:
+            self._write_claims_later(since)
+
+    def _write_claims_later(self, since: float) -> None:
         """On the event loop, after a batch left claims unwritten: a write (of nothing) once
         the oldest is ``write_after_s`` old, which writes those that old (as every
         transaction does, ``_run_batch``: this one is for when none comes)."""
@@ -267,8 +276,7 @@ class Database:
         claims = None if conn is None else conn.pending_receives
         if self._claims_call is not None or not claims or self._closing.is_set():
             return
-        # ``since`` was read on the database thread, which alone changes the claims.
-        delay = 0.0 if since is None else since + claims.write_after_s - time.monotonic()
+        delay = since + claims.write_after_s - time.monotonic()
         self._claims_call = asyncio.get_running_loop().call_later(
             max(delay, 0.0), self._write_claims_now
         )
@@ -312,9 +320,11 @@ class Database:
                     self._pending[:0] = batch[len(results) :]
                 batch = batch[: len(results)]
             self._refused = any(isinstance(value, StorageFault) for _, value in results)
-            loop.call_soon_threadsafe(_settle, batch, results)
-            if claims := self._require().pending_receives:
-                loop.call_soon_threadsafe(self._write_claims_later, claims.oldest_since())
+            # One hand-back a batch (each wakes the loop): the results, and when claims are
+            # left, the time of the oldest (read here, where alone they change).
+            claims = self._require().pending_receives
+            since = claims.oldest_since() if claims else None
+            loop.call_soon_threadsafe(self._settled, batch, results, since)
             if self._restart_rounds and (
                 self._restart_rounds > _RESTART_PATIENCE or not (self._pending or self._first)
             ):

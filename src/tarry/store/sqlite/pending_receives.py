@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from tarry.store.sql import COUNT_DELIVERY, RECEIPT_SQL, SqlConnection, in_list
+from tarry.store.sql import ACKED, COUNT_DELIVERY, SqlConnection, in_list, received_sql
 
 __all__ = ["MIN_VISIBILITY_MS", "WRITE_AFTER_S", "Claim", "PendingReceives"]
 
@@ -42,13 +42,9 @@ WRITE_AFTER_S = 0.2
 #: ``WRITE_AFTER_S``, so that a claim is written well before its rows may be taken again.
 MIN_VISIBILITY_MS = 1_000
 
-_WRITE = (
-    f"UPDATE messages SET state = 'delivered', receipt = {RECEIPT_SQL.format(key='rowid')}, "
-    f"visible_at_ms = ?, {COUNT_DELIVERY}, updated_at_ms = ? WHERE {{where}} AND state = 'ready'"
-)
 _ACK = (
-    "UPDATE messages SET state = 'acked', body = NULL, receipt = NULL, visible_at_ms = ?, "
-    f"{COUNT_DELIVERY}, updated_at_ms = ? WHERE {{where}} AND +queue = ? AND +state = 'ready'"
+    f"UPDATE messages SET {ACKED}, visible_at_ms = ?, {COUNT_DELIVERY}, updated_at_ms = ? "
+    "WHERE {where} AND +queue = ? AND +state = 'ready'"
 )
 
 
@@ -158,7 +154,7 @@ class PendingReceives:
         keys = sorted(claim.keys)
         where, args = in_list(conn, "rowid", keys)
         conn.execute(
-            _WRITE.format(where=where),
+            received_sql("rowid", f"{where} AND state = 'ready'"),
             [claim.receive_id, claim.visible_at_ms, claim.received_at_ms, *args],
         )
         self._let_go(claim, keys)
