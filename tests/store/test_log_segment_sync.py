@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,48 @@ def test_what_a_read_writes_during_a_sync_is_left_for_the_next(tmp_path: Path) -
     # When the next checkpoint syncs, then the late file and its directory are fsynced
     files.sync_dirty(tmp_path)
     assert fs.fsyncs == {"partition": 2, "directory": 2}
+    files.close()
+
+
+class SlowFsync(OsFiles):
+    """An fsync that waits until told to go on (a slow disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = threading.Event()
+        self.go_on = threading.Event()
+
+    def fsync(self, fd: int, *, what: FsyncWhat) -> None:
+        self.inside.set()
+        self.go_on.wait(10)
+        super().fsync(fd, what=what)
+
+
+def test_a_flush_does_not_wait_for_a_checkpoint_fsync(tmp_path: Path) -> None:
+    # Given a checkpoint stuck in a partition's fsync on another thread
+    fs = SlowFsync()
+    files = SegmentFiles(fs)
+    files.syncfs_at = None
+    [partition] = partitions(tmp_path, 1)
+    written(files, [partition])
+    checkpoint = threading.Thread(target=files.sync_dirty, args=(tmp_path,))
+    checkpoint.start()
+    assert fs.inside.wait(10)
+    # When a release round flushes that partition's new bytes meanwhile (the event loop)
+    def release_round() -> None:
+        files.write(partition, 0, b"more")
+        files.flush(partition)
+
+    flushing = threading.Thread(target=release_round)
+    flushing.start()
+    flushing.join(2)
+    waited = flushing.is_alive()
+    fs.go_on.set()
+    flushing.join()
+    checkpoint.join()
+    # Then it wrote them without waiting for the fsync
+    assert not waited
+    assert partition.segment_path(0).read_bytes() == b"recordmore"
     files.close()
 
 

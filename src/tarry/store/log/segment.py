@@ -226,12 +226,9 @@ class SegmentFiles:
             raise
 
     def _sync_file(self, path: Path) -> None:
-        with self._lock:  # its descriptor is not closed (``trim``) under the fsync
-            fd = self._write.get(path)
-            if fd is not None:
-                self.fs.fsync(fd, what="partition")
-                return
-        try:  # closed since (``trim``); gone with its partition when missing
+        # A descriptor of its own, outside the lock: a release round's ``flush`` takes the
+        # lock on the event loop, and must not wait out a checkpoint's fsync behind it.
+        try:  # gone with its partition when missing
             fd = self.fs.open_existing(path)
         except FileNotFoundError:
             return
