@@ -163,6 +163,7 @@ def test_a_flush_does_not_wait_for_a_checkpoint_fsync(tmp_path: Path) -> None:
     checkpoint = threading.Thread(target=files.sync_dirty, args=(tmp_path,))
     checkpoint.start()
     assert fs.inside.wait(10)
+
     # When a release round flushes that partition's new bytes meanwhile (the event loop)
     def release_round() -> None:
         files.write(partition, 0, b"more")
