@@ -104,16 +104,20 @@ class DueIndex:
 
     def _seal(self) -> None:
         """Sort the arrivals into a run, and merge it into the runs before it while they are
-        not much larger (a binary counter's carries, stopped at ``merge_cap``)."""
+        not much larger (a binary counter's carries, stopped at ``merge_cap``), or into all of
+        them while they hold no more than ``merge_cap`` together: a round then reads one run."""
         if not self._in_due:
             return
         run = _sorted(np.frombuffer(self._in_due, np.int64), np.frombuffer(self._in_pos, np.int64))
         self._in_due, self._in_pos, self._in_min = array("q"), array("q"), None
         runs = self._runs
         runs.append(run)
+        few = sum(map(len, runs)) <= self._merge_cap
         while len(runs) > 1:
             older, newer = runs[-2], runs[-1]
-            if len(older) > 2 * len(newer) or len(older) + len(newer) > self._merge_cap:
+            if not few and (
+                len(older) > 2 * len(newer) or len(older) + len(newer) > self._merge_cap
+            ):
                 break
             (old_due, old_pos), (new_due, new_pos) = older.live(), newer.live()
             runs[-2:] = [
