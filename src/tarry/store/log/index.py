@@ -6,9 +6,10 @@ per message).
   It is sorted into a *run* of its own once one of its entries falls due or it holds
   ``seal_at`` entries.
 - Runs are sorted, consumed from their heads, and oldest first. A new run is merged with the
-  one before it while that one is not much larger, but never into a run past ``merge_cap``:
-  merging into everything pending (hundreds of thousands of entries) stalled the event loop
-  each time an arrival fell due, where a few runs cost a few array calls a round.
+  one before it while that one is not much larger, but never into a run past ``merge_cap``
+  (all runs are merged into one while they hold no more than that together, as after a
+  burst): merging into everything pending (hundreds of thousands of entries) stalled the
+  event loop each time an arrival fell due, where a few runs cost a few list calls a round.
 - Removed entries (cancelled, released outside a fetch) are remembered by position in ``dead``
   and skipped when reached; this set only holds changes to a loaded partition.
 """
