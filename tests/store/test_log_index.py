@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tarry.store.log.index import DueIndex
+from tarry.store.log.index import DueIndex, sort_entries
 
 
 @settings(max_examples=300, deadline=None)
@@ -99,6 +99,10 @@ def test_rounds_between_arrivals_take_the_earliest_due_across_runs(
             assert next_due is not None and next_due <= entries[0][0]
         lo, hi = sorted((data.draw(st.integers(-5, 70)), data.draw(st.integers(-5, 70))))
         assert index.count_between(lo, hi) == sum(lo <= due < hi for due, _ in entries)
-    # And a snapshot holds what is left, in due order
+    # And a snapshot holds what is left: captured run after run, stored in due order
+    captured = index.entries()
+    assert sorted(zip(*(a.tolist() for a in captured), strict=True)) == sorted(entries)
+    due, pos = sort_entries(*captured)
+    assert list(zip(due.tolist(), pos.tolist(), strict=True)) == entries
     due, pos = index.arrays()
     assert list(zip(due.tolist(), pos.tolist(), strict=True)) == entries

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DueIndex"]
+__all__ = ["DueIndex", "sort_entries"]
 
 I64 = npt.NDArray[np.int64]
 _EMPTY: I64 = np.zeros(0, dtype=np.int64)
@@ -49,6 +49,12 @@ class _Run:
 
     def live(self) -> tuple[I64, I64]:
         return self.due[self.head :], self.pos[self.head :]
+
+
+def sort_entries(due: I64, pos: I64) -> tuple[I64, I64]:
+    """(due, pos) sorted by due, stably."""
+    order = np.argsort(due, kind="stable")
+    return due[order], pos[order]
 
 
 def _sorted(due: I64, pos: I64) -> _Run:
@@ -245,6 +251,21 @@ class DueIndex:
         if found:
             self.dead.add(pos)
         return found
+
+    def entries(self) -> tuple[I64, I64]:
+        """Every live entry (a copy) run after run, each run sorted but not the whole: a
+        snapshot's capture on the event loop, sorted (``sort_entries``) on another thread
+        before it is stored, since a sort of everything pending is what stalled the loop."""
+        self._seal()
+        lives = [run.live() for run in self._runs if len(run)]
+        if not lives:
+            return _EMPTY.copy(), _EMPTY.copy()
+        due = np.concatenate([d for d, _ in lives])
+        pos = np.concatenate([p for _, p in lives])
+        if self.dead:
+            keep = ~np.isin(pos, np.fromiter(self.dead, np.int64, len(self.dead)))
+            return due[keep], pos[keep]
+        return due, pos
 
     def arrays(self) -> tuple[I64, I64]:
         """Every live entry (a copy), sorted by due: what a snapshot stores."""

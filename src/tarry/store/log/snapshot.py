@@ -16,7 +16,7 @@ import google_crc32c
 import numpy as np
 
 from tarry.store.log.fs import Files
-from tarry.store.log.index import I64
+from tarry.store.log.index import I64, sort_entries
 from tarry.store.log.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -51,10 +51,12 @@ def write_snapshot(
     *,
     fs: Files,
 ) -> Path:
-    """Parts first, the manifest last; returns the manifest's path."""
+    """Parts first, the manifest last; returns the manifest's path. Each index is stored
+    sorted by due (``capture`` leaves the sort to here, a thread of its own)."""
     directory = root / f"snap-{manifest.seq:012d}"
     fs.mkdir(directory)
-    for number, (due, pos) in indexes.items():
+    for number, entries in indexes.items():
+        due, pos = sort_entries(*entries)
         blob = np.stack((due, pos)).tobytes()
         manifest.indexed[str(number)] = [*_write_blob(directory, manifest, blob, fs), len(due)]
     hashes, ids = dedupe
@@ -97,7 +99,8 @@ def capture(
     """What snapshot ``seq`` of ``store`` holds, taken in one event-loop step (no await), so
     the sizes it records agree with the in-memory state (``writer.py``): every partition's
     header, and for indexed ones the index plus the messages held outside it (claimed, waiting
-    to retry, or leaving until their marker is written)."""
+    to retry, or leaving until their marker is written), not sorted yet: ``write_snapshot``
+    sorts them off the event loop."""
     manifest = Manifest(seq=seq, created_ms=table.now_ms)
     held_by: dict[int, list[Any]] = {}
     for held in table.held():
@@ -110,13 +113,11 @@ def capture(
             "finished": partition.finished,
         }
         if partition.index is not None:
-            due, pos = partition.index.arrays()
+            due, pos = partition.index.entries()
             extra = held_by.get(number, [])
             if extra:
                 due = np.concatenate((due, np.array([h.due for h in extra], np.int64)))
                 pos = np.concatenate((pos, np.array([h.pos for h in extra], np.int64)))
-                order = np.argsort(due, kind="stable")
-                due, pos = due[order], pos[order]
             indexes[number] = (due, pos)
     state = table.state
     manifest.scheduled = {k: v for k, v in state.scheduled.items() if v > 0}
