@@ -59,8 +59,7 @@ def sort_entries(due: I64, pos: I64) -> tuple[I64, I64]:
 
 def _sorted(due: I64, pos: I64) -> _Run:
     # Stable: among equal due times the older run's entries (first here) stay first.
-    order = np.argsort(due, kind="stable")
-    return _Run(due[order], pos[order])
+    return _Run(*sort_entries(due, pos))
 
 
 class DueIndex:
@@ -268,7 +267,7 @@ class DueIndex:
         return due, pos
 
     def arrays(self) -> tuple[I64, I64]:
-        """Every live entry (a copy), sorted by due: what a snapshot stores."""
+        """Every live entry (a copy), sorted by due (the runs merged into one)."""
         run = self._merge_all()
         if run is None:
             return _EMPTY.copy(), _EMPTY.copy()
