@@ -4,6 +4,7 @@ test ends with an integrity check (``check()``) or states which damage it expect
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.store.log import LogStore
+from tarry.store.log.fs import OsFiles
 from tarry.store.log.layout import Layout
 from tarry.store.log.record import encode_message
 from tarry.store.log.wal import MAGIC
@@ -184,6 +186,54 @@ async def test_released_partitions_are_deleted_with_their_files(tmp_path: Path) 
     assert await store.delete_released(NOW + G + 1) == 1
     assert len(list((tmp_path / "parts").glob("p-*"))) == 1
     assert await store.get(batch[1].id) is not None
+    await store.close()
+
+
+class _UnlinkThreads(OsFiles):
+    """The real file system, noting the thread of every unlink."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unlinked_on: list[tuple[str, str]] = []
+
+    def unlink(self, path: Path) -> None:
+        self.unlinked_on.append((path.name, threading.current_thread().name))
+        super().unlink(path)
+
+
+async def test_a_deleted_partitions_files_are_freed_off_the_event_loop(tmp_path: Path) -> None:
+    # Given a drained partition whose window is over
+    fs = _UnlinkThreads()
+    store = await opened(tmp_path, fs=fs)
+    await store.store([message(NOW + 5)])
+    due = await store.fetch_due(NOW + 10, limit=10, lease_ms=1000)
+    await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 10)
+    # When cleanup deletes it
+    assert await store.delete_released(NOW + G + 1) == 1
+    # Then its segment file left parts/ and was unlinked from trash/, not on the event loop
+    # (freeing a large file's blocks holds the caller)
+    assert not list((tmp_path / "parts").glob("p-*"))
+    segment_files = [(n, t) for n, t in fs.unlinked_on if ".seg-" in n]
+    assert segment_files and all(t != threading.current_thread().name for _, t in segment_files)
+    assert not list((tmp_path / "trash").iterdir())
+    await store.close()
+
+
+async def test_a_file_a_crash_left_in_the_trash_is_deleted_at_the_next_open(
+    tmp_path: Path,
+) -> None:
+    # Given a store, and a file a crash left in its trash between the move and the unlink
+    store = await opened(tmp_path)
+    kept = message(NOW + G + 5)
+    await store.store([kept])
+    await crash(store)
+    (tmp_path / "trash").mkdir()
+    (tmp_path / "trash" / "0-p-28333333.seg-000000.log").write_bytes(b"x" * 4096)
+    # When it opens again
+    store = await opened(tmp_path)
+    # Then the trash is gone, and nothing else was touched
+    assert not (tmp_path / "trash").exists()
+    assert await store.get(kept.id) is not None
     await store.close()
 
 

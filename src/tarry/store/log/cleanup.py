@@ -5,22 +5,44 @@ commit) runs first. Then a checkpoint: it covers every record of the doomed part
 write-ahead log's tail replayed after a crash never names a deleted partition, and it keeps the
 forwards of messages rescheduled out of them (find by id). De-duplication keys and reschedule
 forwards into deleted partitions are dropped with them.
+
+A deleted partition's files are moved into ``trash/`` on the event loop and unlinked there on
+a thread: unlinking a file frees its blocks, which takes as long as the file is large (a busy
+partition holds hundreds of MB), while a move changes a directory entry only. A file a crash
+leaves in ``trash/`` is deleted at the next open (``empty_trash``); one a crash returns to
+``parts/`` is a partition deleted again, as before.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from tarry.model.ids import id_due_ms
+from tarry.store.log.fs import Files
 from tarry.store.log.partition import Partition, PartitionState, parts_root
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import PartitionTable
 
-__all__ = ["delete_released"]
+__all__ = ["delete_released", "empty_trash", "trash_root"]
 
 log = logging.getLogger(__name__)
+
+TRASH = "trash"
+#: Makes each name in ``trash/`` its own (a partition of the same key may be deleted again).
+_moves = itertools.count()
+
+
+def trash_root(root: Path) -> Path:
+    return root / TRASH
+
+
+def empty_trash(root: Path, *, fs: Files) -> None:
+    """Delete what a crash left in ``trash/`` (at open, before anything is written)."""
+    fs.remove_tree(trash_root(root))
 
 
 def _doomed(table: PartitionTable, now_ms: int) -> list[Partition]:
@@ -54,15 +76,21 @@ async def delete_released(
         return 0  # another checkpoint is being written: the next round deletes
     again = {p.number for p in _doomed(table, now_ms)}
     doomed = [p for p in doomed if p.number in again and table.partitions.get(p.number) is p]
+    trash = trash_root(table.root)
+    moved: list[Path] = []
     for partition in doomed:
         files.close_partition(partition)
         found = partition.on_disk()
+        if found and not moved:
+            files.fs.mkdir(trash)
         for path, _ in found:
-            files.fs.unlink(path)
+            moved.append(trash / f"{next(_moves)}-{path.name}")
+            files.fs.rename(path, moved[-1])
         table.drop(partition)
         log.info("partition %s released: deleted its %d segment files", partition.name, len(found))
     if not doomed:
         return 0
+    # Gone from ``parts/`` for good before a later snapshot leaves their partitions out.
     files.fs.fsync_dir(parts_root(table.root))
     forwards = table.state.forwards
 
@@ -74,4 +102,11 @@ async def delete_released(
         k: v for k, v in table.state.dedupe.items() if lives(forwards.get(v) or id_due_ms(v))
     }
     table.state.forwards = {k: v for k, v in forwards.items() if lives(v)}
+    if moved:
+        await asyncio.to_thread(_unlink_all, files.fs, moved)
     return len(doomed)
+
+
+def _unlink_all(fs: Files, paths: Sequence[Path]) -> None:
+    for path in paths:
+        fs.unlink(path)

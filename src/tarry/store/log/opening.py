@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tarry.store.log import clean
 from tarry.store.log.adopt import adopt_imports
+from tarry.store.log.cleanup import empty_trash
 from tarry.store.log.layout import Layout
 from tarry.store.log.migrate import flatten
 from tarry.store.log.partition import parts_root
@@ -93,6 +94,7 @@ def recover(root: Path, *, table: PartitionTable, files: SegmentFiles) -> Opened
         if p.name.split("-", 1)[1].isdigit()
     ]
     sweep_orphans(root, manifest.seq if manifest else None, fs=fs)
+    empty_trash(root, fs=fs)
     record = clean.take(root, fs=fs)
     start = WalPosition(*manifest.wal) if manifest else WalPosition(0, 0)
     rewritten = apply(
