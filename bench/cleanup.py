@@ -1,0 +1,134 @@
+"""The event loop while cleanup deletes a drained partition (issue 23's steady tail); prints JSON.
+
+    .venv/bin/python bench/cleanup.py [--messages 1000000] [--runs 2] [--baseline-src DIR/src]
+
+A log store (in-process, the default 5-minute partitions) is given ``--messages`` messages of
+100 bytes due in one partition whose window is over; all are fetched and released, then
+``delete_released`` deletes the partition and its files, as the store's upkeep does once a
+partition's five minutes are over and drained (at 10,000 msg/s, every five minutes, up to
+3,000,000 messages), its markers written and a checkpoint taken first, as a server's upkeep
+has. Reported: the partition's size, how long the deletion took, and the longest the event
+loop was held meanwhile (a task sleeping 1 ms at a time measures it).
+``--baseline-src`` runs another source tree too (e.g. a worktree of main before a change), the
+runs alternating, each in a process of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+GRANULARITY_MS = 300_000
+
+
+async def _measure(root: Path, count: int) -> dict[str, Any]:
+    from tarry.model.ids import IdGenerator
+    from tarry.model.message import Message
+    from tarry.model.state import MessageState
+    from tarry.store.log import LogStore
+
+    # Two windows back: over, so the partition is deleted once drained. No automatic upkeep:
+    # the deletion is the one measured.
+    now = (int(time.time() * 1000) // GRANULARITY_MS - 2) * GRANULARITY_MS
+    ids = IdGenerator()
+    store = LogStore(root, granularity_ms=GRANULARITY_MS, snapshot_interval_ms=1 << 62)
+    await store.open()
+    for start in range(0, count, 10_000):
+        batch = []
+        for i in range(start, min(start + 10_000, count)):
+            due = now + 10 + i * (GRANULARITY_MS // 2) // count
+            batch.append(
+                Message(
+                    id=ids.new_due(now, due),
+                    destination="bench",
+                    body=b"x" * 100,
+                    headers={},
+                    sent_at_ms=now,
+                    deliver_at_ms=due,
+                    expires_at_ms=None,
+                    updated_at_ms=now,
+                )
+            )
+        await store.store(batch)
+    while due_now := await store.fetch_due(now + GRANULARITY_MS, limit=5000, lease_ms=60_000):
+        ids_due = [m.id for m in due_now]
+        await store.remove(ids_due, state=MessageState.READY, now_ms=now + GRANULARITY_MS)
+    # As in a server releasing 10,000 msg/s: the markers written as they come, and a
+    # checkpoint within the last minute (the store's upkeep takes one every minute).
+    await store.writer.drain()
+    await store.snapshot()
+    size = sum(p.stat().st_size for p in (root / "parts").glob("p-*"))
+    held = 0.0
+    watching = True
+
+    async def watch() -> None:
+        nonlocal held
+        while watching:
+            started = time.perf_counter()
+            await asyncio.sleep(0.001)
+            held = max(held, time.perf_counter() - started - 0.001)
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.sleep(0.05)
+    started = time.perf_counter()
+    deleted = await store.delete_released(now + GRANULARITY_MS + 1)
+    took = time.perf_counter() - started
+    await asyncio.sleep(0.05)
+    watching = False
+    await watcher
+    await store.close()
+    return {
+        "partition_mb": round(size / 2**20, 1),
+        "partitions_deleted": deleted,
+        "delete_ms": round(took * 1000, 1),
+        "event_loop_held_max_ms": round(held * 1000, 1),
+    }
+
+
+def _run(src: Path | None, count: int) -> dict[str, Any]:
+    """One measurement in a process of its own, with ``src`` first on its path."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", "--messages", str(count)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--baseline-src", type=Path, help="another tarry source tree's src/")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parent.parent) as name:
+            print(json.dumps(asyncio.run(_measure(Path(name), args.messages))))
+        return
+    results: dict[str, Any] = {"messages": args.messages, "tarry": []}
+    if args.baseline_src:
+        results["baseline"] = []
+    for _ in range(args.runs):
+        results["tarry"].append(_run(None, args.messages))
+        if args.baseline_src:
+            results["baseline"].append(_run(args.baseline_src, args.messages))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
