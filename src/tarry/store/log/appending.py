@@ -58,11 +58,14 @@ class Appender:
             partitions_of=lambda keys: table.partitions_for(keys, now_ms=now_ms),
         )
         state, unwritten = table.state, self.unwritten
-        dedupe, scheduled = state.dedupe, state.scheduled
+        dedupe, scheduled, filed = state.dedupe, state.scheduled, state.filed
+        key_for = self.layout.key_for
 
         def on_written(positions: list[int]) -> None:
             for key, message in new.keyed:
                 dedupe[key] = message.id
+                # Under the partition it was written to (``cleanup.file_key``).
+                filed.setdefault(key_for(message.deliver_at_ms, now_ms), []).append(key)
                 unwritten.pop(key, None)
             destinations = new.destinations
             first = destinations[0]

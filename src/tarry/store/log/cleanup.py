@@ -4,7 +4,11 @@ database holds the releases durably, so the store's ``barrier`` (a durable queue
 commit) runs first. Then a checkpoint: it covers every record of the doomed partitions, so the
 write-ahead log's tail replayed after a crash never names a deleted partition, and it keeps the
 forwards of messages rescheduled out of them (find by id). De-duplication keys and reschedule
-forwards into deleted partitions are dropped with them.
+forwards into deleted partitions are dropped with them. A key is filed under a partition that
+may hold its message (``file_key``): a deleted partition's keys are looked at again, and each
+is dropped or filed under another partition that may still hold its message (a coarser one
+covering the same time, or the one a reschedule moved it to). Reading every key instead held
+the event loop for seconds at every deletion once a million keys were kept.
 
 A deleted partition's files are moved into ``trash/`` on the event loop and unlinked there on
 a thread: unlinking a file frees its blocks, which takes as long as the file is large (a busy
@@ -27,7 +31,7 @@ from tarry.store.log.partition import Partition, PartitionState, parts_root
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import PartitionTable
 
-__all__ = ["delete_released", "empty_trash", "trash_root"]
+__all__ = ["delete_released", "empty_trash", "file_all", "file_key", "trash_root"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,40 @@ def trash_root(root: Path) -> Path:
 def empty_trash(root: Path, *, fs: Files) -> None:
     """Delete what a crash left in ``trash/`` (at open, before anything is written)."""
     fs.remove_tree(trash_root(root))
+
+
+def file_key(table: PartitionTable, key: int, message_id: str) -> bool:
+    """File de-duplication ``key`` (of ``message_id``) under a partition that may hold its
+    message; False when none may (the key is dead). A key whose id carries no due time is
+    kept unfiled: never dropped."""
+    due = table.state.forwards.get(message_id) or id_due_ms(message_id)
+    if due is None:
+        return True
+    holders = table.holding(due)
+    if not holders:
+        return False
+    table.state.filed.setdefault(holders[0].number, []).append(key)
+    return True
+
+
+def file_all(table: PartitionTable) -> None:
+    """File every de-duplication key (at open), dropping those no partition may hold."""
+    state = table.state
+    state.filed.clear()
+    dead = [key for key, message_id in state.dedupe.items() if not file_key(table, key, message_id)]
+    for key in dead:
+        del state.dedupe[key]
+
+
+def _refile(table: PartitionTable, deleted: list[Partition]) -> None:
+    """The keys filed under ``deleted`` (gone from the table): dropped, or filed again under a
+    partition that may still hold their message."""
+    dedupe, filed = table.state.dedupe, table.state.filed
+    for partition in deleted:
+        for key in filed.pop(partition.number, ()):
+            message_id = dedupe.get(key)
+            if message_id is not None and not file_key(table, key, message_id):
+                del dedupe[key]
 
 
 def _doomed(table: PartitionTable, now_ms: int) -> list[Partition]:
@@ -94,14 +132,9 @@ async def delete_released(
     files.fs.fsync_dir(parts_root(table.root))
     forwards = table.state.forwards
 
-    def lives(due: int | None) -> bool:
-        """A message due then may still be held (a partition that may hold it is left)."""
-        return due is None or bool(table.holding(due))
-
-    table.state.dedupe = {
-        k: v for k, v in table.state.dedupe.items() if lives(forwards.get(v) or id_due_ms(v))
-    }
-    table.state.forwards = {k: v for k, v in forwards.items() if lives(v)}
+    _refile(table, doomed)
+    # Forwards are few (reschedules): all read.
+    table.state.forwards = {k: v for k, v in forwards.items() if table.holding(v)}
     if moved:
         await asyncio.to_thread(_unlink_all, files.fs, moved)
     return len(doomed)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tarry.store.log import clean
 from tarry.store.log.adopt import adopt_imports
-from tarry.store.log.cleanup import empty_trash
+from tarry.store.log.cleanup import empty_trash, file_all
 from tarry.store.log.layout import Layout
 from tarry.store.log.migrate import flatten
 from tarry.store.log.partition import parts_root
@@ -120,6 +120,7 @@ def recover(root: Path, *, table: PartitionTable, files: SegmentFiles) -> Opened
     adopted = adopt_imports(  # bulk imports (tarry pipeline import --into), all or nothing
         root, layout=table.layout, partition_of=table.partition, state=state, fs=fs
     )
+    file_all(table)
     seconds = time.perf_counter() - started
     log.info(
         "log store recovered %d partitions (%d pending) in %.3f s: snapshot %s, WAL from %s "

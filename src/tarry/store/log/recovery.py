@@ -51,6 +51,10 @@ class Recovered:
     scheduled: Counter[str] = field(default_factory=Counter)
     failures: dict[str, Failure] = field(default_factory=dict)
     forwards: dict[str, int] = field(default_factory=dict)
+    #: The keys of ``dedupe`` by the partition that may hold their message, so that cleanup
+    #: finds a deleted partition's keys without reading them all (``cleanup.file_key``). Made
+    #: again at every open (``cleanup.file_all``), not kept in snapshots.
+    filed: dict[int, list[int]] = field(default_factory=dict)
     #: Damaged files, one line each: what ``health`` and ``tarry store verify`` report.
     damaged: list[str] = field(default_factory=list)
     replayed_records: int = 0
