@@ -47,23 +47,44 @@ def write_snapshot(
     root: Path,
     manifest: Manifest,
     indexes: dict[int, tuple[I64, I64]],
-    dedupe: tuple[I64, np.ndarray[Any, Any]],
+    dedupe: dict[int, str],
     *,
     fs: Files,
 ) -> Path:
     """Parts first, the manifest last; returns the manifest's path. Each index is stored
-    sorted by due (``capture`` leaves the sort to here, a thread of its own)."""
+    sorted by due, and the de-duplication keys as arrays (``capture`` leaves both to here, a
+    thread of its own)."""
     directory = root / f"snap-{manifest.seq:012d}"
     fs.mkdir(directory)
     for number, entries in indexes.items():
         due, pos = sort_entries(*entries)
         blob = np.stack((due, pos)).tobytes()
         manifest.indexed[str(number)] = [*_write_blob(directory, manifest, blob, fs), len(due)]
-    hashes, ids = dedupe
+    hashes, ids = _dedupe_arrays(dedupe)
     blob = hashes.tobytes() + ids.tobytes()
     manifest.dedupe = [*_write_blob(directory, manifest, blob, fs), len(hashes)]
     fs.fsync_dir(directory)
     return manifest.write(root, fs=fs)
+
+
+def _dedupe_arrays(dedupe: dict[int, str]) -> tuple[I64, np.ndarray[Any, Any]]:
+    """The keys' hashes and ids as arrays, made a slice at a time: a numpy call holds the GIL
+    throughout, and the event loop waits for it meanwhile."""
+    hashes, ids = list(dedupe), list(dedupe.values())
+    step = 65_536
+    return (
+        np.concatenate(
+            [np.array(hashes[i : i + step], np.int64) for i in range(0, len(hashes), step)]
+            or [np.zeros(0, np.int64)]
+        ),
+        np.concatenate(
+            [
+                np.array([x.encode() for x in ids[i : i + step]], dtype="S26")
+                for i in range(0, len(ids), step)
+            ]
+            or [np.zeros(0, dtype="S26")]
+        ),
+    )
 
 
 def read_blob(root: Path, manifest: Manifest, first: int, count: int) -> bytes:
@@ -95,12 +116,13 @@ def dedupe_arrays(blob: bytes, entries: int) -> tuple[I64, np.ndarray[Any, Any]]
 
 def capture(
     table: PartitionTable, seq: int
-) -> tuple[Manifest, dict[int, tuple[I64, I64]], tuple[I64, np.ndarray[Any, Any]]]:
+) -> tuple[Manifest, dict[int, tuple[I64, I64]], dict[int, str]]:
     """What snapshot ``seq`` of ``store`` holds, taken in one event-loop step (no await), so
     the sizes it records agree with the in-memory state (``writer.py``): every partition's
     header, and for indexed ones the index plus the messages held outside it (claimed, waiting
-    to retry, or leaving until their marker is written), not sorted yet: ``write_snapshot``
-    sorts them off the event loop."""
+    to retry, or leaving until their marker is written), not sorted yet, and a copy of the
+    de-duplication keys: ``write_snapshot`` sorts and encodes them off the event loop (a
+    Python call a key, every minute, for every key kept)."""
     manifest = Manifest(seq=seq, created_ms=table.now_ms)
     held_by: dict[int, list[Any]] = {}
     for held in table.held():
@@ -123,6 +145,4 @@ def capture(
     manifest.scheduled = {k: v for k, v in state.scheduled.items() if v > 0}
     manifest.failures = {k: list(v) for k, v in state.failures.items()}
     manifest.forwards = dict(state.forwards)
-    hashes = np.fromiter(state.dedupe.keys(), np.int64, len(state.dedupe))
-    ids = np.array([i.encode() for i in state.dedupe.values()], dtype="S26")
-    return manifest, indexes, (hashes, ids)
+    return manifest, indexes, state.dedupe.copy()
