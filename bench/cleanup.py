@@ -1,14 +1,17 @@
 """The event loop while cleanup deletes a drained partition (issue 23's steady tail); prints JSON.
 
-    .venv/bin/python bench/cleanup.py [--messages 1000000] [--runs 2] [--baseline-src DIR/src]
+    .venv/bin/python bench/cleanup.py [--messages 1000000] [--keyed 0] [--runs 2]
+        [--baseline-src DIR/src]
 
 A log store (in-process, the default 5-minute partitions) is given ``--messages`` messages of
 100 bytes due in one partition whose window is over; all are fetched and released, then
 ``delete_released`` deletes the partition and its files, as the store's upkeep does once a
 partition's five minutes are over and drained (at 10,000 msg/s, every five minutes, up to
 3,000,000 messages), its markers written and a checkpoint taken first, as a server's upkeep
-has. Reported: the partition's size, how long the deletion took, and the longest the event
-loop was held meanwhile (a task sleeping 1 ms at a time measures it).
+has. ``--keyed`` more messages sent with a ``message_id`` wait in the partitions after it, each
+with a de-duplication key the store keeps until its own partition goes. Reported: the
+partition's size, how long the deletion took, and the longest the event loop was held
+meanwhile (a task sleeping 1 ms at a time measures it).
 ``--baseline-src`` runs another source tree too (e.g. a worktree of main before a change), the
 runs alternating, each in a process of its own.
 """
@@ -29,7 +32,7 @@ from typing import Any
 GRANULARITY_MS = 300_000
 
 
-async def _measure(root: Path, count: int) -> dict[str, Any]:
+async def _measure(root: Path, count: int, keyed: int) -> dict[str, Any]:
     from tarry.model.ids import IdGenerator
     from tarry.model.message import Message
     from tarry.model.state import MessageState
@@ -41,23 +44,28 @@ async def _measure(root: Path, count: int) -> dict[str, Any]:
     ids = IdGenerator()
     store = LogStore(root, granularity_ms=GRANULARITY_MS, snapshot_interval_ms=1 << 62)
     await store.open()
+
+    def message(due: int, message_id: str | None = None) -> Message:
+        return Message(
+            id=ids.new_due(now, due),
+            destination="bench",
+            body=b"x" * 100,
+            headers={},
+            sent_at_ms=now,
+            deliver_at_ms=due,
+            expires_at_ms=None,
+            updated_at_ms=now,
+            message_id=message_id,
+        )
+
     for start in range(0, count, 10_000):
-        batch = []
-        for i in range(start, min(start + 10_000, count)):
-            due = now + 10 + i * (GRANULARITY_MS // 2) // count
-            batch.append(
-                Message(
-                    id=ids.new_due(now, due),
-                    destination="bench",
-                    body=b"x" * 100,
-                    headers={},
-                    sent_at_ms=now,
-                    deliver_at_ms=due,
-                    expires_at_ms=None,
-                    updated_at_ms=now,
-                )
-            )
-        await store.store(batch)
+        stop = min(start + 10_000, count)
+        due_of = [now + 10 + i * (GRANULARITY_MS // 2) // count for i in range(start, stop)]
+        await store.store([message(due) for due in due_of])
+    later = now + 10 * GRANULARITY_MS
+    for start in range(0, keyed, 10_000):
+        stop = min(start + 10_000, keyed)
+        await store.store([message(later + i * 10, f"k{i}") for i in range(start, stop)])
     while due_now := await store.fetch_due(now + GRANULARITY_MS, limit=5000, lease_ms=60_000):
         ids_due = [m.id for m in due_now]
         await store.remove(ids_due, state=MessageState.READY, now_ms=now + GRANULARITY_MS)
@@ -86,6 +94,7 @@ async def _measure(root: Path, count: int) -> dict[str, Any]:
     await watcher
     await store.close()
     return {
+        "keys_kept": len(store.state.dedupe),
         "partition_mb": round(size / 2**20, 1),
         "partitions_deleted": deleted,
         "delete_ms": round(took * 1000, 1),
@@ -93,13 +102,13 @@ async def _measure(root: Path, count: int) -> dict[str, Any]:
     }
 
 
-def _run(src: Path | None, count: int) -> dict[str, Any]:
+def _run(src: Path | None, count: int, keyed: int) -> dict[str, Any]:
     """One measurement in a process of its own, with ``src`` first on its path."""
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = str(src)
     out = subprocess.run(
-        [sys.executable, __file__, "--child", "--messages", str(count)],
+        [sys.executable, __file__, "--child", "--messages", str(count), "--keyed", str(keyed)],
         capture_output=True,
         text=True,
         check=True,
@@ -112,21 +121,22 @@ def _run(src: Path | None, count: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--keyed", type=int, default=0)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--baseline-src", type=Path, help="another tarry source tree's src/")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parent.parent) as name:
-            print(json.dumps(asyncio.run(_measure(Path(name), args.messages))))
+            print(json.dumps(asyncio.run(_measure(Path(name), args.messages, args.keyed))))
         return
-    results: dict[str, Any] = {"messages": args.messages, "tarry": []}
+    results: dict[str, Any] = {"messages": args.messages, "keyed": args.keyed, "tarry": []}
     if args.baseline_src:
         results["baseline"] = []
     for _ in range(args.runs):
-        results["tarry"].append(_run(None, args.messages))
+        results["tarry"].append(_run(None, args.messages, args.keyed))
         if args.baseline_src:
-            results["baseline"].append(_run(args.baseline_src, args.messages))
+            results["baseline"].append(_run(args.baseline_src, args.messages, args.keyed))
     print(json.dumps(results, indent=2))
 
 
