@@ -26,7 +26,7 @@ from tarry.store.log.held import dedupe_hash
 from tarry.store.log.layout import Layout
 from tarry.store.log.manifest import frame
 from tarry.store.log.record import encode_message
-from tests.store.test_log_recovery import NOW, G, crash, message, opened
+from tests.store.test_log_recovery import NOW, G, crash, keyed, opened
 
 
 def area_with(
@@ -80,12 +80,6 @@ async def drain(store: LogStore) -> list[str]:
             m.message_id or "" for m in await store.fetch_due(NOW + 10 * G, limit=10, lease_ms=1000)
         ]
     return sorted(keys)
-
-
-def keyed(due_ms: int, key: str) -> Message:
-    m = message(due_ms)
-    m.message_id = key
-    return m
 
 
 async def test_an_import_is_adopted_next_to_live_messages_and_only_once(tmp_path: Path) -> None:

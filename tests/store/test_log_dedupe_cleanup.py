@@ -6,31 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.store.log import LogStore
-
-NOW = 1_700_000_000_000
-G = 60_000
-ids = IdGenerator()
-
-
-def keyed(due_ms: int, message_id: str) -> Message:
-    return Message(
-        id=ids.new_due(NOW, due_ms),
-        destination="q",
-        body=b"x",
-        headers={},
-        sent_at_ms=NOW,
-        deliver_at_ms=due_ms,
-        expires_at_ms=None,
-        updated_at_ms=NOW,
-        message_id=message_id,
-    )
+from tests.store.test_log_recovery import NOW, G, keyed
 
 
 async def opened(root: Path) -> LogStore:
+    """No upkeep of its own: each test deletes partitions when it says."""
     store = LogStore(root, granularity_ms=G, snapshot_interval_ms=1 << 62)
     await store.open()
     return store

@@ -36,6 +36,13 @@ def message(due_ms: int, body: bytes = b"hello", destination: str = "q") -> Mess
     )
 
 
+def keyed(due_ms: int, message_id: str) -> Message:
+    """``message`` sent with a ``message_id`` (a de-duplication key)."""
+    m = message(due_ms)
+    m.message_id = message_id
+    return m
+
+
 async def opened(root: Path, **kwargs: object) -> LogStore:
     store = LogStore(root, granularity_ms=G, **kwargs)  # type: ignore[arg-type]
     await store.open()
