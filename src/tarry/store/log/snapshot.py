@@ -60,14 +60,14 @@ def write_snapshot(
         due, pos = sort_entries(*entries)
         blob = np.stack((due, pos)).tobytes()
         manifest.indexed[str(number)] = [*_write_blob(directory, manifest, blob, fs), len(due)]
-    hashes, ids = _dedupe_arrays(dedupe)
+    hashes, ids = _arrays_of_keys(dedupe)
     blob = hashes.tobytes() + ids.tobytes()
     manifest.dedupe = [*_write_blob(directory, manifest, blob, fs), len(hashes)]
     fs.fsync_dir(directory)
     return manifest.write(root, fs=fs)
 
 
-def _dedupe_arrays(dedupe: dict[int, str]) -> tuple[I64, np.ndarray[Any, Any]]:
+def _arrays_of_keys(dedupe: dict[int, str]) -> tuple[I64, np.ndarray[Any, Any]]:
     """The keys' hashes and ids as arrays, made a slice at a time: a numpy call holds the GIL
     throughout, and the event loop waits for it meanwhile."""
     hashes, ids = list(dedupe), list(dedupe.values())
