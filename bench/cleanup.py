@@ -33,42 +33,37 @@ GRANULARITY_MS = 300_000
 
 
 async def _measure(root: Path, count: int, keyed: int) -> dict[str, Any]:
-    from tarry.model.ids import IdGenerator
-    from tarry.model.message import Message
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from logstore import messages
+
     from tarry.model.state import MessageState
     from tarry.store.log import LogStore
 
     # Two windows back: over, so the partition is deleted once drained. No automatic upkeep:
     # the deletion is the one measured.
-    now = (int(time.time() * 1000) // GRANULARITY_MS - 2) * GRANULARITY_MS
-    ids = IdGenerator()
+    start_ms = (int(time.time() * 1000) // GRANULARITY_MS - 2) * GRANULARITY_MS
     store = LogStore(root, granularity_ms=GRANULARITY_MS, snapshot_interval_ms=1 << 62)
     await store.open()
-
-    def message(due: int, message_id: str | None = None) -> Message:
-        return Message(
-            id=ids.new_due(now, due),
-            destination="bench",
-            body=b"x" * 100,
-            headers={},
-            sent_at_ms=now,
-            deliver_at_ms=due,
-            expires_at_ms=None,
-            updated_at_ms=now,
-            message_id=message_id,
+    for first in range(0, count, 10_000):
+        await store.store(
+            messages(
+                min(10_000, count - first),
+                lambda i, _, first=first: (
+                    start_ms + 10 + (first + i) * (GRANULARITY_MS // 2) // count
+                ),
+            )
         )
-
-    for start in range(0, count, 10_000):
-        stop = min(start + 10_000, count)
-        due_of = [now + 10 + i * (GRANULARITY_MS // 2) // count for i in range(start, stop)]
-        await store.store([message(due) for due in due_of])
-    later = now + 10 * GRANULARITY_MS
-    for start in range(0, keyed, 10_000):
-        stop = min(start + 10_000, keyed)
-        await store.store([message(later + i * 10, f"k{i}") for i in range(start, stop)])
-    while due_now := await store.fetch_due(now + GRANULARITY_MS, limit=5000, lease_ms=60_000):
+    later = start_ms + 10 * GRANULARITY_MS
+    for first in range(0, keyed, 10_000):
+        batch = messages(
+            min(10_000, keyed - first), lambda i, _, first=first: later + (first + i) * 10
+        )
+        for i, m in enumerate(batch):
+            m.message_id = f"k{first + i}"
+        await store.store(batch)
+    while due_now := await store.fetch_due(start_ms + GRANULARITY_MS, limit=5000, lease_ms=60_000):
         ids_due = [m.id for m in due_now]
-        await store.remove(ids_due, state=MessageState.READY, now_ms=now + GRANULARITY_MS)
+        await store.remove(ids_due, state=MessageState.READY, now_ms=start_ms + GRANULARITY_MS)
     # As in a server releasing 10,000 msg/s: the markers written as they come, and a
     # checkpoint within the last minute (the store's upkeep takes one every minute).
     await store.writer.drain()
@@ -87,7 +82,7 @@ async def _measure(root: Path, count: int, keyed: int) -> dict[str, Any]:
     watcher = asyncio.create_task(watch())
     await asyncio.sleep(0.05)
     started = time.perf_counter()
-    deleted = await store.delete_released(now + GRANULARITY_MS + 1)
+    deleted = await store.delete_released(start_ms + GRANULARITY_MS + 1)
     took = time.perf_counter() - started
     await asyncio.sleep(0.05)
     watching = False

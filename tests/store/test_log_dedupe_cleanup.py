@@ -19,10 +19,10 @@ async def opened(root: Path) -> LogStore:
     return store
 
 
-async def release_first_window(store: LogStore) -> None:
-    """Release everything due in the first window (``NOW`` to ``NOW + G``)."""
-    while due := await store.fetch_due(NOW + G - 1, limit=100, lease_ms=60_000):
-        await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + G - 1)
+async def release_until(store: LogStore, now_ms: int) -> None:
+    """Release everything due by ``now_ms``."""
+    while due := await store.fetch_due(now_ms, limit=100, lease_ms=60_000):
+        await store.remove([m.id for m in due], state=MessageState.READY, now_ms=now_ms)
 
 
 async def created(store: LogStore, message: Message) -> bool:
@@ -35,7 +35,7 @@ async def test_a_deleted_partitions_keys_are_dropped_and_the_others_kept(tmp_pat
     store = await opened(tmp_path)
     await store.store([keyed(NOW + 10 + i, f"first-{i}") for i in range(3)])
     await store.store([keyed(NOW + G + 10, "second")])
-    await release_first_window(store)
+    await release_until(store, NOW + G - 1)
     # When cleanup deletes the first window's partition
     assert await store.delete_released(NOW + G + 1) == 1
     # Then its keys are gone (the same message_id is a new message now), the other's is kept
@@ -53,7 +53,7 @@ async def test_a_rescheduled_messages_key_lives_until_its_new_partition_is_delet
     [outcome] = await store.store([keyed(NOW + 10, "moved")])
     await store.reschedule(outcome.message.id, deliver_at_ms=NOW + 2 * G + 10, now_ms=NOW + 1)
     await store.store([keyed(NOW + 20, "stays-behind")])
-    await release_first_window(store)
+    await release_until(store, NOW + G - 1)
     # When the first window's partition is deleted
     assert await store.delete_released(NOW + G + 1) == 1
     # Then the moved message's key still refuses a repeat; the other key is gone
@@ -61,8 +61,7 @@ async def test_a_rescheduled_messages_key_lives_until_its_new_partition_is_delet
     assert not await created(store, keyed(NOW + 3 * G, "moved"))
     assert await created(store, keyed(NOW + 3 * G, "stays-behind"))
     # and once its new partition is released and deleted too, the key goes with it
-    while due := await store.fetch_due(NOW + 4 * G, limit=100, lease_ms=60_000):
-        await store.remove([m.id for m in due], state=MessageState.READY, now_ms=NOW + 4 * G)
+    await release_until(store, NOW + 4 * G)
     assert await store.delete_released(NOW + 4 * G) >= 1
     assert outcome.message.id not in store.state.dedupe.values()
     await store.close()
@@ -77,7 +76,7 @@ async def test_after_a_restart_a_deleted_partitions_keys_are_still_dropped(
     await store.close()
     store = await opened(tmp_path)
     # When the first window is released and its partition deleted
-    await release_first_window(store)
+    await release_until(store, NOW + G - 1)
     assert await store.delete_released(NOW + G + 1) == 1
     # Then its key is gone and the other's kept: the keys were filed again at the open
     assert len(store.state.dedupe) == 1

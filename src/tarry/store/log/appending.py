@@ -59,13 +59,18 @@ class Appender:
         )
         state, unwritten = table.state, self.unwritten
         dedupe, scheduled, filed = state.dedupe, state.scheduled, state.filed
-        key_for = self.layout.key_for
+        keyed = new.keyed
+        # Each key is filed under the partition its message is written to (``cleanup.file_key``),
+        # worked out for them all in one call, as ``place`` did for the batch.
+        numbers: list[int] = []
+        if keyed:
+            dues = np.fromiter((m.deliver_at_ms for _, m in keyed), np.int64, len(keyed))
+            numbers = self.layout.keys_for(dues, now_ms).tolist()
 
         def on_written(positions: list[int]) -> None:
-            for key, message in new.keyed:
+            for (key, message), number in zip(keyed, numbers, strict=True):
                 dedupe[key] = message.id
-                # Under the partition it was written to (``cleanup.file_key``).
-                filed.setdefault(key_for(message.deliver_at_ms, now_ms), []).append(key)
+                filed.setdefault(number, []).append(key)
                 unwritten.pop(key, None)
             destinations = new.destinations
             first = destinations[0]
