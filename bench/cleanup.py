@@ -1,6 +1,6 @@
 """The event loop while cleanup deletes a drained partition (issue 23's steady tail); prints JSON.
 
-    .venv/bin/python bench/cleanup.py [--messages 1000000] [--keyed 0] [--runs 2]
+    .venv/bin/python bench/cleanup.py [--messages 1000000] [--own-keys] [--keyed 0] [--runs 2]
         [--baseline-src DIR/src]
 
 A log store (in-process, the default 5-minute partitions) is given ``--messages`` messages of
@@ -8,8 +8,10 @@ A log store (in-process, the default 5-minute partitions) is given ``--messages`
 ``delete_released`` deletes the partition and its files, as the store's upkeep does once a
 partition's five minutes are over and drained (at 10,000 msg/s, every five minutes, up to
 3,000,000 messages), its markers written and a checkpoint taken first, as a server's upkeep
-has. ``--keyed`` more messages sent with a ``message_id`` wait in the partitions after it, each
-with a de-duplication key the store keeps until its own partition goes. Reported: the
+has. ``--own-keys``: the partition's messages are sent with a ``message_id`` (an idempotent
+producer's), each with a de-duplication key the deletion drops. ``--keyed`` more messages
+sent with a ``message_id`` wait in the partitions after it, each with a de-duplication key
+the store keeps until its own partition goes. Reported: the
 partition's size, how long the deletion took, and the longest the event loop was held
 meanwhile (a task sleeping 1 ms at a time measures it).
 ``--baseline-src`` runs another source tree too (e.g. a worktree of main before a change), the
@@ -32,7 +34,7 @@ from typing import Any
 GRANULARITY_MS = 300_000
 
 
-async def _measure(root: Path, count: int, keyed: int) -> dict[str, Any]:
+async def _measure(root: Path, count: int, keyed: int, own_keys: bool) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from logstore import messages
 
@@ -45,14 +47,14 @@ async def _measure(root: Path, count: int, keyed: int) -> dict[str, Any]:
     store = LogStore(root, granularity_ms=GRANULARITY_MS, snapshot_interval_ms=1 << 62)
     await store.open()
     for first in range(0, count, 10_000):
-        await store.store(
-            messages(
-                min(10_000, count - first),
-                lambda i, _, first=first: (
-                    start_ms + 10 + (first + i) * (GRANULARITY_MS // 2) // count
-                ),
-            )
+        batch = messages(
+            min(10_000, count - first),
+            lambda i, _, first=first: start_ms + 10 + (first + i) * (GRANULARITY_MS // 2) // count,
         )
+        if own_keys:
+            for i, m in enumerate(batch):
+                m.message_id = f"own{first + i}"
+        await store.store(batch)
     later = start_ms + 10 * GRANULARITY_MS
     for first in range(0, keyed, 10_000):
         batch = messages(
@@ -97,13 +99,14 @@ async def _measure(root: Path, count: int, keyed: int) -> dict[str, Any]:
     }
 
 
-def _run(src: Path | None, count: int, keyed: int) -> dict[str, Any]:
+def _run(src: Path | None, count: int, keyed: int, own_keys: bool) -> dict[str, Any]:
     """One measurement in a process of its own, with ``src`` first on its path."""
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = str(src)
+    command = [__file__, "--child", "--messages", str(count), "--keyed", str(keyed)]
     out = subprocess.run(
-        [sys.executable, __file__, "--child", "--messages", str(count), "--keyed", str(keyed)],
+        [sys.executable, *command, *(["--own-keys"] if own_keys else [])],
         capture_output=True,
         text=True,
         check=True,
@@ -116,6 +119,7 @@ def _run(src: Path | None, count: int, keyed: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--own-keys", action="store_true")
     parser.add_argument("--keyed", type=int, default=0)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--baseline-src", type=Path, help="another tarry source tree's src/")
@@ -123,15 +127,26 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parent.parent) as name:
-            print(json.dumps(asyncio.run(_measure(Path(name), args.messages, args.keyed))))
+            print(
+                json.dumps(
+                    asyncio.run(_measure(Path(name), args.messages, args.keyed, args.own_keys))
+                )
+            )
         return
-    results: dict[str, Any] = {"messages": args.messages, "keyed": args.keyed, "tarry": []}
+    results: dict[str, Any] = {
+        "messages": args.messages,
+        "own_keys": args.own_keys,
+        "keyed": args.keyed,
+        "tarry": [],
+    }
     if args.baseline_src:
         results["baseline"] = []
     for _ in range(args.runs):
-        results["tarry"].append(_run(None, args.messages, args.keyed))
+        results["tarry"].append(_run(None, args.messages, args.keyed, args.own_keys))
         if args.baseline_src:
-            results["baseline"].append(_run(args.baseline_src, args.messages, args.keyed))
+            results["baseline"].append(
+                _run(args.baseline_src, args.messages, args.keyed, args.own_keys)
+            )
     print(json.dumps(results, indent=2))
 
 

@@ -1,14 +1,20 @@
 """De-duplication keys at cleanup (``tarry.store.log.cleanup``): a deleted partition's keys are
-dropped without reading every key, a key moves with its message, and a restart files them
-again."""
+dropped without reading every key, and a few thousand an event-loop step; a key moves with its
+message; a restart files them again; filing in arrays keeps the rule of one key at a time."""
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
+from tarry.model.ids import id_due_ms
 from tarry.model.message import Message
 from tarry.model.state import MessageState
-from tarry.store.log import LogStore
+from tarry.store.log import LogStore, cleanup
+from tarry.store.log.table import PartitionTable
 from tests.store.test_log_recovery import NOW, G, keyed
 
 
@@ -82,4 +88,114 @@ async def test_after_a_restart_a_deleted_partitions_keys_are_still_dropped(
     assert len(store.state.dedupe) == 1
     assert await created(store, keyed(NOW + 2 * G + 10, "first"))
     assert not await created(store, keyed(NOW + 2 * G + 10, "second"))
+    await store.close()
+
+
+def one_key_at_a_time(table: PartitionTable) -> tuple[dict[int, list[int]], set[int]]:
+    """The filing rule, a key at a time: under the finest partition that may hold the key's
+    message (at its forwarded due time if rescheduled), or dropped when none may; unfiled
+    when its id carries no due time. (filed, dropped)."""
+    state, filed, dropped = table.state, {}, set()  # type: ignore[var-annotated]
+    for key, message_id in state.dedupe.items():
+        due = state.forwards.get(message_id) or id_due_ms(message_id)
+        if due is None:
+            continue
+        holders = table.holding(due)
+        if holders:
+            filed.setdefault(holders[0].number, []).append(key)
+        else:
+            dropped.add(key)
+    return filed, dropped
+
+
+async def test_filing_keys_in_arrays_keeps_the_rule_of_one_key_at_a_time(tmp_path: Path) -> None:
+    # Given keys in fine and coarse partitions over the same time, a rescheduled message's,
+    # one whose id carries no due time, and partitions dropped from under some of them
+    store = await opened(tmp_path)
+    layout = store.table.layout
+    far = NOW + 40 * G  # past level 0's reach from NOW: a coarse partition
+    coarse_start, coarse_end = layout.window(layout.key(far, 1))
+    await store.store([keyed(NOW + 10 + i, f"near-{i}") for i in range(5)])
+    await store.store([keyed(far + i, f"far-{i}") for i in range(5)])
+    await store.store([keyed(NOW + 100 * 86_400_000, "next-season")])
+    # sent just before they are due: fine partitions over the coarse one's start and end
+    for due, message_id in ((coarse_start + 5, "fine-kept"), (coarse_end - 5, "fine-dropped")):
+        await store.store([replace(keyed(due, message_id), sent_at_ms=due - G)])
+    [moved] = await store.store([keyed(NOW + 20, "moved")])
+    await store.reschedule(moved.message.id, deliver_at_ms=far + 9, now_ms=NOW + 1)
+    table = store.table
+    table.state.dedupe[12345] = "an id of another kind"
+    for number in (layout.key(NOW + 10, 0), layout.key(coarse_end - 5, 0)):
+        table.drop(table.partitions[number])
+    filed, dropped = one_key_at_a_time(table)
+    # each case is there: dropped keys, and keys under a fine and under a coarse partition
+    assert dropped and layout.key(coarse_start + 5, 0) in filed and layout.key(far, 1) in filed
+    # When every key is filed again, in arrays
+    cleanup.file_all(table)
+    # Then the same keys are filed under the same partitions, and the same dropped
+    assert {n: sorted(keys) for n, keys in table.state.filed.items()} == {
+        n: sorted(keys) for n, keys in filed.items()
+    }
+    assert not dropped & table.state.dedupe.keys()
+    assert 12345 in table.state.dedupe
+    await store.close()
+
+
+async def test_a_deleted_partitions_keys_are_looked_at_over_several_loop_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a partition of 10 keyed messages, released, and a cleanup looking at 3 keys a step
+    store = await opened(tmp_path)
+    await store.store([keyed(NOW + 10 + i, f"first-{i}") for i in range(10)])
+    await release_until(store, NOW + G - 1)
+    monkeypatch.setattr(cleanup, "_KEYS_A_STEP", 3)
+    steps: list[int] = []
+    ticks = 0
+    file_keys = cleanup.file_keys
+
+    def counted(table: PartitionTable, keys: list[int]) -> None:
+        steps.append(ticks)
+        file_keys(table, keys)
+
+    monkeypatch.setattr(cleanup, "file_keys", counted)
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(tick())
+    # When the partition is deleted
+    assert await store.delete_released(NOW + G + 1) == 1
+    ticking.cancel()
+    # Then its keys were looked at 3 at a time, the event loop running between, and all dropped
+    assert len(steps) == 4
+    assert all(a < b for a, b in zip(steps, steps[1:], strict=False))
+    assert not store.state.dedupe
+    await store.close()
+
+
+async def test_a_key_taken_back_while_its_old_partition_is_cleaned_up_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a released partition of keyed messages, cleaned up 2 keys a step
+    store = await opened(tmp_path)
+    await store.store([keyed(NOW + 10 + i, f"first-{i}") for i in range(6)])
+    await release_until(store, NOW + G - 1)
+    monkeypatch.setattr(cleanup, "_KEYS_A_STEP", 2)
+    sent: list[bool] = []
+
+    async def a_message_takes_a_key_back() -> None:
+        if not sent:  # after the first step, before the last one looks at "first-5"
+            [outcome] = await store.store([keyed(NOW + 3 * G, "first-5")])
+            sent.append(outcome.created)
+
+    monkeypatch.setattr(cleanup, "_next_step", a_message_takes_a_key_back)
+    # When the partition is deleted, and the new message is stored between two steps
+    assert await store.delete_released(NOW + G + 1) == 1
+    assert sent == [True]
+    # Then the new message's key is kept: a repeat is refused; the other keys are gone
+    assert not await created(store, keyed(NOW + 3 * G, "first-5"))
+    assert await created(store, keyed(NOW + 3 * G, "first-0"))
     await store.close()

@@ -1,5 +1,6 @@
-"""``Layout``: the vectorised ``keys_for`` (the offline import's call) gives the scalar
-``key_for`` (the write path's) for every due time, at each level's edges too."""
+"""``Layout``: the vectorised ``keys_for`` (the offline import's call) and ``keys_at`` (cleanup's)
+give the scalar ``key_for`` (the write path's) and ``key`` for every due time, at each level's
+edges too."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def test_keys_for_agrees_with_key_for_at_random_and_at_every_edge() -> None:
         dues = NOW + np.array(ahead, np.int64)
         keys = layout.keys_for(dues, NOW)
         assert keys.tolist() == [layout.key_for(int(d), NOW) for d in dues]
+        for level in range(MAX_LEVEL + 1):  # and each level's key, as cleanup files keys by
+            assert layout.keys_at(dues, level).tolist() == [layout.key(int(d), level) for d in dues]
         # and each key's window holds its due time, in a directory that names the key
         for due, key in zip(dues.tolist()[::97], keys.tolist()[::97], strict=True):
             start, end = layout.window(key)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
-__all__ = ["IdGenerator", "id_due_ms", "id_time_ms"]
+__all__ = ["IdGenerator", "id_due_ms", "id_time_ms", "ids_due_ms"]
 
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _DECODE = {c: i for i, c in enumerate(_ALPHABET)}
@@ -115,6 +117,37 @@ def id_due_ms(message_id: str) -> int | None:
     if not value & _DUE_FLAG:
         return None
     return (value >> 37) & _DUE_MASK
+
+
+# Each byte's base32 digit, 255 for a byte outside the alphabet (``ids_due_ms``).
+_DIGITS = np.full(256, 255, np.uint8)
+_DIGITS[np.frombuffer(_ALPHABET.encode(), np.uint8)] = np.arange(32, dtype=np.uint8)
+# Eight digits' place values: a 40-bit half of an id's low 80 bits by one product.
+_EIGHT_PLACES = np.uint64(1) << np.arange(35, -1, -5, dtype=np.uint64)
+
+
+def ids_due_ms(message_ids: Sequence[str]) -> npt.NDArray[np.int64]:
+    """``id_due_ms`` of each id, as one array, -1 where it gives None: a million ids decoded
+    in arrays rather than one by one (cleanup files a deleted partition's keys by them)."""
+    count = len(message_ids)
+    lengths = np.fromiter(map(len, message_ids), np.int64, count)
+    try:
+        raw = np.array(message_ids, "S26")
+    except UnicodeEncodeError:  # not tarry's ids: one at a time
+        return np.array([_or_minus_one(id_due_ms(i)) for i in message_ids], np.int64)
+    digits = _DIGITS[raw.view(np.uint8).reshape(count, 26)[:, 10:]]
+    wide = digits.astype(np.uint64)
+    high = wide[:, :8] @ _EIGHT_PLACES  # bits 79..40
+    low = wide[:, 8:] @ _EIGHT_PLACES  # bits 39..0
+    due = ((high & np.uint64((1 << 39) - 1)) << np.uint64(3) | low >> np.uint64(37)).astype(
+        np.int64
+    )
+    carries = (lengths == 26) & (digits != 255).all(axis=1) & (high >> np.uint64(39) == 1)
+    return np.where(carries, due, -1)
+
+
+def _or_minus_one(due: int | None) -> int:
+    return -1 if due is None else due
 
 
 def _encode(value: int, shifts: tuple[int, ...]) -> str:

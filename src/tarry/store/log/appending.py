@@ -60,7 +60,7 @@ class Appender:
         state, unwritten = table.state, self.unwritten
         dedupe, scheduled, filed = state.dedupe, state.scheduled, state.filed
         keyed = new.keyed
-        # Each key is filed under the partition its message is written to (``cleanup.file_key``),
+        # Each key is filed under the partition its message is written to (``cleanup.file_keys``),
         # worked out for them all in one call, as ``place`` did for the batch.
         numbers: list[int] = []
         if keyed:

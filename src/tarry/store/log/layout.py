@@ -43,6 +43,8 @@ covering its due time (``candidates``: at most ``MAX_LEVEL + 1`` dictionary look
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -86,8 +88,17 @@ class Layout:
         """``key_for`` of each due time of a batch, as an array."""
         widths = np.array(self._widths, np.int64)
         levels = np.searchsorted(PER_LEVEL * widths[:MAX_LEVEL], dues - now_ms, side="right")
-        width = widths[levels]
-        return ((dues // width * width) // self.granularity_ms) << _LEVEL_BITS | levels
+        return self._keys(dues, widths[levels], levels)
+
+    def keys_at(self, dues: npt.NDArray[np.int64], level: int) -> npt.NDArray[np.int64]:
+        """``key(d, level)`` of each due time, as an array."""
+        return self._keys(dues, self._widths[level], level)
+
+    def _keys(self, dues: npt.NDArray[np.int64], width: Any, level: Any) -> npt.NDArray[np.int64]:
+        keys: npt.NDArray[np.int64] = (
+            (dues // width * width) // self.granularity_ms
+        ) << _LEVEL_BITS | level
+        return keys
 
     def candidates(self, due_ms: int) -> list[int]:
         """Every partition key that may hold a message due at ``due_ms``, finest first."""

@@ -52,7 +52,7 @@ class Recovered:
     failures: dict[str, Failure] = field(default_factory=dict)
     forwards: dict[str, int] = field(default_factory=dict)
     #: The keys of ``dedupe`` by the partition that may hold their message, so that cleanup
-    #: finds a deleted partition's keys without reading them all (``cleanup.file_key``). Made
+    #: finds a deleted partition's keys without reading them all (``cleanup.file_keys``). Made
     #: again at every open (``cleanup.file_all``), not kept in snapshots.
     filed: dict[int, list[int]] = field(default_factory=dict)
     #: Damaged files, one line each: what ``health`` and ``tarry store verify`` report.
