@@ -1,6 +1,7 @@
 """De-duplication keys at cleanup (``tarry.store.log.cleanup``): a deleted partition's keys are
 dropped without reading every key, and a few thousand an event-loop step; a key moves with its
-message; a restart files them again; filing in arrays keeps the rule of one key at a time."""
+message; a restart files them again; filing in arrays keeps the rule of one key at a time; a
+checkpoint finds every key kept where they are filed, a cleanup's among them."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from tarry.model.ids import id_due_ms
 from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.store.log import LogStore, cleanup
+from tarry.store.log.snapshot import KeysAsOf
 from tarry.store.log.table import PartitionTable
-from tests.store.test_log_recovery import NOW, G, keyed
+from tests.store.test_log_recovery import NOW, G, crash, keyed
 
 
 async def opened(root: Path) -> LogStore:
@@ -198,4 +200,51 @@ async def test_a_key_taken_back_while_its_old_partition_is_cleaned_up_is_kept(
     # Then the new message's key is kept: a repeat is refused; the other keys are gone
     assert not await created(store, keyed(NOW + 3 * G, "first-5"))
     assert await created(store, keyed(NOW + 3 * G, "first-0"))
+    await store.close()
+
+
+async def test_a_snapshot_holds_every_key_kept_when_it_was_captured(tmp_path: Path) -> None:
+    # Given keyed messages in three partitions and a key whose id carries no due time
+    store = await opened(tmp_path)
+    await store.store([keyed(NOW + 10 + i * G, f"kept-{i}") for i in range(9)])
+    store.state.dedupe[12345] = "an id of another kind"
+    cleanup.file_all(store.table)
+    kept = dict(store.state.dedupe)
+    # When a snapshot's keys are captured, and keys come and go before they are read
+    keys = KeysAsOf.capture(store.state)
+    await store.store([keyed(NOW + 20, "new")])
+    del store.state.dedupe[next(iter(kept))]
+    hashes, ids = keys.arrays()
+    # Then every key kept at the capture and still kept is read, with its id; no other
+    read = dict(zip(hashes.tolist(), (i.decode() for i in ids.tolist()), strict=True))
+    assert read == {k: v for k, v in kept.items() if k in store.state.dedupe}
+    await store.close()
+
+
+async def test_a_checkpoint_during_a_cleanup_keeps_the_keys_it_has_yet_to_look_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a keyed message rescheduled out of a released partition, its key last there
+    store = await opened(tmp_path)
+    await store.store([keyed(NOW + 10 + i, f"first-{i}") for i in range(4)])
+    [moved] = await store.store([keyed(NOW + 20, "moved")])
+    await store.reschedule(moved.message.id, deliver_at_ms=NOW + 3 * G, now_ms=NOW + 1)
+    await release_until(store, NOW + G - 1)
+    monkeypatch.setattr(cleanup, "_KEYS_A_STEP", 2)
+    snapshots = []
+
+    async def a_checkpoint() -> None:
+        if not snapshots:  # before the last step looks at "moved"
+            snapshots.append(await store.snapshot())
+
+    monkeypatch.setattr(cleanup, "_next_step", a_checkpoint)
+    # When its partition is deleted with a checkpoint between two steps, and the store
+    # restarts from that checkpoint after a crash
+    assert await store.delete_released(NOW + G + 1) == 1
+    assert snapshots[0] is not None
+    await crash(store)
+    store = await opened(tmp_path)
+    # Then the moved message's key still refuses a repeat
+    assert list(store.state.dedupe.values()) == [moved.message.id]
+    assert not await created(store, keyed(NOW + 4 * G, "moved"))
     await store.close()

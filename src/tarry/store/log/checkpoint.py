@@ -1,8 +1,8 @@
 """Checkpoints: what makes the partitions' files durable behind the write-ahead log (``wal.py``).
 
 A checkpoint captures, in one event-loop step, the partition table (sizes written, indexes,
-de-duplication keys, counts, failures, forwards) and the WAL position after the last group that
-state includes. Then, on the writer thread (after every group the capture saw):
+where the de-duplication keys are, counts, failures, forwards) and the WAL position after the
+last group that state includes. Then, on the writer thread (after every group the capture saw):
 
 1. fsync every partition segment written since the last checkpoint, and the directories that
    gained entries (``SegmentFiles.sync_dirty``): one by one when they are few, with one sync of
@@ -74,7 +74,7 @@ class Checkpoints:
             if rolled is not None and self.writer.wal_end < rolled:
                 self.writer.wal_end = rolled
             self.seq += 1
-            manifest, indexes, dedupe = capture(self.table, self.seq)
+            manifest, indexes, keys = capture(self.table, self.seq)
             end = self.writer.wal_end
             manifest.wal = [end.seq, end.offset]
 
@@ -83,7 +83,7 @@ class Checkpoints:
                 # and groups behind the WAL were appended to the partitions without an fsync.
                 self.writer.sync_dirty(self.root)
                 path = write_snapshot(
-                    snapshot_root(self.root), manifest, indexes, dedupe, fs=self.files.fs
+                    snapshot_root(self.root), manifest, indexes, keys, fs=self.files.fs
                 )
                 self.wal_segments_deleted += self.writer.wal.drop_before(end.seq)
                 return path

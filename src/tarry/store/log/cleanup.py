@@ -82,6 +82,8 @@ def file_keys(table: PartitionTable, keys: Sequence[int]) -> None:
         holder[found] = here[found]
     for key in itertools.compress(kept, (dated & (holder < 0)).tolist()):
         dedupe.pop(key, None)  # a key may be listed twice
+    if not dated.all():
+        state.unfiled.extend(itertools.compress(kept, (~dated).tolist()))
     live = holder >= 0
     filed = state.filed
     for key, number in zip(
@@ -93,6 +95,7 @@ def file_keys(table: PartitionTable, keys: Sequence[int]) -> None:
 def file_all(table: PartitionTable) -> None:
     """File every de-duplication key (at open), dropping those no partition may hold."""
     table.state.filed.clear()
+    table.state.unfiled.clear()
     keys = list(table.state.dedupe)
     for first in range(0, len(keys), _KEYS_AT_OPEN):
         file_keys(table, keys[first : first + _KEYS_AT_OPEN])
@@ -102,12 +105,16 @@ async def _refile(table: PartitionTable, deleted: list[Partition]) -> None:
     """The keys filed under ``deleted`` (gone from the table): dropped, or filed again under a
     partition that may still hold their message. A few thousand an event-loop step: between
     two, a new message may take a key back (it is then filed under its own partition too)."""
-    filed = table.state.filed
-    keys = [key for partition in deleted for key in filed.pop(partition.number, ())]
-    for first in range(0, len(keys), _KEYS_A_STEP):
-        if first:
-            await _next_step()
-        file_keys(table, keys[first : first + _KEYS_A_STEP])
+    state = table.state
+    keys = [key for partition in deleted for key in state.filed.pop(partition.number, ())]
+    state.refiling.append(keys)  # where a checkpoint meanwhile finds them
+    try:
+        for first in range(0, len(keys), _KEYS_A_STEP):
+            if first:
+                await _next_step()
+            file_keys(table, keys[first : first + _KEYS_A_STEP])
+    finally:
+        state.refiling.remove(keys)
 
 
 async def _next_step() -> None:

@@ -55,6 +55,12 @@ class Recovered:
     #: finds a deleted partition's keys without reading them all (``cleanup.file_keys``). Made
     #: again at every open (``cleanup.file_all``), not kept in snapshots.
     filed: dict[int, list[int]] = field(default_factory=dict)
+    #: Keys whose id carries no due time: filed under no partition, never dropped.
+    unfiled: list[int] = field(default_factory=list)
+    #: A deleted partition's keys while cleanup looks at them again, a few thousand a step.
+    #: With ``filed`` and ``unfiled``, every key of ``dedupe`` is in one of these lists, which
+    #: only grow between two cleanups: a checkpoint reads the keys from them (``snapshot.py``).
+    refiling: list[list[int]] = field(default_factory=list)
     #: Damaged files, one line each: what ``health`` and ``tarry store verify`` report.
     damaged: list[str] = field(default_factory=list)
     replayed_records: int = 0
