@@ -186,7 +186,11 @@ async def batch_schedule(
     }
 
 
-async def steady(url: str, rate: int, seconds: int, max_delay_ms: int = 10_000) -> dict[str, Any]:
+async def steady(
+    url: str, rate: int, seconds: int, max_delay_ms: int = 10_000, *, message_ids: bool = False
+) -> dict[str, Any]:
+    """``rate`` msg/s for ``seconds``, due 1 s to ``max_delay_ms`` later, two consumers;
+    ``message_ids``: each sent with a ``message_id`` of its own (an idempotent producer's)."""
     lateness: list[float] = []
     early = 0
     sent = 0
@@ -211,6 +215,9 @@ async def steady(url: str, rate: int, seconds: int, max_delay_ms: int = 10_000) 
                     }
                     for _ in range(per_tick)
                 ]
+                if message_ids:
+                    for i, message in enumerate(batch):
+                        message["message_id"] = f"steady-{sent + i}"
                 response = await client.post(
                     "/v1/messages/batch",
                     content=orjson.dumps({"messages": batch}),

@@ -13,7 +13,9 @@ Parts (``--only`` runs one):
   (goal ≥ 100k/s), with the event listeners ``tarry serve`` attaches (metrics, journal) and
   without any.
 - ``steady``: 10,000 msg/s × scale with delays 1–60 s × scale over HTTP: lateness p99 (goal
-  ≤ 5 ms), client-side and server-side (journal).
+  ≤ 5 ms), client-side and server-side (journal). ``--steady-rate``, ``--steady-seconds`` and
+  ``--steady-ids`` (each message with a ``message_id``) make it an idempotent producer's run
+  long enough to see a drained partition and its keys deleted.
 - ``trickle``: in-process release at steady rates (1,000, 3,000 and 10,000 msg/s for 10 s ×
   scale, messages falling due one after another as steady traffic makes them), with the
   dispatcher's tick off (0) and at its default: CPU µs per message of the whole process and of
@@ -384,15 +386,28 @@ def part_rerun(tmp: Path, scale: float) -> dict[str, Any]:
     return out
 
 
-def part_steady(tmp: Path, scale: float, stores: list[str]) -> dict[str, Any]:
-    rate = max(100, int(10_000 * scale))
-    seconds = max(5, int(60 * scale))
+def part_steady(
+    tmp: Path,
+    scale: float,
+    stores: list[str],
+    *,
+    rate: int | None = None,
+    seconds: int | None = None,
+    message_ids: bool = False,
+) -> dict[str, Any]:
+    rate = rate or max(100, int(10_000 * scale))
+    seconds = seconds or max(5, int(60 * scale))
     max_delay = max(2_000, int(60_000 * scale))
-    out: dict[str, Any] = {"rate_per_s": rate, "seconds": seconds, "max_delay_ms": max_delay}
+    out: dict[str, Any] = {
+        "rate_per_s": rate,
+        "seconds": seconds,
+        "max_delay_ms": max_delay,
+        "message_ids": message_ids,
+    }
 
     async def work(url: str, pid: int) -> dict[str, Any]:
         before = thread_cpu_s(pid)
-        result = await steady(url, rate, seconds, max_delay)
+        result = await steady(url, rate, seconds, max_delay, message_ids=message_ids)
         spent = busiest_threads_cpu_s(pid, before)
         # The server's busiest threads (the event loop's and the queue database's): CPU each
         # spent over the run. Their sum near one core, with a core to spare on the machine,
@@ -663,6 +678,19 @@ def main() -> None:
         default=["log", "sqlite"],
         help="stores the steady part runs, comma-separated (default log,sqlite)",
     )
+    parser.add_argument("--steady-rate", type=int, help="steady's msg/s (default 10,000 × scale)")
+    parser.add_argument(
+        "--steady-seconds",
+        type=int,
+        help="steady's length (default 60 × scale; over 300 with the default granularity, a "
+        "drained five-minute partition is deleted during the run)",
+    )
+    parser.add_argument(
+        "--steady-ids",
+        action="store_true",
+        help="steady's messages each sent with a message_id of its own (an idempotent "
+        "producer's: a de-duplication key each, kept until its partition is deleted)",
+    )
     parser.add_argument("--span-days", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
@@ -696,7 +724,14 @@ def main() -> None:
             "release": lambda: part_release(tmp, scale),
             "trickle": lambda: part_trickle(tmp, scale),
             "rerun": lambda: part_rerun(tmp, scale),
-            "steady": lambda: part_steady(tmp, scale, args.stores),
+            "steady": lambda: part_steady(
+                tmp,
+                scale,
+                args.stores,
+                rate=args.steady_rate,
+                seconds=args.steady_seconds,
+                message_ids=args.steady_ids,
+            ),
             "inflight": lambda: part_inflight(tmp, scale),
             "index": lambda: part_index(scale),
             "restart": lambda: part_restart(tmp, scale),
