@@ -86,11 +86,13 @@ class Checkpoints:
                     snapshot_root(self.root), manifest, indexes, keys, fs=self.files.fs
                 )
                 self.wal_segments_deleted += self.writer.wal.drop_before(end.seq)
+                # Here, not on the event loop: unlinking a superseded snapshot frees its blocks,
+                # which takes as long as it is large (tens of MB with millions of keys kept).
+                sweep_orphans(self.root, manifest.seq, fs=self.files.fs)
                 return path
 
             path = await loop.run_in_executor(self.executor, write)
             self.times.observe(time.perf_counter() - started)
-            sweep_orphans(self.root, manifest.seq, fs=self.files.fs)
             return path
         finally:
             self._running = False

@@ -10,6 +10,7 @@ keys (hash, id) of pending messages. Everything else (counts, failures) is in th
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,16 +35,26 @@ class SnapshotError(Exception):
     """Raised when a part named by a manifest is missing or damaged."""
 
 
-def _write_blob(directory: Path, manifest: Manifest, blob: bytes, fs: Files) -> list[int]:
+def _write_blob(
+    directory: Path, manifest: Manifest, arrays: Sequence[np.ndarray[Any, Any]], fs: Files
+) -> list[int]:
+    """``arrays``' bytes one after another, in parts of at most ``PART_BYTES`` (read back as one
+    blob, ``read_blob``), copied out a part at a time: joining them first (``tobytes`` and
+    ``+``) held the GIL, and so the event loop, ~50 ms for a million keys' arrays."""
     first = len(manifest.parts)
-    for start in range(0, max(len(blob), 1), PART_BYTES):
-        chunk = blob[start : start + PART_BYTES]
-        name = f"part-{len(manifest.parts):06d}"
-        fs.write_file(directory / name, chunk, what="checkpoint")
-        manifest.parts.append(
-            {"name": name, "bytes": len(chunk), "crc": google_crc32c.value(chunk)}
-        )
+    for array in arrays:
+        flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        for start in range(0, len(flat), PART_BYTES):
+            _write_part(directory, manifest, flat[start : start + PART_BYTES].tobytes(), fs)
+    if len(manifest.parts) == first:  # nothing to store: one empty part
+        _write_part(directory, manifest, b"", fs)
     return [first, len(manifest.parts) - first]
+
+
+def _write_part(directory: Path, manifest: Manifest, chunk: bytes, fs: Files) -> None:
+    name = f"part-{len(manifest.parts):06d}"
+    fs.write_file(directory / name, chunk, what="checkpoint")
+    manifest.parts.append({"name": name, "bytes": len(chunk), "crc": google_crc32c.value(chunk)})
 
 
 def write_snapshot(
@@ -61,11 +72,12 @@ def write_snapshot(
     fs.mkdir(directory)
     for number, entries in indexes.items():
         due, pos = sort_entries(*entries)
-        blob = np.stack((due, pos)).tobytes()
-        manifest.indexed[str(number)] = [*_write_blob(directory, manifest, blob, fs), len(due)]
+        manifest.indexed[str(number)] = [
+            *_write_blob(directory, manifest, (due, pos), fs),
+            len(due),
+        ]
     hashes, ids = keys.arrays()
-    blob = hashes.tobytes() + ids.tobytes()
-    manifest.dedupe = [*_write_blob(directory, manifest, blob, fs), len(hashes)]
+    manifest.dedupe = [*_write_blob(directory, manifest, (hashes, ids), fs), len(hashes)]
     fs.fsync_dir(directory)
     return manifest.write(root, fs=fs)
 
