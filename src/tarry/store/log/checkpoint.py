@@ -87,7 +87,7 @@ class Checkpoints:
                 )
                 self.wal_segments_deleted += self.writer.wal.drop_before(end.seq)
                 # Here, not on the event loop: unlinking a superseded snapshot frees its blocks,
-                # which takes as long as it is large (tens of MB with millions of keys kept).
+                # which takes as long as it is large (millions of keys kept make it large).
                 sweep_orphans(self.root, manifest.seq, fs=self.files.fs)
                 return path
 

@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 TRASH = "trash"
 #: Makes each name in ``trash/`` its own (a partition of the same key may be deleted again).
 _moves = itertools.count()
-#: De-duplication keys a deleted partition's cleanup looks at again in one event-loop step
-#: (~1.6 ms of CPU on a 2-core machine of the benchmarks), and the pause between two.
+#: De-duplication keys a deleted partition's cleanup looks at again in one event-loop step (a
+#: step holds the loop within a release round's lateness goal), and the pause between two.
 _KEYS_A_STEP = 2_048
 _PAUSE_S = 0.001
 #: ... and an open, in one go (on the executor: the bound is the arrays' memory).
@@ -63,8 +63,8 @@ def file_keys(table: PartitionTable, keys: Sequence[int]) -> None:
     """File each of ``keys`` still kept in ``state.dedupe`` under the finest partition that
     may hold its message (as ``holding`` lists them), and drop those no partition may hold. A
     key whose id carries no due time is kept unfiled: never dropped. Worked out in arrays (the
-    ids' due times, each level's partition keys): one by one, a key cost ~10 µs, and a busy
-    partition is deleted with millions."""
+    ids' due times, each level's partition keys): a busy partition is deleted with millions,
+    and a Python call a key for each held the event loop for seconds."""
     state = table.state
     dedupe = state.dedupe
     kept = [key for key in keys if key in dedupe]
