@@ -190,10 +190,13 @@ async def steady(
     url: str, rate: int, seconds: int, max_delay_ms: int = 10_000, *, message_ids: bool = False
 ) -> dict[str, Any]:
     """``rate`` msg/s for ``seconds``, due 1 s to ``max_delay_ms`` later, two consumers;
-    ``message_ids``: each sent with a ``message_id`` of its own (an idempotent producer's)."""
+    ``message_ids``: each sent with a ``message_id`` of its own (an idempotent producer's). A
+    batch refused with ``429 overloaded`` is counted (``refused``), not sent again."""
     lateness: list[float] = []
     early = 0
     sent = 0
+    refused = 0
+    producing = True
     receives = 0
     limits = httpx.Limits(max_connections=16)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
@@ -202,7 +205,7 @@ async def steady(
         expected = rate * seconds
 
         async def produce() -> None:
-            nonlocal sent
+            nonlocal sent, refused, producing
             tick = 0.05
             per_tick = max(1, int(rate * tick))
             next_at = time.monotonic()
@@ -223,15 +226,19 @@ async def steady(
                     content=orjson.dumps({"messages": batch}),
                     headers={"content-type": "application/json"},
                 )
-                response.raise_for_status()
-                sent += per_tick
+                if response.status_code == 429:
+                    refused += per_tick
+                else:
+                    response.raise_for_status()
+                    sent += per_tick
                 next_at += tick
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            producing = False
 
         async def consume() -> None:
             nonlocal early, receives
             deadline = stop_at + max_delay_ms / 1000 + 5
-            while len(lateness) < expected and time.time() < deadline:
+            while len(lateness) < (expected if producing else sent) and time.time() < deadline:
                 response = await client.post(
                     "/v1/queues/bench.steady/receive", json={"max": 500, "wait_ms": 1000}
                 )
@@ -254,6 +261,7 @@ async def steady(
         "rate_per_s": rate,
         "seconds": seconds,
         "sent": sent,
+        "refused_overloaded": refused,
         "received": len(lateness),
         "early": early,
         "lateness_ms_p50": round(percentile(lateness, 50), 2),
