@@ -191,10 +191,12 @@ async def steady(
 ) -> dict[str, Any]:
     """``rate`` msg/s for ``seconds``, due 1 s to ``max_delay_ms`` later, two consumers;
     ``message_ids``: each sent with a ``message_id`` of its own (an idempotent producer's). A
-    batch refused with ``429 overloaded`` is counted (``refused``), not sent again."""
+    batch refused with ``429 overloaded``, or a message refused on its own in a batch answered
+    ``200``, is counted (``refused``), not sent again."""
     lateness: list[float] = []
     early = 0
     sent = 0
+    made = 0
     refused = 0
     producing = True
     receives = 0
@@ -205,7 +207,7 @@ async def steady(
         expected = rate * seconds
 
         async def produce() -> None:
-            nonlocal sent, refused, producing
+            nonlocal sent, made, refused, producing
             tick = 0.05
             per_tick = max(1, int(rate * tick))
             next_at = time.monotonic()
@@ -220,17 +222,21 @@ async def steady(
                 ]
                 if message_ids:
                     for i, message in enumerate(batch):
-                        message["message_id"] = f"steady-{sent + i}"
+                        message["message_id"] = f"steady-{made + i}"
+                made += per_tick
                 response = await client.post(
                     "/v1/messages/batch",
                     content=orjson.dumps({"messages": batch}),
                     headers={"content-type": "application/json"},
                 )
-                if response.status_code == 429:
-                    refused += per_tick
-                else:
+                taken = 0 if response.status_code == 429 else per_tick
+                if taken:
                     response.raise_for_status()
-                    sent += per_tick
+                if response.status_code == 200:  # some refused on their own (overloaded)
+                    results = orjson.loads(response.content)["results"]
+                    taken -= sum(1 for result in results if "error" in result)
+                sent += taken
+                refused += per_tick - taken
                 next_at += tick
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
             producing = False
