@@ -143,14 +143,23 @@ async def test_filing_keys_in_arrays_keeps_the_rule_of_one_key_at_a_time(tmp_pat
     await store.close()
 
 
+async def released_keyed(
+    root: Path, count: int, monkeypatch: pytest.MonkeyPatch, *, a_step: int
+) -> LogStore:
+    """A store whose first window's ``count`` keyed messages (``first-<i>``) are released, its
+    cleanup looking at ``a_step`` keys an event-loop step."""
+    store = await opened(root)
+    await store.store([keyed(NOW + 10 + i, f"first-{i}") for i in range(count)])
+    await release_until(store, NOW + G - 1)
+    monkeypatch.setattr(cleanup, "_KEYS_A_STEP", a_step)
+    return store
+
+
 async def test_a_deleted_partitions_keys_are_looked_at_over_several_loop_steps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a partition of 10 keyed messages, released, and a cleanup looking at 3 keys a step
-    store = await opened(tmp_path)
-    await store.store([keyed(NOW + 10 + i, f"first-{i}") for i in range(10)])
-    await release_until(store, NOW + G - 1)
-    monkeypatch.setattr(cleanup, "_KEYS_A_STEP", 3)
+    store = await released_keyed(tmp_path, 10, monkeypatch, a_step=3)
     steps: list[int] = []
     ticks = 0
     file_keys = cleanup.file_keys
@@ -182,10 +191,7 @@ async def test_a_key_taken_back_while_its_old_partition_is_cleaned_up_is_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a released partition of keyed messages, cleaned up 2 keys a step
-    store = await opened(tmp_path)
-    await store.store([keyed(NOW + 10 + i, f"first-{i}") for i in range(6)])
-    await release_until(store, NOW + G - 1)
-    monkeypatch.setattr(cleanup, "_KEYS_A_STEP", 2)
+    store = await released_keyed(tmp_path, 6, monkeypatch, a_step=2)
     sent: list[bool] = []
 
     async def a_message_takes_a_key_back() -> None:
