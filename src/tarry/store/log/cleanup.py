@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from tarry.model.ids import ids_due_ms
 from tarry.store.log.fs import Files
@@ -75,12 +76,11 @@ def file_keys(table: PartitionTable, keys: Sequence[int]) -> None:
     if state.forwards:  # a rescheduled message is found at its new due time
         moved = np.array(list(map(state.forwards.get, ids, itertools.repeat(0))), np.int64)
         dues = np.where(moved != 0, moved, dues)
-    known = np.fromiter(table.partitions, np.int64, len(table.partitions))
     holder = np.full(len(kept), -1, np.int64)
     dated = dues >= 0
     for level in range(MAX_LEVEL + 1):  # finest first
         here = table.layout.keys_at(dues, level)
-        found = (holder < 0) & dated & np.isin(here, known)
+        found = (holder < 0) & dated & _existing(table, here)
         holder[found] = here[found]
     for key in itertools.compress(kept, (dated & (holder < 0)).tolist()):
         dedupe.pop(key, None)  # a key may be listed twice
@@ -92,6 +92,16 @@ def file_keys(table: PartitionTable, keys: Sequence[int]) -> None:
         itertools.compress(kept, live.tolist()), holder[live].tolist(), strict=True
     ):
         filed.setdefault(number, []).append(key)
+
+
+def _existing(table: PartitionTable, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Whether each partition key names a partition of the table: a lookup for each distinct
+    key (a step's keys name a few), not an array of every partition (a store written before
+    the layout has one a five minutes)."""
+    distinct, where = np.unique(keys, return_inverse=True)
+    present = np.fromiter(map(table.partitions.__contains__, distinct.tolist()), bool)
+    found: npt.NDArray[np.bool_] = present[where.reshape(-1)]
+    return found
 
 
 def file_all(table: PartitionTable) -> None:
