@@ -38,6 +38,16 @@ async def created(store: LogStore, message: Message) -> bool:
     return outcome.created
 
 
+async def first_window_deleted_keeps_one(store: LogStore, *, gone: str, kept: str) -> None:
+    """Delete the first window's partition: one key is left, ``kept`` (sent again, it is
+    refused), and ``gone`` is a new message when sent again. Closes the store."""
+    assert await store.delete_released(NOW + G + 1) == 1
+    assert len(store.state.dedupe) == 1
+    assert await created(store, keyed(NOW + 2 * G + 10, gone))
+    assert not await created(store, keyed(NOW + 2 * G + 10, kept))
+    await store.close()
+
+
 async def test_a_deleted_partitions_keys_are_dropped_and_the_others_kept(tmp_path: Path) -> None:
     # Given keyed messages in the first window and in the next
     store = await opened(tmp_path)
@@ -45,12 +55,8 @@ async def test_a_deleted_partitions_keys_are_dropped_and_the_others_kept(tmp_pat
     await store.store([keyed(NOW + G + 10, "second")])
     await release_until(store, NOW + G - 1)
     # When cleanup deletes the first window's partition
-    assert await store.delete_released(NOW + G + 1) == 1
     # Then its keys are gone (the same message_id is a new message now), the other's is kept
-    assert len(store.state.dedupe) == 1
-    assert await created(store, keyed(NOW + 2 * G + 10, "first-0"))
-    assert not await created(store, keyed(NOW + 2 * G + 10, "second"))
-    await store.close()
+    await first_window_deleted_keeps_one(store, gone="first-0", kept="second")
 
 
 async def test_a_rescheduled_messages_key_lives_until_its_new_partition_is_deleted(
@@ -85,19 +91,17 @@ async def test_after_a_restart_a_deleted_partitions_keys_are_still_dropped(
     store = await opened(tmp_path)
     # When the first window is released and its partition deleted
     await release_until(store, NOW + G - 1)
-    assert await store.delete_released(NOW + G + 1) == 1
     # Then its key is gone and the other's kept: the keys were filed again at the open
-    assert len(store.state.dedupe) == 1
-    assert await created(store, keyed(NOW + 2 * G + 10, "first"))
-    assert not await created(store, keyed(NOW + 2 * G + 10, "second"))
-    await store.close()
+    await first_window_deleted_keeps_one(store, gone="first", kept="second")
 
 
 def one_key_at_a_time(table: PartitionTable) -> tuple[dict[int, list[int]], set[int]]:
     """The filing rule, a key at a time: under the finest partition that may hold the key's
     message (at its forwarded due time if rescheduled), or dropped when none may; unfiled
     when its id carries no due time. (filed, dropped)."""
-    state, filed, dropped = table.state, {}, set()  # type: ignore[var-annotated]
+    state = table.state
+    filed: dict[int, list[int]] = {}
+    dropped: set[int] = set()
     for key, message_id in state.dedupe.items():
         due = state.forwards.get(message_id) or id_due_ms(message_id)
         if due is None:
