@@ -68,16 +68,21 @@ def _delays(count: int, low_ms: int, high_ms: int, seed: int) -> list[int]:
 # --- roles, each run in its own process -----------------------------------------------------
 
 
-def produce_tarry(url: str, count: int, low_ms: int, high_ms: int) -> dict[str, Any]:
+def produce_tarry(
+    url: str, count: int, low_ms: int, high_ms: int, *, message_ids: bool = False
+) -> dict[str, Any]:
     delays = _delays(count, low_ms, high_ms, seed=1)
     refused = refused_items = 0
     started = time.perf_counter()
     with httpx.Client(base_url=url, timeout=120) as client:
         for start in range(0, count, BATCH):
-            batch = [
+            batch: list[dict[str, Any]] = [
                 {"destination": QUEUE, "body": BODY, "delay_ms": delay}
                 for delay in delays[start : start + BATCH]
             ]
+            if message_ids:  # an idempotent producer's: a key of its own per message
+                for i, message in enumerate(batch):
+                    message["message_id"] = f"ontime-{start + i}"
             while True:
                 response = client.post(
                     "/v1/messages/batch",
@@ -199,7 +204,9 @@ def consume_redis(count: int, deadline_s: float) -> dict[str, Any]:
 
 
 ROLES = {
-    "produce-tarry": lambda a: produce_tarry(a.url, a.messages, a.min_delay_ms, a.max_delay_ms),
+    "produce-tarry": lambda a: produce_tarry(
+        a.url, a.messages, a.min_delay_ms, a.max_delay_ms, message_ids=a.ids
+    ),
     "consume-tarry": lambda a: consume_tarry(a.url, a.messages, a.deadline_s),
     "produce-redis": lambda a: produce_redis(a.messages, a.min_delay_ms, a.max_delay_ms),
     "poll-redis": lambda a: poll_redis(a.messages, a.deadline_s),
@@ -226,6 +233,7 @@ def _role(role: str, args: argparse.Namespace, url: str = "") -> subprocess.Pope
         str(args.deadline_s),
         "--url",
         url,
+        *(["--ids"] if args.ids else []),
     ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
 
@@ -355,6 +363,11 @@ def main() -> None:
     parser.add_argument("--baseline-src", type=Path, help="another tarry source tree's src/")
     parser.add_argument("--only", default="redis,tarry,baseline")
     parser.add_argument("--deadline-s", type=float, default=300.0)
+    parser.add_argument(
+        "--ids",
+        action="store_true",
+        help="each tarry message sent with a message_id of its own (an idempotent producer's)",
+    )
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--url", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
