@@ -1,7 +1,8 @@
 """A release of plain due messages read as columns (``DueColumns``, ``QueueTxn.enqueue_columns``)
 writes the same queue rows, remembers the same rows and tells the same events and journal lines
-as the release of the same messages as objects (``enqueue_many``), plain and not plain alike,
-also when some were released before a crash that came ahead of the store's marker."""
+as the release of the same messages as objects (``enqueue_many``), plain, keyed (a
+``message_id``) and neither alike, also when some were released before a crash that came ahead
+of the store's marker."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ NOW = 1_700_000_000_000
 
 
 def _messages(*, expiring: bool = True) -> list[Message]:
-    """Due messages to two queues (one with a TTL), some plain, some not; with ``expiring``
-    every fourth expires."""
+    """Due messages to two queues (one with a TTL), some plain, some sent with a
+    ``message_id`` (an idempotent producer's: read as columns too), some neither; with
+    ``expiring`` every fourth expires."""
     out = []
     for i in range(40):
         message = Message(
@@ -37,6 +39,7 @@ def _messages(*, expiring: bool = True) -> list[Message]:
             destination="q" if i % 3 else "ttl",
             body=f"m{i}".encode(),
             headers={"k": "v"} if i in (7, 20) else {},
+            message_id=f"order-{i}" if i % 5 == 2 else None,
             sent_at_ms=NOW - 5000,
             deliver_at_ms=NOW - 1000 + i,
             expires_at_ms=NOW + 60_000 if expiring and i % 4 == 0 else None,

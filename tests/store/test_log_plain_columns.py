@@ -1,7 +1,8 @@
-"""A round's batch read as columns (``decode_plain_columns``): for any log of plain, flagged
-and damaged records, it gives exactly what the general decode (``decode_records`` with
-``plain_row``) gives, column by column, when every picked record is a whole, valid, plain
-MESSAGE record, and gives up (None, for the general way to read and report) otherwise."""
+"""A round's batch read as columns (``decode_plain_columns``): for any log of plain, keyed (a
+``message_id`` alone), flagged and damaged records, it gives exactly what the general decode
+(``decode_records`` with ``plain_row``) gives, column by column, when every picked record is a
+whole, valid MESSAGE record, plain or keyed, and gives up (None, for the general way to read
+and report) otherwise."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tarry.model.message import Message
+from tarry.model.message import Message, plain_message
+from tarry.store.log.held import dedupe_hash
 from tarry.store.log.record import (
     RELEASED,
     decode_plain_columns,
@@ -39,13 +41,23 @@ _PLAIN = st.builds(
     st.integers(0, 2**40),
     st.none() | st.integers(0, 2**40),
 )
-#: What a record of the log is: plain, flagged (headers), a marker, or damaged in one byte.
-_KIND = st.sampled_from(["plain", "plain", "plain", "flagged", "marker", "flipped"])
+#: What a record of the log is: plain, keyed (a ``message_id`` with its hash, as the store
+#: writes an idempotent producer's), flagged (headers; a ``message_id`` and a correlation id),
+#: a marker, or damaged in one byte.
+_KIND = st.sampled_from(
+    ["plain", "plain", "plain", "keyed", "keyed", "flagged", "both", "marker", "flipped"]
+)
 
 
 def _record(message: Message, kind: str, flip_at: int) -> bytes:
+    if kind == "keyed":
+        keyed = replace(message, message_id=f"order-{flip_at}")
+        return encode_message(keyed, dedupe_hash(keyed))
     if kind == "flagged":
         return encode_message(replace(message, headers={"h": "v"}))
+    if kind == "both":
+        both = replace(message, message_id="m", correlation_id="c")
+        return encode_message(both, dedupe_hash(both))
     if kind == "marker":
         return encode_markers(RELEASED, 3, [(message.id, 0, message.destination)])
     record = bytearray(encode_message(message))
@@ -75,12 +87,50 @@ def test_columns_are_the_general_decode_or_nothing(
     # When the batch is read as columns and the general way
     columns = decode_plain_columns(view, base, [base + offset for offset in picked])
     general = decode_records(view, picked, plain_row)
-    # Then the columns are the general rows when every one is plain, else there are none
-    if all(type(row) is tuple for row in general):
+    # Then the columns are the general rows when every one is plain or keyed, else there are
+    # none
+    rows = [_as_row(read) for read in general]
+    if all(row is not None for row in rows):
         assert columns is not None
-        assert list(zip(*columns, strict=True)) == general
+        message_ids = columns[6]
+        if all(row is not None and row[-1] is None for row in rows):
+            assert message_ids is None
+        message_ids = message_ids or [None] * len(rows)
+        assert list(zip(*columns[:6], message_ids, strict=True)) == rows
     else:
         assert columns is None
+
+
+def _as_row(read: object) -> tuple[object, ...] | None:
+    """What the general decode read, as a row of the columns with its message id: a plain
+    row, a keyed message (nothing else set), or None."""
+    if isinstance(read, tuple):
+        return (*read, None)
+    if not isinstance(read, Message):
+        return None
+    keyed = plain_message(
+        read.id,
+        read.destination,
+        read.body,
+        read.sent_at_ms,
+        read.deliver_at_ms,
+        read.expires_at_ms,
+        message_id=read.message_id,
+    )
+    if read != keyed:
+        return None
+    return (*plain_row_of(read), read.message_id)
+
+
+def plain_row_of(message: Message) -> tuple[object, ...]:
+    return (
+        message.id,
+        message.destination,
+        message.body,
+        message.sent_at_ms,
+        message.deliver_at_ms,
+        message.expires_at_ms,
+    )
 
 
 def test_a_batch_of_one_destination_reads_its_fields_back() -> None:
@@ -106,4 +156,27 @@ def test_a_batch_of_one_destination_reads_its_fields_back() -> None:
         [5, 5],
         [9, 9],
         [70, None],
+        None,
     )
+
+
+def test_a_keyed_message_reads_its_message_id_beside_plain_ones() -> None:
+    # Given a plain message and one an idempotent producer sent (a message_id, its hash)
+    plain = Message(
+        id="0" * 26,
+        destination="orders",
+        body=b"one",
+        headers={},
+        sent_at_ms=5,
+        deliver_at_ms=9,
+        expires_at_ms=None,
+    )
+    keyed = replace(plain, id="1" * 26, message_id="order-7", body=b"two")
+    buf = encode_message(plain) + encode_message(keyed, dedupe_hash(keyed))
+    # When both are read as columns
+    columns = decode_plain_columns(buf, 0, [0, len(encode_message(plain))])
+    # Then the keyed one's body is its own (after the hash and the extra fields), and the
+    # message ids are a column
+    assert columns is not None
+    assert columns[2] == [b"one", b"two"]
+    assert columns[6] == [None, "order-7"]

@@ -23,9 +23,18 @@ _T = TypeVar("_T")
 
 class DueColumns(LazyMessages):
     """Plain scheduled messages, row ``k`` of each column being message ``k``; as messages,
-    each is ``plain_message`` of its row."""
+    each is ``plain_message`` of its row. ``message_id``: each one's producer id (an
+    idempotent producer's), None for a batch where none has one."""
 
-    __slots__ = ("body", "deliver_at_ms", "destination", "expires_at_ms", "ids", "sent_at_ms")
+    __slots__ = (
+        "body",
+        "deliver_at_ms",
+        "destination",
+        "expires_at_ms",
+        "ids",
+        "message_id",
+        "sent_at_ms",
+    )
 
     def __init__(
         self,
@@ -35,6 +44,7 @@ class DueColumns(LazyMessages):
         sent_at_ms: list[int],
         deliver_at_ms: list[int],
         expires_at_ms: list[int | None],
+        message_id: list[str | None] | None = None,
     ) -> None:
         super().__init__()
         self.ids = ids
@@ -43,6 +53,11 @@ class DueColumns(LazyMessages):
         self.sent_at_ms = sent_at_ms
         self.deliver_at_ms = deliver_at_ms
         self.expires_at_ms = expires_at_ms
+        self.message_id = message_id
+
+    def message_ids(self) -> list[str | None]:
+        """The ``message_id`` column, written out (None for each where none has one)."""
+        return [None] * len(self.ids) if self.message_id is None else self.message_id
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -51,6 +66,20 @@ class DueColumns(LazyMessages):
         return self.deliver_at_ms
 
     def _make(self) -> list[Message]:
+        if self.message_id is not None:
+            return [
+                plain_message(id_, destination, body, sent, due, expires, message_id=message_id)
+                for id_, destination, body, sent, due, expires, message_id in zip(
+                    self.ids,
+                    self.destination,
+                    self.body,
+                    self.sent_at_ms,
+                    self.deliver_at_ms,
+                    self.expires_at_ms,
+                    self.message_id,
+                    strict=True,
+                )
+            ]
         return list(
             map(
                 plain_message,
@@ -100,10 +129,12 @@ class ReadyColumns(LazyMessages):
         return self.column(self.due.deliver_at_ms)
 
     def plain_lines(self) -> PlainLines | None:
-        """Every message's journal line read from the columns, unless one expires (the rows
-        of a release are all to its queue)."""
+        """Every message's journal line read from the columns, unless one expires or has a
+        ``message_id`` (the rows of a release are all to its queue)."""
         due = self.due
         if not self.rows or any(e is not None for e in self.column(due.expires_at_ms)):
+            return None
+        if due.message_id is not None and any(due.message_id[row] for row in self.rows):
             return None
         return PlainLines(
             due.destination[self.rows[0]],
@@ -128,6 +159,7 @@ class ReadyColumns(LazyMessages):
         due, queue, now, ready = self.due, self.queue, self.now_ms, MessageState.READY
         ids, destination, body = due.ids, due.destination, due.body
         sent, deliver, expires = due.sent_at_ms, due.deliver_at_ms, due.expires_at_ms
+        message_id = due.message_ids()
         return [
             plain_message(
                 ids[row],
@@ -140,6 +172,7 @@ class ReadyColumns(LazyMessages):
                 queue,
                 now,
                 queue_expires,
+                message_id[row],
             )
             for row, queue_expires in zip(self.rows, self.queue_expires_at_ms, strict=True)
         ]

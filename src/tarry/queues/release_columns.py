@@ -12,7 +12,7 @@ from tarry.model.due import DueColumns, ReadyColumns
 from tarry.model.expiry import is_expired, queue_expiries_ms
 from tarry.queues.catalog import Catalog
 from tarry.queues.sequence import Sequencer
-from tarry.store.sqlite.rows import Released
+from tarry.store.sqlite.rows import Released, queue_dedupe_key
 
 __all__ = ["plain_release"]
 
@@ -41,11 +41,22 @@ def plain_release(
             return None
         planned.append((queue, rows, expiries))
     ids, body, sent, deliver = due.ids, due.body, due.sent_at_ms, due.deliver_at_ms
+    message_ids = due.message_ids()
     out = []
     for queue, rows, expiries in planned:
         seqs = seq.next_many(len(rows))
         released: list[Released] = [
-            (ids[row], body[row], sent[row], deliver[row], number, expires_at[row], expires)
+            (
+                ids[row],
+                body[row],
+                sent[row],
+                deliver[row],
+                number,
+                expires_at[row],
+                expires,
+                message_ids[row],
+                queue_dedupe_key(queue, message_ids[row]),
+            )
             for row, number, expires in zip(rows, seqs, expiries, strict=True)
         ]
         out.append((ReadyColumns(due, rows, queue, now_ms, expiries), released))

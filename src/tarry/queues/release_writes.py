@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Sequence
 
+from tarry.errors import Unavailable
 from tarry.model.message import Message
 from tarry.store.sql import QueueConnection, id_column, id_key, in_list
 from tarry.store.sqlite.rows import (
@@ -25,12 +26,17 @@ from tarry.store.sqlite.rows import (
 __all__ = [
     "Gathered",
     "Plain",
+    "keys_held_elsewhere",
+    "left_out_why",
+    "only",
     "remember",
     "seqs_of",
     "taken_before",
+    "unkeyed",
     "without",
     "write_gathered",
     "write_plain",
+    "write_plain_rows",
     "write_row",
 ]
 
@@ -99,6 +105,58 @@ def taken_before(conn: QueueConnection, plain: Plain) -> set[str]:
 def without(plain: Plain, before: set[str]) -> Plain:
     """``plain`` without the rows of the messages released before."""
     return {q: [r for r in rows if r[0] not in before] for q, rows in plain.items()}
+
+
+def keys_held_elsewhere(conn: QueueConnection, plain: Plain) -> set[str]:
+    """The ids of ``plain``'s rows whose de-duplication key a row of another message holds (an
+    older finished one whose ``message_id`` the producer used again after its retention):
+    their INSERT left them out."""
+    ours = {row[8]: row[0] for rows in plain.values() for row in rows if row[8] is not None}
+    keys = list(ours)
+    held: set[str] = set()
+    for start in range(0, len(keys), 500):
+        chunk = keys[start : start + 500]
+        marks = ", ".join("?" * len(chunk))
+        for id_, key in conn.execute(
+            f"SELECT id, dedupe_key FROM messages WHERE dedupe_key IN ({marks})", chunk
+        ):
+            if ours[key] != id_:
+                held.add(ours[key])
+    return held
+
+
+def unkeyed(plain: Plain, ids: set[str]) -> Plain:
+    """``plain`` with the rows of ``ids`` written without their key (keeping their
+    ``message_id``), as ``write_row`` keeps such a message."""
+    if not ids:
+        return plain
+    return {q: [(*r[:8], None) if r[0] in ids else r for r in rows] for q, rows in plain.items()}
+
+
+def only(plain: Plain, ids: set[str]) -> Plain:
+    """The rows of ``plain`` of the messages of ``ids``."""
+    return {q: [r for r in rows if r[0] in ids] for q, rows in plain.items()}
+
+
+def left_out_why(before: set[str], held: set[str]) -> None:
+    """After a write that left rows out: some were released before (``before``) or their key
+    is held (``held``); neither means a row is being written elsewhere (another node, on
+    PostgreSQL), and the release waits for another round."""
+    if not before and not held:
+        raise Unavailable("a released message's row is being written elsewhere")
+
+
+def write_plain_rows(conn: QueueConnection, plain: Plain, now_ms: int) -> tuple[Plain, set[str]]:
+    """Write the plain rows column-wise: ``plain`` as written (a row whose key another message
+    holds written again without it) and the ids of those left out, released before."""
+    if write_plain(conn, plain, now_ms):
+        return plain, set()
+    before, held = taken_before(conn, plain), keys_held_elsewhere(conn, plain)
+    left_out_why(before, held)
+    plain = unkeyed(plain, held)
+    if held and not write_plain(conn, only(plain, held), now_ms):
+        left_out_why(set(), set())
+    return plain, before
 
 
 def remember(conn: QueueConnection, plain: Plain, now_ms: int) -> None:

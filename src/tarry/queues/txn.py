@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from tarry.errors import DeliveryFailed, Unavailable
+from tarry.errors import DeliveryFailed
 from tarry.model.deaths import record_death, would_cycle
 from tarry.model.due import DueColumns, ReadyColumns
 from tarry.model.events import Event, EventRun
@@ -31,12 +31,14 @@ from tarry.queues.release_columns import plain_release
 from tarry.queues.release_writes import (
     Gathered,
     Plain,
+    keys_held_elsewhere,
+    left_out_why,
     remember,
     seqs_of,
-    taken_before,
+    unkeyed,
     without,
     write_gathered,
-    write_plain,
+    write_plain_rows,
     write_row,
 )
 from tarry.queues.row_messages import ReceivedRows
@@ -51,7 +53,7 @@ from tarry.store.sql import (
     row_lock,
 )
 from tarry.store.sqlite.pending_receives import MIN_VISIBILITY_MS
-from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL, from_row, is_plain, to_insert
+from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL, dedupe_key, from_row, is_plain, to_insert
 
 __all__ = ["HANDOFF_MS", "QUEUED_STATES", "QueueTxn"]
 
@@ -237,6 +239,8 @@ class QueueTxn:
                     seq,
                     message.expires_at_ms,
                     expires,
+                    message.message_id,
+                    dedupe_key(message),
                 )
             )
             self.emit("released", message, queue)
@@ -279,27 +283,28 @@ class QueueTxn:
             return
         rows, self._rows = self._rows, []
         plain, self._plain = self._plain, {}
+        conn, now = self.conn, self.now_ms
         if not rows:
-            if not write_plain(self.conn, plain, self.now_ms):
-                plain = self._left_out(plain, taken_before(self.conn, plain))
-            remember(self.conn, plain, self.now_ms)
+            plain, before = write_plain_rows(conn, plain, now)
+            remember(conn, self._left_out(plain, before) if before else plain, now)
             return
-        self.conn.execute("SAVEPOINT flush")
+        conn.execute("SAVEPOINT flush")
         try:
             # Again while some id is found taken: on PostgreSQL another node may have written
-            # one since the look-up (each round leaves out at least one message).
-            while not write_gathered(self.conn, rows, plain, self.now_ms):
-                self.conn.execute("ROLLBACK TO flush")
+            # one since the look-up (each round leaves out at least one message, or writes
+            # one without its key).
+            while not write_gathered(conn, rows, plain, now):
+                conn.execute("ROLLBACK TO flush")
                 before = self.released_before([r[0] for p in plain.values() for r in p])
-                plain = self._left_out(plain, before)
+                held = keys_held_elsewhere(conn, plain)
+                left_out_why(before, held)
+                plain = self._left_out(unkeyed(plain, held), before)
         finally:
-            self.conn.execute("RELEASE flush")
-        remember(self.conn, plain, self.now_ms)
+            conn.execute("RELEASE flush")
+        remember(conn, plain, now)
 
     def _left_out(self, plain: Plain, before: set[str]) -> Plain:
         """``plain`` without the messages released before (and without their events)."""
-        if not before:  # taken, yet not seen: the release waits for another round
-            raise Unavailable("a released message's row is being written elsewhere")
         self.events = [e for e in self.events if e[0] != "released" or e[1].id not in before]
         self.runs = [
             EventRun(run.event, run.messages.without(before), run.time_ms, run.queue)

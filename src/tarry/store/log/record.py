@@ -409,8 +409,20 @@ def decode_records(
 
 
 #: Plain MESSAGE records read as the columns of ``DueColumns``: (ids, destinations, bodies,
-#: sent, due, expires), row ``k`` of each being what ``plain_row`` reads of record ``k``.
-PlainColumns = tuple[list[str], list[str], list[bytes], list[int], list[int], list["int | None"]]
+#: sent, due, expires, message ids), row ``k`` of each being what ``plain_row`` reads of
+#: record ``k``; the message ids (an idempotent producer's) None when no record has one.
+PlainColumns = tuple[
+    list[str],
+    list[str],
+    list[bytes],
+    list[int],
+    list[int],
+    list["int | None"],
+    list["str | None"] | None,
+]
+#: The flags of a MESSAGE record whose only optional field is its ``message_id`` (and the
+#: de-duplication hash that goes with it).
+_KEYED = _HASH | _EXTRA
 
 
 def decode_plain_columns(
@@ -418,10 +430,10 @@ def decode_plain_columns(
 ) -> PlainColumns | None:
     """``decode_records`` with ``plain_row`` of the records at ``positions`` less ``base`` (a
     round's batch, all in one segment), as columns, when every one is a whole, valid MESSAGE
-    record without flags (nearly every round); None as soon as one is not (damaged, flagged,
-    past the buffer), for the caller to read the batch the general way, which tells why.
-    Written into the columns in one loop: no row tuple, no call per record, and the
-    destination (a batch mostly shares one) decoded once."""
+    record without flags, or with a ``message_id`` alone (nearly every round); None as soon
+    as one is not (damaged, other fields, past the buffer), for the caller to read the batch
+    the general way, which tells why. Written into the columns in one loop: no row tuple, no
+    call per record, and the destination (a batch mostly shares one) decoded once."""
     size = len(buf)
     unpack = _MESSAGE_AT.unpack_from
     head_crcs: dict[int, int] = {}
@@ -432,6 +444,8 @@ def decode_plain_columns(
     sent_at: list[int] = []
     due_at: list[int] = []
     expires_at: list[int | None] = []
+    message_ids: list[str | None] = []
+    keyed = False
     for position in positions:
         offset = position - base
         if size - offset < HEADER + _FIXED:
@@ -444,7 +458,7 @@ def decode_plain_columns(
             version != VERSION
             or kind != MESSAGE
             or reserved
-            or flags
+            or (flags and flags != _KEYED)
             or not _FIXED <= length <= MAX_RECORD
             or end > size
         ):
@@ -460,6 +474,16 @@ def decode_plain_columns(
         name = names.get(raw)
         if name is None:
             name = names[raw] = raw.decode("utf-8")
+        message_id = None
+        if flags:  # a hash, then the extra fields: a message_id alone, or the general way
+            (extra_len,) = _U32.unpack_from(payload, at + 8)
+            extra = orjson.loads(payload[at + 12 : at + 12 + extra_len])
+            message_id = extra.get("m")
+            if len(extra) != 1 or message_id is None:
+                return None
+            at += 12 + extra_len
+            keyed = True
+        message_ids.append(message_id)
         raw_ids.append(raw_id)
         destinations.append(name)
         bodies.append(payload[at:])
@@ -474,6 +498,7 @@ def decode_plain_columns(
         sent_at,
         due_at,
         expires_at,
+        message_ids if keyed else None,
     )
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "insert_rows",
     "is_plain",
     "kept_by_dedupe_key",
+    "queue_dedupe_key",
     "released_row",
     "to_insert",
 ]
@@ -186,19 +187,22 @@ def insert_rows(conn: SqlConnection, inserts: Iterable[Insert]) -> None:
 
 
 #: A plain message released into a queue, as ``insert_released`` writes it: (id, body,
-#: sent_at_ms, deliver_at_ms, seq, expires_at_ms, queue_expires_at_ms).
-Released = tuple[str, bytes, int, int, int, int | None, int | None]
-_RELEASED_SQL: dict[tuple[bool, bool, int], str] = {}
+#: sent_at_ms, deliver_at_ms, seq, expires_at_ms, queue_expires_at_ms, message_id,
+#: dedupe_key): an idempotent producer's message carries its ``message_id`` and the key that
+#: ``dedupe_key`` gives it (``queue_dedupe_key``), or None where another row holds that key.
+Released = tuple[str, bytes, int, int, int, int | None, int | None, str | None, str | None]
+_RELEASED_SQL: dict[tuple[bool, bool, bool, bool, int], str] = {}
+#: The columns of ``Released`` after ``seq`` that a row may leave unset.
+_RELEASED_OPTIONAL = ("expires_at_ms", "queue_expires_at_ms", "message_id", "dedupe_key")
 
 
 def is_plain(message: Message) -> bool:
     """Whether ``message`` sets no column beyond those ``insert_released`` writes (no headers,
-    producer ids, reports, failures or deaths, default delivery options): most released
-    messages, whose records the log store keeps in its compact form too."""
+    topic, correlation id, reports, failures or deaths, default delivery options; a
+    ``message_id`` it may have): most released messages."""
     return not (
         message.headers
         or message.topic
-        or message.message_id
         or message.correlation_id
         or message.reply_to
         or message.report
@@ -218,11 +222,13 @@ _READY = MessageState.READY.value
 _DEAD_LETTER = Undeliverable.DEAD_LETTER.value
 
 
-def _released_sql(expires: bool, queue_expires: bool, count: int) -> str:
-    sql = _RELEASED_SQL.get((expires, queue_expires, count))
+def _released_sql(shape: tuple[bool, bool, bool, bool], count: int) -> str:
+    """The INSERT of ``count`` released rows of one shape: whether they set ``expires_at_ms``,
+    ``queue_expires_at_ms``, ``message_id`` and ``dedupe_key``."""
+    sql = _RELEASED_SQL.get((*shape, count))
     if sql is None:
         varying = ["id", "body", "sent_at_ms", "deliver_at_ms", "seq"]
-        varying += ["expires_at_ms"] * expires + ["queue_expires_at_ms"] * queue_expires
+        varying += [n for n, p in zip(_RELEASED_OPTIONAL, shape, strict=True) if p]
         names = [*varying, "destination", "queue", "state", "headers", "on_undeliverable"]
         names += ["persistent", "enqueued_at_ms", "visible_at_ms", "updated_at_ms"]
         row = f"({', '.join('?' * len(varying))})"
@@ -234,7 +240,7 @@ def _released_sql(expires: bool, queue_expires: bool, count: int) -> str:
             # ``WHERE true``: without it SQLite would read ``ON`` as a join's (its upsert docs).
             "WHERE true ON CONFLICT DO NOTHING"
         )
-        _RELEASED_SQL[(expires, queue_expires, count)] = sql
+        _RELEASED_SQL[(*shape, count)] = sql
     return sql
 
 
@@ -246,22 +252,26 @@ def insert_released(
     ``to_insert`` rows. Column-wise: what every row shares is bound once per statement and
     only the varying columns once per row (binding is most of the Python-side cost of a row).
 
-    A row whose id is taken already is not written (its only unique column: a plain message
-    has no de-duplication key). Returns how many were written, so the caller learns of such
-    rows without looking every id up first."""
-    shapes: dict[tuple[bool, bool], list[tuple[Any, ...]]] = {}
-    for id_, body, sent, due, seq, expires, queue_expires in rows:
+    A row whose id is taken already is not written, nor one whose de-duplication key another
+    row holds (``release_writes`` tells the two apart). Returns how many were written, so the
+    caller learns of such rows without looking every id up first."""
+    shapes: dict[tuple[bool, bool, bool, bool], list[tuple[Any, ...]]] = {}
+    for row in rows:
         # ``bytearray``: bound as a blob without the adaptation protocol (see ``to_insert``).
-        shape = (expires is not None, queue_expires is not None)
+        id_, body, sent, due, seq, *optional = row
+        shape = (
+            optional[0] is not None,
+            optional[1] is not None,
+            optional[2] is not None,
+            optional[3] is not None,
+        )
         values: tuple[Any, ...] = (id_, bytearray(body), sent, due, seq)
-        if shape[0]:
-            values += (expires,)
-        if shape[1]:
-            values += (queue_expires,)
+        if any(shape):
+            values += tuple(value for value in optional if value is not None)
         shapes.setdefault(shape, []).append(values)
     shared = (queue, queue, _READY, _DEAD_LETTER, now_ms, now_ms, now_ms)
     written = 0
-    for (expires, queue_expires), values_of in shapes.items():
+    for shape, values_of in shapes.items():
         start = 0
         while start < len(values_of):
             count = min(len(values_of) - start, MAX_ROWS_PER_INSERT)
@@ -269,7 +279,7 @@ def insert_released(
                 count = 1 << (count.bit_length() - 1)
             chunk = values_of[start : start + count]
             written += conn.execute(
-                _released_sql(expires, queue_expires, count),
+                _released_sql(shape, count),
                 [*shared, *chain.from_iterable(chunk)],
             ).rowcount
             start += count
@@ -279,10 +289,10 @@ def insert_released(
 def released_row(queue: str, now_ms: int, released: Released) -> tuple[Any, ...]:
     """The row ``insert_released`` writes for ``released``, as ``SELECT_SQL`` reads it back
     (without the row key): the columns it binds, and the defaults of the others."""
-    id_, body, sent, due, seq, expires, queue_expires = released
+    id_, body, sent, due, seq, expires, queue_expires, message_id, key = released
     return (
         *(id_, queue, None, _READY, bytes(body), "{}", sent, due, expires),
-        *(None, None, None, None, "", _DEAD_LETTER, 1, 0, None, None),
+        *(message_id, key, None, None, "", _DEAD_LETTER, 1, 0, None, None),
         *(queue, seq, now_ms, queue_expires, now_ms, None, 0, 0, now_ms),
     )
 
@@ -294,7 +304,17 @@ def dedupe_key(message: Message) -> str | None:
     of every store can (PostgreSQL refuses NUL)."""
     if message.message_id is None or message.deaths:
         return None
-    return f"{message.topic or ''}\x1f{message.destination}\x1f{message.message_id}"
+    return _joined_key(message.topic, message.destination, message.message_id)
+
+
+def queue_dedupe_key(queue: str, message_id: str | None) -> str | None:
+    """``dedupe_key`` of a producer's message sent to ``queue`` itself (no topic, no deaths),
+    from its columns."""
+    return None if message_id is None else _joined_key(None, queue, message_id)
+
+
+def _joined_key(topic: str | None, destination: str, message_id: str) -> str:
+    return f"{topic or ''}\x1f{destination}\x1f{message_id}"
 
 
 #: Keys looked up per statement (well under SQLite's bound on parameters).
