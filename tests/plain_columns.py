@@ -26,7 +26,9 @@ def plain_rows(now: int, *, max_size: int = 20) -> st.SearchStrategy[list[Row]]:
     )
 
 
-def columns_of(rows: list[Row], now: int) -> AcceptedColumns:
+def columns_of(
+    rows: list[Row], now: int, message_ids: list[str | None] | None = None
+) -> AcceptedColumns:
     due = np.array([r[2] for r in rows], np.int64)
     return AcceptedColumns(
         rows=list(range(len(rows))),
@@ -36,4 +38,5 @@ def columns_of(rows: list[Row], now: int) -> AcceptedColumns:
         sent_at_ms=now,
         deliver_at_ms=due,
         expires_at_ms=np.array([r[3] for r in rows], np.int64),
+        message_id=message_ids,
     )

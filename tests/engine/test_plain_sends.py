@@ -3,6 +3,7 @@ objects by the others, and answered, told and released exactly as the general pa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -130,7 +131,6 @@ async def test_plain_sends_kept_as_columns_fall_due_and_are_received_in_order(
     "odd",
     [
         {"destination": "t", "body": "to a topic", "delay_ms": 10},
-        {"destination": "q", "body": "keyed", "delay_ms": 10, "message_id": "k"},
         {"destination": "q", "body": "now"},
         {"destination": "q", "body": "grouped", "group_id": "g"},
         {"destination": "missing", "delay_ms": 10},
@@ -163,3 +163,76 @@ async def test_a_plain_batch_refused_whole_is_answered_as_the_general_path_answe
     engine.sender._columns = None
     assert [_answer(r) for r in results] == [_answer(r) for r in await engine.send_batch(items)]
     assert {getattr(r, "code", None) for r in results} == {"invalid_argument"}
+
+
+def _keyed(n: int = COLUMN_MIN + 4) -> list[dict[str, Any]]:
+    return [
+        {"destination": "q", "body": f"m{i}", "delay_ms": 1000 + i, "message_id": f"order-{i}"}
+        for i in range(n)
+    ]
+
+
+def _created(results: Sequence[SendResult | TarryError]) -> list[bool]:
+    return [isinstance(r, SendResult) and r.created for r in results]
+
+
+async def test_sends_with_a_message_id_are_kept_as_columns_and_repeats_named_as_duplicates(
+    make_engine, clock
+) -> None:
+    # Given an engine and a batch of plain sends, each with a message_id of its own
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    calls: list[str] = []
+    _spy(engine, calls)
+    items = _keyed()
+    columns = isinstance(engine.store, ColumnStore)
+    # When it is sent
+    first = await engine.send_batch(items)
+    # Then the log store kept it as columns, every send created, each with its message_id
+    assert calls == (["store_columns"] if columns else [])
+    assert all(_created(first))
+    message = await engine.get_message(first[3].id)  # type: ignore[union-attr]
+    assert message is not None and message.message_id == "order-3"
+    # When it is sent again, with one new send
+    calls.clear()
+    again = await engine.send_batch([*items, {**items[0], "message_id": "order-new"}])
+    # Then the repeats name the messages kept (the general path answers them) and the new
+    # one is kept
+    assert calls == (["store_columns", "store"] if columns else [])
+    assert [r.id for r in again[:-1]] == [r.id for r in first]  # type: ignore[union-attr]
+    assert _created(again) == [False] * len(items) + [True]
+    assert again[0].to_public()["duplicate"] is True  # type: ignore[union-attr]
+    # When they fall due and are released into the queue
+    clock.advance(20_000)
+    while await engine.dispatcher.run_once():
+        pass
+    received = await engine.receive("q", max_messages=1000)
+    assert {d.message.message_id for d in received} == {i["message_id"] for i in items} | {
+        "order-new"
+    }
+    # Then a third send of the batch still names them (their keys are in the queue
+    # database), without the store being asked to keep it as columns
+    calls.clear()
+    third = await engine.send_batch(items)
+    assert "store_columns" not in calls
+    assert [r.id for r in third] == [r.id for r in first]  # type: ignore[union-attr]
+    assert not any(_created(third))
+
+
+async def test_a_message_id_repeated_within_a_batch_is_answered_by_the_general_path(
+    make_engine,
+) -> None:
+    # Given a batch of sends with a message_id each, one of them repeating an earlier one's
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    calls: list[str] = []
+    _spy(engine, calls)
+    items = _keyed()
+    items[7]["message_id"] = items[3]["message_id"]
+    # When it is sent
+    results = await engine.send_batch(items)
+    # Then the repeat names the first message with that message_id, and nothing else repeats
+    if isinstance(engine.store, ColumnStore):
+        assert calls == ["store_columns", "store"]
+    assert results[7].id == results[3].id  # type: ignore[union-attr]
+    assert _created(results) == [i != 7 for i in range(len(items))]

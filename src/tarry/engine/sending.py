@@ -40,6 +40,7 @@ from tarry.model.state import MessageState
 from tarry.model.validate import DestinationView, SendLimits, TargetView
 from tarry.queues.lag import refusal_limit_ms
 from tarry.store.base import ColumnStore, StoreOutcome
+from tarry.store.sqlite.rows import kept_by_dedupe_key, queue_dedupe_key
 
 __all__ = ["Sender"]
 
@@ -187,7 +188,11 @@ class Sender:
             plain = self._plain(checking, views, may, now)
         await _pause(len(items))
         if plain is not None and store is not None:
-            return await self._keep_plain(store, *plain, now)
+            answered = await self._keep_plain(store, *plain, now)
+            if answered is not None:
+                return answered
+            # A message_id of the batch names a message kept already: the general path
+            # answers which sends repeat one.
         planned = self._validate(checking, views, failed, may, now)
         results: list[SendResult | TarryError | None] = [
             p if isinstance(p, TarryError) else None for p in planned
@@ -250,14 +255,19 @@ class Sender:
         errors: list[TarryError | None],
         accepted: AcceptedColumns,
         now: int,
-    ) -> Sequence[SendResult | TarryError]:
+    ) -> Sequence[SendResult | TarryError] | None:
         """Keep plain sends as columns and answer them from the columns: each is one message
-        to its queue, created (no ``message_id``), scheduled (delayed: nothing is released at
-        once), so the general path's steps after validation come down to these."""
+        to its queue, created, scheduled (delayed: nothing is released at once), so the
+        general path's steps after validation come down to these. None, with nothing kept,
+        when a ``message_id`` names a message kept already (released into its queue, or in
+        the store)."""
         if not len(accepted):
             return cast(list[SendResult | TarryError], errors)
         try:
-            await store.store_columns(accepted)
+            if accepted.message_id is not None and await self._released_keys(accepted):
+                return None
+            if not await store.store_columns(accepted):
+                return None
         except TarryError as exc:
             self.breakers.store.failure(exc)
             for row in accepted.rows:
@@ -268,6 +278,17 @@ class Sender:
         self.ctx.waiters.lag.accepted_due(accepted.destination, accepted.deliver_at_ms, now)
         self.ctx.due(int(accepted.deliver_at_ms.min()), now)
         return ColumnResults(errors, accepted, _STATE_TEXT[MessageState.SCHEDULED])
+
+    async def _released_keys(self, accepted: AcceptedColumns) -> bool:
+        """Whether a ``message_id`` of ``accepted`` names a message released into its queue
+        (the queue database holds its key)."""
+        assert accepted.message_id is not None
+        keys = {
+            key
+            for key in map(queue_dedupe_key, accepted.destination, accepted.message_id)
+            if key is not None
+        }
+        return bool(await self.ctx.qdb.read(lambda conn: kept_by_dedupe_key(conn, keys)))
 
     def _answer(
         self,

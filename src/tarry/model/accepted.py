@@ -1,12 +1,13 @@
 """The accepted sends of one request as columns, for the common case: plain sends (destination,
-body, a delay or a time, a TTL) to local queues, each its own message. The engine stores them
-through a store that takes columns (``tarry.store.base.ColumnStore``) and answers them from
-the same columns, with no request, plan or message object per send; ``messages`` gives the
-object form to those that read messages one by one (event listeners), built once, when first
-read.
+body, a delay or a time, a TTL, a ``message_id``) to local queues, each its own message. The
+engine stores them through a store that takes columns (``tarry.store.base.ColumnStore``) and
+answers them from the same columns, with no request, plan or message object per send;
+``messages`` gives the object form to those that read messages one by one (event listeners),
+built once, when first read.
 
-What does not fit (a topic, a route, ``message_id``, headers, a send due at once, ...) takes the
-general path (``tarry.engine.sending``), which makes one ``Message`` per copy.
+What does not fit (a topic, a route, headers, a send due at once, ...) takes the general path
+(``tarry.engine.sending``), which makes one ``Message`` per copy; so does a batch in which a
+``message_id`` repeats one kept already (its answer names the message kept).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class AcceptedColumns:
     deliver_at_ms: I64
     #: -1: never expires.
     expires_at_ms: I64
+    #: Each send's ``message_id`` (an idempotent producer's); None when no send has one.
+    message_id: list[str | None] | None = None
     _messages: ColumnMessages | None = field(default=None, init=False)
 
     def __len__(self) -> int:
@@ -73,6 +76,19 @@ class ColumnMessages(LazyMessages):
         c = self._columns
         sent = c.sent_at_ms
         expires: list[int | None] = [None if e < 0 else e for e in c.expires_at_ms.tolist()]
+        if c.message_id is not None:
+            return [
+                plain_message(id_, destination, body, sent, due, expiry, message_id=message_id)
+                for id_, destination, body, due, expiry, message_id in zip(
+                    c.ids,
+                    c.destination,
+                    c.body,
+                    c.deliver_at_ms.tolist(),
+                    expires,
+                    c.message_id,
+                    strict=True,
+                )
+            ]
         return list(
             map(
                 plain_message,

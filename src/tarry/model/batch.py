@@ -234,9 +234,11 @@ class BatchCheck:
         every = len(rows) == len(self.items)
         # (no destination column when no send names one: every send is refused then)
         destinations, bodies = self._values.get("destination", []), self._values.get("body")
+        message_ids = self._values.get("message_id")
         if not every:
             destinations = [destinations[i] for i in rows]
             bodies = None if bodies is None else [bodies[i] for i in rows]
+            message_ids = None if message_ids is None else [message_ids[i] for i in rows]
         accepted = AcceptedColumns(
             rows=rows,
             ids=ids.new_due_many(now_ms, due).astype("U26").tolist(),
@@ -245,6 +247,7 @@ class BatchCheck:
             sent_at_ms=now_ms,
             deliver_at_ms=due,
             expires_at_ms=when.expires_at_ms[taken],
+            message_id=message_ids if message_ids is not None and any(message_ids) else None,
         )
         return errors, accepted
 

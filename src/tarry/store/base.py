@@ -189,9 +189,11 @@ class ColumnStore(Protocol):
     The engine checks for it once, when it is built; a store without it is given the same
     messages as objects (``AcceptedColumns.messages``) through ``store``."""
 
-    async def store_columns(self, batch: AcceptedColumns) -> None:
-        """``store(batch.messages())``: durably keep them, in one commit, all created (plain
-        messages have no ``message_id`` to de-duplicate by). Raises ``Unavailable``."""
+    async def store_columns(self, batch: AcceptedColumns) -> bool:
+        """``store(batch.messages())``: durably keep them, in one commit, all created. False,
+        with nothing kept, when a ``message_id`` of the batch names a message the store holds
+        or is writing: ``store`` of the messages then answers which are repeats. Raises
+        ``Unavailable``."""
         ...
 
 

@@ -43,7 +43,7 @@ from tarry.store.log.dedupe import admit
 from tarry.store.log.figures import write_path
 from tarry.store.log.forecast import due_counts
 from tarry.store.log.fs import Files
-from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash
+from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash, key_hash
 from tarry.store.log.layout import Layout
 from tarry.store.log.locate import Located, list_page, locate_many
 from tarry.store.log.opening import recover
@@ -65,6 +65,7 @@ from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import PartitionTable
 from tarry.store.log.wal import WalLog
 from tarry.store.log.writer import GroupWriter
+from tarry.store.sqlite.rows import queue_dedupe_key
 
 __all__ = ["LogStore"]
 
@@ -258,20 +259,36 @@ class LogStore:
         await self._appender.append(new, now_ms=max(self.table.now_ms, accepted[0].sent_at_ms))
         return outcomes
 
-    async def store_columns(self, batch: AcceptedColumns) -> None:
+    async def store_columns(self, batch: AcceptedColumns) -> bool:
         """``store`` of plain messages given as columns (``ColumnStore``): their records are
-        encoded from the columns, no message object made for them."""
+        encoded from the columns, no message object made for them unless keyed. False, with
+        nothing stored, when a ``message_id`` names a message this store holds or is writing
+        (``store`` answers those)."""
         self._check()
         if not len(batch):
-            return
+            return True
+        hashes, keyed = None, []
+        if batch.message_id is not None:
+            hashes = list(map(key_hash, map(queue_dedupe_key, batch.destination, batch.message_id)))
+            dedupe, unwritten = self.state.dedupe, self._unwritten
+            keys = [key for key in hashes if key]
+            if len(set(keys)) < len(keys) or any(k in dedupe or k in unwritten for k in keys):
+                return False  # repeated in the batch, or a message here has it
+            messages = batch.messages()
+            keyed = [(key, messages[k]) for k, key in enumerate(hashes) if key]
+            # Known from here on (no await since the look-up): a concurrent batch repeating one
+            # of these keys is answered with its message (``admit``).
+            unwritten.update(keyed)
         new = NewRecords(
-            encode_plain_columns(batch),
+            encode_plain_columns(batch, hashes),
             batch.deliver_at_ms,
             batch.destination,
             batch.sent_at_ms,
             batch.messages(),
+            keyed,
         )
         await self._appender.append(new, now_ms=max(self.table.now_ms, batch.sent_at_ms))
+        return True
 
     # --- due messages -----------------------------------------------------------------------
     async def fetch_due(self, now_ms: int, *, limit: int, lease_ms: int) -> Sequence[Message]:

@@ -12,7 +12,7 @@ from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.store.sqlite.rows import dedupe_key
 
-__all__ = ["STATE_CODES", "Failure", "Held", "dedupe_hash", "state_of_code"]
+__all__ = ["STATE_CODES", "Failure", "Held", "dedupe_hash", "key_hash", "state_of_code"]
 
 #: End state → the number a RELEASED marker stores (stable: append new states at the end).
 STATE_CODES = {s: i for i, s in enumerate(MessageState)}
@@ -25,7 +25,11 @@ def state_of_code(code: int) -> MessageState:
 
 def dedupe_hash(message: Message) -> int:
     """64-bit hash of the (destination, message_id) key (0: the message has none)."""
-    key = dedupe_key(message)
+    return key_hash(dedupe_key(message))
+
+
+def key_hash(key: str | None) -> int:
+    """64-bit hash of a de-duplication key (``dedupe_key``; 0 for none), never 0 for a key."""
     if key is None:
         return 0
     value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")

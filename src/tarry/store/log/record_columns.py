@@ -34,6 +34,7 @@ __all__ = [
 
 _HASH, _EXTRA, _DISCARD, _TRANSIENT = 1, 2, 4, 8
 _U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
 _FIXED = np.dtype(
     [("due", "<i8"), ("sent", "<i8"), ("expires", "<i8"), ("flags", "<u2"), ("dlen", "<u2")]
 )
@@ -223,10 +224,11 @@ def _crcs(records: pa.Array) -> list[int]:
     return [value(data[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def encode_plain_columns(batch: AcceptedColumns) -> list[bytes]:
-    """The MESSAGE record of each plain message of ``batch`` (no optional field: no flags, no
-    hash, no extra JSON), as ``encode_message`` gives it: the fixed fields and headers of the
-    whole batch packed by numpy, then a join and a CRC32C per record."""
+def encode_plain_columns(batch: AcceptedColumns, hashes: list[int] | None = None) -> list[bytes]:
+    """The MESSAGE record of each plain message of ``batch`` (no optional field but a
+    ``message_id`` with its de-duplication hash, ``hashes``), as ``encode_message`` gives it:
+    the fixed fields and headers of the whole batch packed by numpy, then a join and a CRC32C
+    per record."""
     n = len(batch)
     names = {name: name.encode("utf-8") for name in set(batch.destination)}
     destinations = [names[name] for name in batch.destination]
@@ -237,9 +239,19 @@ def encode_plain_columns(batch: AcceptedColumns) -> list[bytes]:
     fixed["sent"] = batch.sent_at_ms
     fixed["expires"] = batch.expires_at_ms
     fixed["dlen"] = np.fromiter(map(len, destinations), np.uint16, n)
+    # A keyed message's hash and extra JSON (``{"m": ...}``) go between its destination and
+    # its body, as ``encode_message`` puts them.
+    keyed = [b""] * n
+    if batch.message_id is not None and hashes is not None:
+        for k, (message_id, key) in enumerate(zip(batch.message_id, hashes, strict=True)):
+            if message_id is not None:
+                blob = orjson.dumps({"m": message_id})
+                keyed[k] = _I64.pack(key) + _U32.pack(len(blob)) + blob
+        fixed["flags"] = np.fromiter((_HASH | _EXTRA if k else 0 for k in keyed), np.uint16, n)
     head = np.zeros(n, _HEAD8)
     head["version"], head["kind"] = VERSION, MESSAGE
-    head["length"] = fixed["dlen"] + np.fromiter(map(len, bodies), np.int64, n) + _PLAIN.itemsize
+    lengths = np.fromiter(map(len, bodies), np.int64, n) + np.fromiter(map(len, keyed), np.int64, n)
+    head["length"] = fixed["dlen"] + lengths + _PLAIN.itemsize
     fixed_bytes, head_bytes = fixed.tobytes(), head.tobytes()
     width, head_width = _PLAIN.itemsize, _HEAD8.itemsize
     value, extend, crc_bytes = google_crc32c.value, google_crc32c.extend, _U32.pack
@@ -248,7 +260,7 @@ def encode_plain_columns(batch: AcceptedColumns) -> list[bytes]:
     out: list[bytes] = []
     append = out.append
     for k in range(n):
-        payload = fixed_bytes[k * width : (k + 1) * width] + destinations[k] + bodies[k]
+        payload = fixed_bytes[k * width : (k + 1) * width] + destinations[k] + keyed[k] + bodies[k]
         head8 = head_bytes[k * head_width : (k + 1) * head_width]
         crc = head_crcs.get(head8)
         if crc is None:
