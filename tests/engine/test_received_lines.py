@@ -19,26 +19,27 @@ def _plain(i: int) -> dict[str, Any]:
     return {"destination": "q", "body": "x" * i, "delay_ms": 0}
 
 
-def _odd(i: int) -> dict[str, Any]:
-    """A message whose line the plain form cannot write, one field at a time."""
-    extra = [
-        {"message_id": f"m-{i}"},
-        {"correlation_id": f"c{i}\u00e9"},
-        {"ttl_ms": 600_000},
-    ][i % 3]
-    return {**_plain(i), **extra}
+#: A field of a message that is not plain, by name; the rows write the lines of messages
+#: with a message_id (an idempotent producer's) as of plain ones.
+_ODD: dict[str, dict[str, Any]] = {
+    "message_id": {"message_id": 'm-5\u00e9"%s'},
+    "correlation_id": {"correlation_id": "c5\u00e9"},
+    "ttl_ms": {"ttl_ms": 600_000},
+}
 
 
-@pytest.mark.parametrize("odd", [False, True])
+@pytest.mark.parametrize("odd", [None, *_ODD])
 async def test_received_and_acked_lines_from_rows_are_those_of_the_messages(
-    make_engine: Any, odd: bool
+    make_engine: Any, odd: str | None
 ) -> None:
-    # Given a queue of plain messages, one of them not plain when ``odd``
+    # Given a queue of plain messages, one of them with another field when ``odd``, and one
+    # more with a message_id of its own
     engine = await make_engine()
     await engine.declare_queue("q", {})
     items = [_plain(i) for i in range(12)]
     if odd:
-        items[5] = _odd(5)
+        items[5] = {**items[5], **_ODD[odd]}
+        items[8] = {**items[8], "message_id": "m-8"}
     # (run, its lines, its lateness, whether its lines could be written from its rows)
     runs: list[tuple[EventRun, bytes, list[int], bool]] = []
 
@@ -60,8 +61,8 @@ async def test_received_and_acked_lines_from_rows_are_those_of_the_messages(
     # Then a received run and an acked run were told as rows
     assert [run.event for run, *_ in runs] == ["received", "acked"]
     for run, lines, late, from_rows in runs:
-        # written from the rows alone when every message was plain
-        assert from_rows is not odd
+        # written from the rows alone when every message was plain or keyed
+        assert from_rows is (odd in (None, "message_id"))
         # and the same lines and lateness as the messages give
         made = EventRun(run.event, list(run.messages), run.time_ms, run.queue, run.reason)
         assert lines == encode_lines(made, "node")[0]

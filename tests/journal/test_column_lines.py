@@ -48,3 +48,19 @@ def test_lines_of_columns_all_to_one_queue_and_never_expiring_are_their_messages
     # Then they are the same bytes, and no message was made for the first
     assert made is None
     assert got == want and got[1] == len(sends)
+
+
+@settings(max_examples=100, deadline=None)
+@given(plain_rows(NOW), st.data())
+def test_lines_of_columns_with_message_ids_are_the_lines_of_their_messages(
+    rows: list[Row], data: st.DataObject
+) -> None:
+    # Given plain sends as columns, some with a message_id (an idempotent producer's)
+    ids = st.one_of(st.none(), st.text(min_size=1, max_size=6))
+    message_ids = data.draw(st.lists(ids, min_size=len(rows), max_size=len(rows)))
+    columns = columns_of(rows, NOW, message_ids)
+    # When their scheduled lines are written from the columns and from their messages
+    got = encode_lines(EventRun("scheduled", columns.messages(), NOW + 5), "node-1")
+    want = encode_lines(EventRun("scheduled", list(columns.messages()), NOW + 5), "node-1")
+    # Then they are the same bytes: each line tells its message_id
+    assert got == want

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from operator import attrgetter
 
 import numpy as np
@@ -230,6 +231,9 @@ def _plain_lines(
         return None
     head, after_time, after_id, after_sent, after_due, tail = templates.plain_parts
     before, after = f'{head}{time_ms}{after_time}"', f'"{after_id}'
+    if plain.message_ids is not None:
+        ids = _with_message_ids(ids, plain.message_ids, after)
+        after = after[after.rindex(_NO_MESSAGE_ID) + len(_NO_MESSAGE_ID) :]
     columns = zip(ids, plain.sent_at_ms, plain.deliver_at_ms, plain.sizes, strict=True)
     if late:
         lines = [
@@ -244,13 +248,35 @@ def _plain_lines(
     return "".join(lines).encode()
 
 
+#: What the plain template writes of a message without a ``message_id``.
+_NO_MESSAGE_ID = '"message_id":null'
+
+
+def _with_message_ids(
+    ids: Sequence[str], message_ids: Sequence[str | None], after: str
+) -> list[str]:
+    """Each id with what the plain template writes after it up to its ``message_id`` and the
+    ``message_id``'s JSON: the lines' text in the id's place, for messages sent with one."""
+    to_message_id = after[: after.rindex(_NO_MESSAGE_ID)] + '"message_id":'
+    dumps = orjson.dumps
+    return [
+        f"{id}{to_message_id}{'null' if mid is None else dumps(mid).decode()}"
+        for id, mid in zip(ids, message_ids, strict=True)
+    ]
+
+
 def _encode_columns(
     columns: AcceptedColumns, time_ms: int, templates: _Templates
 ) -> tuple[bytes, int, int]:
     """``_encode_run``'s lines of plain sends kept as columns (``ColumnMessages``), from the
     columns: no ``Message`` is made for them."""
     first = columns.destination[0]
-    if all(map(first.__eq__, columns.destination)) and not bool((columns.expires_at_ms >= 0).any()):
+    message_ids = columns.message_id
+    if (
+        message_ids is None
+        and all(map(first.__eq__, columns.destination))
+        and not bool((columns.expires_at_ms >= 0).any())
+    ):
         return _plain_columns(columns, time_ms, templates.plain_parts), len(columns), 0
     plain, general = templates.plain, templates.general
     dumps = orjson.dumps
@@ -260,16 +286,17 @@ def _encode_columns(
     lines: list[bytes] = []
     append = lines.append
     dropped = 0
-    for id, destination, body, due, expires_at in zip(
+    for id, destination, body, due, expires_at, message_id in zip(
         columns.ids,
         columns.destination,
         columns.body,
         columns.deliver_at_ms.tolist(),
         columns.expires_at_ms.tolist(),
-        strict=True,
+        repeat(None) if message_ids is None else message_ids,
+        strict=False,  # ``repeat``: as long as the others
     ):
         try:
-            if expires_at < 0 and destination == first:
+            if expires_at < 0 and destination == first and message_id is None:
                 append(plain % (time_ms, dumps(id), sent, due, len(body)))
                 continue
             values = (
@@ -277,7 +304,7 @@ def _encode_columns(
                 dumps(id),
                 get(destination) or known.setdefault(destination, dumps(destination)),
                 _NULL,
-                _NULL,
+                _NULL if message_id is None else dumps(message_id),
                 _NULL,
                 sent,
                 due,

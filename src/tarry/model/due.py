@@ -129,12 +129,10 @@ class ReadyColumns(LazyMessages):
         return self.column(self.due.deliver_at_ms)
 
     def plain_lines(self) -> PlainLines | None:
-        """Every message's journal line read from the columns, unless one expires or has a
-        ``message_id`` (the rows of a release are all to its queue)."""
+        """Every message's journal line read from the columns, unless one expires (the rows
+        of a release are all to its queue)."""
         due = self.due
         if not self.rows or any(e is not None for e in self.column(due.expires_at_ms)):
-            return None
-        if due.message_id is not None and any(due.message_id[row] for row in self.rows):
             return None
         return PlainLines(
             due.destination[self.rows[0]],
@@ -142,6 +140,7 @@ class ReadyColumns(LazyMessages):
             self.column(due.sent_at_ms),
             self.due_times(),
             [len(body) for body in self.column(due.body)],
+            None if due.message_id is None else [due.message_id[row] for row in self.rows],
         )
 
     def without(self, ids: set[str]) -> ReadyColumns:

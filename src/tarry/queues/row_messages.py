@@ -19,11 +19,9 @@ __all__ = ["ReceivedRows", "RowMessages"]
 
 _ID, _DESTINATION, _BODY = (COLUMNS.index(c) for c in ("id", "destination", "body"))
 _SENT_AT, _DELIVER_AT = (COLUMNS.index(c) for c in ("sent_at_ms", "deliver_at_ms"))
-_FAILURES = COLUMNS.index("failures")
+_FAILURES, _MESSAGE_ID = COLUMNS.index("failures"), COLUMNS.index("message_id")
 #: The columns a plain message leaves empty, of those its journal line reads.
-_NONE_WHEN_PLAIN = tuple(
-    COLUMNS.index(c) for c in ("topic", "message_id", "correlation_id", "expires_at_ms")
-)
+_NONE_WHEN_PLAIN = tuple(COLUMNS.index(c) for c in ("topic", "correlation_id", "expires_at_ms"))
 
 
 class RowMessages(LazyMessages):
@@ -63,8 +61,8 @@ class RowMessages(LazyMessages):
 
     def plain_lines(self) -> PlainLines | None:
         """Every message's journal line read from the rows (``from_row`` keeps these columns
-        as they are, a missing body as empty) when each is plain and all are to one
-        destination."""
+        as they are, a missing body as empty) when each is plain (a ``message_id`` it may
+        have) and all are to one destination."""
         rows = self._rows
         if not rows:
             return None
@@ -77,13 +75,14 @@ class RowMessages(LazyMessages):
             or any(columns[c].count(None) != n for c in _NONE_WHEN_PLAIN)
         ):
             return None
-        bodies = columns[_BODY]
+        bodies, message_ids = columns[_BODY], columns[_MESSAGE_ID]
         return PlainLines(
             first,
             columns[_ID],
             columns[_SENT_AT],
             columns[_DELIVER_AT],
             [len(body or b"") for body in bodies] if None in bodies else list(map(len, bodies)),
+            None if message_ids.count(None) == n else message_ids,
         )
 
 
