@@ -274,6 +274,7 @@ def run(
             "store": store,
             "fsync": fsync,
             "plain": plain,
+            "batch_size": batch_size,
             "seconds": round(time.monotonic() - started, 1),
             "accepted": len(due),
             "refused": ledger.refused,
@@ -334,6 +335,12 @@ def main() -> None:
         "batches are dropped, not resent",
     )
     parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=50,
+        help="sends a batch (from 256 on, a batch is checked and kept as columns)",
+    )
+    parser.add_argument(
         "--far-share",
         type=float,
         default=0.0,
@@ -347,6 +354,7 @@ def main() -> None:
         store=args.store,
         fsync=args.fsync,
         plain=args.plain,
+        batch_size=args.batch_size,
     )
     print(json.dumps(result, indent=2))
     sys.exit(0 if result["ok"] else 1)
