@@ -41,7 +41,7 @@ def plain_release(
             return None
         planned.append((queue, rows, expiries))
     ids, body, sent, deliver = due.ids, due.body, due.sent_at_ms, due.deliver_at_ms
-    message_ids = due.message_ids()
+    message_ids, keyed = due.message_ids(), due.message_id is not None
     out = []
     for queue, rows, expiries in planned:
         seqs = seq.next_many(len(rows))
@@ -55,7 +55,7 @@ def plain_release(
                 expires_at[row],
                 expires,
                 message_ids[row],
-                queue_dedupe_key(queue, message_ids[row]),
+                queue_dedupe_key(queue, message_ids[row]) if keyed else None,
             )
             for row, number, expires in zip(rows, seqs, expiries, strict=True)
         ]

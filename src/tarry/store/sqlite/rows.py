@@ -192,8 +192,10 @@ def insert_rows(conn: SqlConnection, inserts: Iterable[Insert]) -> None:
 #: ``dedupe_key`` gives it (``queue_dedupe_key``), or None where another row holds that key.
 Released = tuple[str, bytes, int, int, int, int | None, int | None, str | None, str | None]
 _RELEASED_SQL: dict[tuple[bool, bool, bool, bool, int], str] = {}
-#: The columns of ``Released`` after ``seq`` that a row may leave unset.
+#: The columns of ``Released`` after ``seq`` that a row may leave unset; a row's shape says
+#: which it sets (``_BARE``: none).
 _RELEASED_OPTIONAL = ("expires_at_ms", "queue_expires_at_ms", "message_id", "dedupe_key")
+_BARE = (False, False, False, False)
 
 
 def is_plain(message: Message) -> bool:
@@ -256,17 +258,19 @@ def insert_released(
     row holds (``release_writes`` tells the two apart). Returns how many were written, so the
     caller learns of such rows without looking every id up first."""
     shapes: dict[tuple[bool, bool, bool, bool], list[tuple[Any, ...]]] = {}
-    for row in rows:
+    for id_, body, sent, due, seq, expires, queue_expires, message_id, key in rows:
         # ``bytearray``: bound as a blob without the adaptation protocol (see ``to_insert``).
-        id_, body, sent, due, seq, *optional = row
-        shape = (
-            optional[0] is not None,
-            optional[1] is not None,
-            optional[2] is not None,
-            optional[3] is not None,
-        )
         values: tuple[Any, ...] = (id_, bytearray(body), sent, due, seq)
-        if any(shape):
+        if expires is None and queue_expires is None and message_id is None and key is None:
+            shape = _BARE  # most rows
+        else:
+            optional = (expires, queue_expires, message_id, key)
+            shape = (
+                expires is not None,
+                queue_expires is not None,
+                message_id is not None,
+                key is not None,
+            )
             values += tuple(value for value in optional if value is not None)
         shapes.setdefault(shape, []).append(values)
     shared = (queue, queue, _READY, _DEAD_LETTER, now_ms, now_ms, now_ms)
