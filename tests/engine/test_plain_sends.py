@@ -53,15 +53,21 @@ def _spy(engine: Any, calls: list[str]) -> None:
         setattr(store, name, spied)
 
 
+async def _spied(make_engine: Any) -> tuple[Any, list[str]]:
+    """An engine with a queue ``q``, and the names of the store's calls (``_spy``)."""
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    calls: list[str] = []
+    _spy(engine, calls)
+    return engine, calls
+
+
 async def test_plain_sends_are_answered_as_the_general_path_answers_them(
     make_engine, clock
 ) -> None:
     # Given an engine (log store: the column path; SQLite: objects), and one whose sends all
     # take the general path
-    engine = await make_engine()
-    await engine.declare_queue("q", {})
-    calls: list[str] = []
-    _spy(engine, calls)
+    engine, calls = await _spied(make_engine)
     # When the same batch is sent both ways
     results = await engine.send_batch(_batch())
     engine.sender._columns = None
@@ -180,10 +186,7 @@ async def test_sends_with_a_message_id_are_kept_as_columns_and_repeats_named_as_
     make_engine, clock
 ) -> None:
     # Given an engine and a batch of plain sends, each with a message_id of its own
-    engine = await make_engine()
-    await engine.declare_queue("q", {})
-    calls: list[str] = []
-    _spy(engine, calls)
+    engine, calls = await _spied(make_engine)
     items = _keyed()
     columns = isinstance(engine.store, ColumnStore)
     # When it is sent
@@ -223,10 +226,7 @@ async def test_a_message_id_repeated_within_a_batch_is_answered_by_the_general_p
     make_engine,
 ) -> None:
     # Given a batch of sends with a message_id each, one of them repeating an earlier one's
-    engine = await make_engine()
-    await engine.declare_queue("q", {})
-    calls: list[str] = []
-    _spy(engine, calls)
+    engine, calls = await _spied(make_engine)
     items = _keyed()
     items[7]["message_id"] = items[3]["message_id"]
     # When it is sent

@@ -133,9 +133,8 @@ def plain_row_of(message: Message) -> tuple[object, ...]:
     )
 
 
-def test_a_batch_of_one_destination_reads_its_fields_back() -> None:
-    # Given two plain messages, one expiring
-    first = Message(
+def _orders_message() -> Message:
+    return Message(
         id="0" * 26,
         destination="orders",
         body=b"one",
@@ -144,6 +143,11 @@ def test_a_batch_of_one_destination_reads_its_fields_back() -> None:
         deliver_at_ms=9,
         expires_at_ms=None,
     )
+
+
+def test_a_batch_of_one_destination_reads_its_fields_back() -> None:
+    # Given two plain messages, one expiring
+    first = _orders_message()
     second = replace(first, id="1" * 26, body=b"", expires_at_ms=70)
     buf = encode_message(first) + encode_message(second)
     # When both are read as columns, the second first
@@ -162,15 +166,7 @@ def test_a_batch_of_one_destination_reads_its_fields_back() -> None:
 
 def test_a_keyed_message_reads_its_message_id_beside_plain_ones() -> None:
     # Given a plain message and one an idempotent producer sent (a message_id, its hash)
-    plain = Message(
-        id="0" * 26,
-        destination="orders",
-        body=b"one",
-        headers={},
-        sent_at_ms=5,
-        deliver_at_ms=9,
-        expires_at_ms=None,
-    )
+    plain = _orders_message()
     keyed = replace(plain, id="1" * 26, message_id="order-7", body=b"two")
     buf = encode_message(plain) + encode_message(keyed, dedupe_hash(keyed))
     # When both are read as columns

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from tarry.model.lazy_messages import LazyMessages
 from tarry.model.message import Message, plain_message
+from tarry.model.state import MessageState
 
 __all__ = ["AcceptedColumns", "ColumnMessages"]
 
@@ -76,19 +77,6 @@ class ColumnMessages(LazyMessages):
         c = self._columns
         sent = c.sent_at_ms
         expires: list[int | None] = [None if e < 0 else e for e in c.expires_at_ms.tolist()]
-        if c.message_id is not None:
-            return [
-                plain_message(id_, destination, body, sent, due, expiry, message_id=message_id)
-                for id_, destination, body, due, expiry, message_id in zip(
-                    c.ids,
-                    c.destination,
-                    c.body,
-                    c.deliver_at_ms.tolist(),
-                    expires,
-                    c.message_id,
-                    strict=True,
-                )
-            ]
         return list(
             map(
                 plain_message,
@@ -98,5 +86,10 @@ class ColumnMessages(LazyMessages):
                 repeat(sent),
                 c.deliver_at_ms.tolist(),
                 expires,
+                repeat(MessageState.SCHEDULED),
+                repeat(None),
+                repeat(None),
+                repeat(None),
+                repeat(None) if c.message_id is None else c.message_id,
             )
         )

@@ -10,6 +10,7 @@ What does not fit (headers, a producer id, a failure counted, ...) comes back as
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import TypeVar
 
 from tarry.model.lazy_messages import LazyMessages, PlainLines
@@ -66,20 +67,7 @@ class DueColumns(LazyMessages):
         return self.deliver_at_ms
 
     def _make(self) -> list[Message]:
-        if self.message_id is not None:
-            return [
-                plain_message(id_, destination, body, sent, due, expires, message_id=message_id)
-                for id_, destination, body, sent, due, expires, message_id in zip(
-                    self.ids,
-                    self.destination,
-                    self.body,
-                    self.sent_at_ms,
-                    self.deliver_at_ms,
-                    self.expires_at_ms,
-                    self.message_id,
-                    strict=True,
-                )
-            ]
+        scheduled, no_queue = repeat(MessageState.SCHEDULED), repeat(None)
         return list(
             map(
                 plain_message,
@@ -89,6 +77,11 @@ class DueColumns(LazyMessages):
                 self.sent_at_ms,
                 self.deliver_at_ms,
                 self.expires_at_ms,
+                scheduled,
+                no_queue,
+                no_queue,
+                no_queue,
+                no_queue if self.message_id is None else self.message_id,
             )
         )
 
