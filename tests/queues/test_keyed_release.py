@@ -59,6 +59,30 @@ def test_keyed_rows_keep_their_message_id_and_key(tmp_path: Path) -> None:
     assert [e[1].message_id for e in queue.events] == ["order-0", "order-1", "order-2"]
 
 
+def test_a_keyed_row_written_column_wise_is_the_row_written_whole(tmp_path: Path) -> None:
+    # Given the same keyed messages (one expiring) released into two queue databases
+    batch = [_keyed(i) for i in range(4)]
+    batch[2] = replace(batch[2], expires_at_ms=NOW + 60_000)
+    tables = []
+    for way in ("column-wise", "whole"):
+        conn = _database(tmp_path / f"{way}.db", memory=False)
+        queue = Queue(conn)
+        # When one writes them column-wise (enqueue_many) and the other each whole, as
+        # keyed messages were written before (enqueue(insert=True): to_insert's row)
+        if way == "column-wise":
+            queue.release(batch)
+        else:
+            queue.run(
+                NOW,
+                lambda txn: [txn.enqueue(replace(m), "orders", insert=True) for m in batch],
+            )
+        tables.append(conn.execute(f"{SELECT_SQL} ORDER BY seq").fetchall())
+        conn.close()
+    # Then the rows are the same, column for column
+    assert tables[0] == tables[1]
+    assert len(tables[0]) == len(batch)
+
+
 @pytest.mark.parametrize("with_general_rows", [False, True])
 def test_a_key_an_older_finished_message_holds_leaves_the_new_message_without_it(
     tmp_path: Path, with_general_rows: bool

@@ -114,12 +114,9 @@ def keys_held_elsewhere(conn: QueueConnection, plain: Plain) -> set[str]:
     ours = {row[8]: row[0] for rows in plain.values() for row in rows if row[8] is not None}
     keys = list(ours)
     held: set[str] = set()
-    for start in range(0, len(keys), 500):
-        chunk = keys[start : start + 500]
-        marks = ", ".join("?" * len(chunk))
-        for id_, key in conn.execute(
-            f"SELECT id, dedupe_key FROM messages WHERE dedupe_key IN ({marks})", chunk
-        ):
+    for start in range(0, len(keys), 900):
+        where, args = in_list(conn, "dedupe_key", keys[start : start + 900])
+        for id_, key in conn.execute(f"SELECT id, dedupe_key FROM messages WHERE {where}", args):
             if ours[key] != id_:
                 held.add(ours[key])
     return held
@@ -143,7 +140,10 @@ def left_out_why(before: set[str], held: set[str]) -> None:
     is held (``held``); neither means a row is being written elsewhere (another node, on
     PostgreSQL), and the release waits for another round."""
     if not before and not held:
-        raise Unavailable("a released message's row is being written elsewhere")
+        raise Unavailable(_ELSEWHERE)
+
+
+_ELSEWHERE = "a released message's row is being written elsewhere"
 
 
 def write_plain_rows(conn: QueueConnection, plain: Plain, now_ms: int) -> tuple[Plain, set[str]]:
@@ -155,7 +155,7 @@ def write_plain_rows(conn: QueueConnection, plain: Plain, now_ms: int) -> tuple[
     left_out_why(before, held)
     plain = unkeyed(plain, held)
     if held and not write_plain(conn, only(plain, held), now_ms):
-        left_out_why(set(), set())
+        raise Unavailable(_ELSEWHERE)  # written since, without its key, by another node
     return plain, before
 
 
