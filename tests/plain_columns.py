@@ -27,7 +27,10 @@ def plain_rows(now: int, *, max_size: int = 20) -> st.SearchStrategy[list[Row]]:
 
 
 def columns_of(
-    rows: list[Row], now: int, message_ids: list[str | None] | None = None
+    rows: list[Row],
+    now: int,
+    message_ids: list[str | None] | None = None,
+    correlation_ids: list[str | None] | None = None,
 ) -> AcceptedColumns:
     due = np.array([r[2] for r in rows], np.int64)
     return AcceptedColumns(
@@ -39,4 +42,5 @@ def columns_of(
         deliver_at_ms=due,
         expires_at_ms=np.array([r[3] for r in rows], np.int64),
         message_id=message_ids,
+        correlation_id=correlation_ids,
     )

@@ -222,6 +222,31 @@ async def test_sends_with_a_message_id_are_kept_as_columns_and_repeats_named_as_
     assert not any(_created(third))
 
 
+async def test_sends_with_a_correlation_id_are_kept_as_columns_and_read_back_with_it(
+    make_engine, clock
+) -> None:
+    # Given a batch of plain sends, every other one with a correlation id (a saga's)
+    engine, calls = await _spied(make_engine)
+    items = _batch()
+    for i in range(0, len(items), 2):
+        items[i] = {**items[i], "correlation_id": f"saga-{i}"}
+    # When it is sent
+    results = await engine.send_batch(items)
+    # Then the log store kept it as columns, and a message reads back with its correlation id
+    if isinstance(engine.store, ColumnStore):
+        assert calls == ["store_columns"]
+    message = await engine.get_message(results[4].id)  # type: ignore[union-attr]
+    assert message is not None and message.correlation_id == "saga-4"
+    # and once released, a consumer receives it with it
+    clock.advance(20_000)
+    while await engine.dispatcher.run_once():
+        pass
+    received = await engine.receive("q", max_messages=1000)
+    by_id = {d.message.id: d.message.correlation_id for d in received}
+    assert by_id[results[4].id] == "saga-4"  # type: ignore[union-attr]
+    assert by_id[results[3].id] is None  # type: ignore[union-attr]
+
+
 async def test_a_message_id_repeated_within_a_batch_is_answered_by_the_general_path(
     make_engine,
 ) -> None:

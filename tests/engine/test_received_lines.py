@@ -20,7 +20,7 @@ def _plain(i: int) -> dict[str, Any]:
 
 
 #: A field of a message that is not plain, by name; the rows write the lines of messages
-#: with a message_id (an idempotent producer's) as of plain ones.
+#: with producer ids (an idempotent producer's message_id, a correlation id) as of plain ones.
 _ODD: dict[str, dict[str, Any]] = {
     "message_id": {"message_id": 'm-5\u00e9"%s'},
     "correlation_id": {"correlation_id": "c5\u00e9"},
@@ -61,8 +61,8 @@ async def test_received_and_acked_lines_from_rows_are_those_of_the_messages(
     # Then a received run and an acked run were told as rows
     assert [run.event for run, *_ in runs] == ["received", "acked"]
     for run, lines, late, from_rows in runs:
-        # written from the rows alone when every message was plain or keyed
-        assert from_rows is (odd in (None, "message_id"))
+        # written from the rows alone when every message was plain or had producer ids
+        assert from_rows is (odd in (None, "message_id", "correlation_id"))
         # and the same lines and lateness as the messages give
         made = EventRun(run.event, list(run.messages), run.time_ms, run.queue, run.reason)
         assert lines == encode_lines(made, "node")[0]

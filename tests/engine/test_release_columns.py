@@ -30,8 +30,8 @@ NOW = 1_700_000_000_000
 
 def _messages(*, expiring: bool = True) -> list[Message]:
     """Due messages to two queues (one with a TTL), some plain, some sent with a
-    ``message_id`` (an idempotent producer's: read as columns too), some neither; with
-    ``expiring`` every fourth expires."""
+    ``message_id`` (an idempotent producer's) or a ``correlation_id`` (read as columns too),
+    some with headers; with ``expiring`` every fourth expires."""
     out = []
     for i in range(40):
         message = Message(
@@ -40,6 +40,7 @@ def _messages(*, expiring: bool = True) -> list[Message]:
             body=f"m{i}".encode(),
             headers={"k": "v"} if i in (7, 20) else {},
             message_id=f"order-{i}" if i % 5 == 2 else None,
+            correlation_id=f"saga-{i % 7}" if i % 3 == 1 else None,
             sent_at_ms=NOW - 5000,
             deliver_at_ms=NOW - 1000 + i,
             expires_at_ms=NOW + 60_000 if expiring and i % 4 == 0 else None,

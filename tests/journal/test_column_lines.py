@@ -55,12 +55,15 @@ def test_lines_of_columns_all_to_one_queue_and_never_expiring_are_their_messages
 def test_lines_of_columns_with_message_ids_are_the_lines_of_their_messages(
     rows: list[Row], data: st.DataObject
 ) -> None:
-    # Given plain sends as columns, some with a message_id (an idempotent producer's)
+    # Given plain sends as columns, some with a message_id (an idempotent producer's), some
+    # with a correlation id
     ids = st.one_of(st.none(), st.text(min_size=1, max_size=6))
-    message_ids = data.draw(st.lists(ids, min_size=len(rows), max_size=len(rows)))
-    columns = columns_of(rows, NOW, message_ids)
+    message_ids, correlation_ids = (
+        data.draw(st.lists(ids, min_size=len(rows), max_size=len(rows))) for _ in range(2)
+    )
+    columns = columns_of(rows, NOW, message_ids, correlation_ids)
     # When their scheduled lines are written from the columns and from their messages
     got = encode_lines(EventRun("scheduled", columns.messages(), NOW + 5), "node-1")
     want = encode_lines(EventRun("scheduled", list(columns.messages()), NOW + 5), "node-1")
-    # Then they are the same bytes: each line tells its message_id
+    # Then they are the same bytes: each line tells its producer's ids
     assert got == want

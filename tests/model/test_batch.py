@@ -252,7 +252,7 @@ def test_plain_sends_to_a_queue_are_answered_as_columns_with_due_ordered_ids() -
 
 @pytest.mark.parametrize(
     "extra",
-    [{"correlation_id": "c"}, {"delay_ms": 0}, {"headers": {"a": "b"}}],
+    [{"reply_to": "q"}, {"delay_ms": 0}, {"headers": {"a": "b"}}],
 )
 def test_a_batch_with_a_send_that_is_not_plain_is_left_to_the_general_path(
     extra: dict[str, Any],
@@ -282,7 +282,6 @@ def test_a_plain_batch_with_every_send_refused_is_answered_with_its_refusals() -
 _NOT_PLAIN = {
     "body_base64": {"body_base64": "eA=="},
     "headers": {"headers": {"a": "b"}},
-    "correlation_id": {"correlation_id": "c"},
     "reply_to": {"reply_to": "q"},
     "report": {"reply_to": "q", "report": "expiration"},
     "on_undeliverable": {"on_undeliverable": "discard"},
@@ -314,16 +313,23 @@ def test_a_send_giving_a_field_that_is_not_plain_leaves_the_batch_to_the_general
 
 @pytest.mark.parametrize("name", sorted(PLAIN_FIELDS - {"destination", "delay_ms"}))
 def test_a_send_giving_plain_fields_only_is_answered_as_columns(name: str) -> None:
-    value = {"body": "y", "deliver_at": NOW + 50, "ttl_ms": 10**6, "message_id": "k"}[name]
+    value = {
+        "body": "y",
+        "deliver_at": NOW + 50,
+        "ttl_ms": 10**6,
+        "message_id": "k",
+        "correlation_id": "saga-1",
+    }[name]
     items: list[dict[str, Any]] = [{"destination": "q", "delay_ms": 10} for _ in range(COLUMN_MIN)]
     items[7] = {"destination": "q", name: value}
     if name != "deliver_at":
         items[7]["delay_ms"] = 10
     got = BatchCheck(items).plain(now_ms=NOW, views=_QUEUES_ONLY, ids=IdGenerator())
     assert got is not None and got[0][7] is None
-    # the message_id is a column of its own, None for those without one
-    message_ids = got[1].message_id
-    if name == "message_id":
-        assert message_ids == [None] * 7 + ["k"] + [None] * (COLUMN_MIN - 8)
-    else:
-        assert message_ids is None
+    # each of the producer's ids is a column of its own, None for those without one
+    for field in ("message_id", "correlation_id"):
+        column = getattr(got[1], field)
+        if name == field:
+            assert column == [None] * 7 + [value] + [None] * (COLUMN_MIN - 8)
+        else:
+            assert column is None

@@ -60,9 +60,12 @@ def test_keyed_rows_keep_their_message_id_and_key(tmp_path: Path) -> None:
 
 
 def test_a_keyed_row_written_column_wise_is_the_row_written_whole(tmp_path: Path) -> None:
-    # Given the same keyed messages (one expiring) released into two queue databases
+    # Given the same keyed messages (one expiring, one with a correlation id too) and one with
+    # a correlation id alone, released into two queue databases
     batch = [_keyed(i) for i in range(4)]
     batch[2] = replace(batch[2], expires_at_ms=NOW + 60_000)
+    batch[3] = replace(batch[3], correlation_id="saga-3")
+    batch.append(replace(_keyed(4), message_id=None, correlation_id="saga-4"))
     tables = []
     for way in ("column-wise", "whole"):
         conn = _database(tmp_path / f"{way}.db", memory=False)

@@ -63,7 +63,7 @@ def test_any_plain_message_is_encoded_as_its_public_form(
 def test_an_answer_from_rows_whose_messages_were_read_is_the_same() -> None:
     """Once a listener read the messages (the journal), the answer is still from the rows."""
     row = released_row(
-        "orders", 5, ("01JABCDEFGHJKMNPQRSTVWXYZ0", b"hi", 1, 2, 7, None, None, None, None)
+        "orders", 5, ("01JABCDEFGHJKMNPQRSTVWXYZ0", b"hi", 1, 2, 7, None, None, None, None, None)
     )
     deliveries = Deliveries(ReceivedRows([row], ["01JRECEIVE.1"], 9))
     untouched = received(deliveries)

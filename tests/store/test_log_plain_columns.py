@@ -1,8 +1,8 @@
 """A round's batch read as columns (``decode_plain_columns``): for any log of plain, keyed (a
-``message_id`` alone), flagged and damaged records, it gives exactly what the general decode
-(``decode_records`` with ``plain_row``) gives, column by column, when every picked record is a
-whole, valid MESSAGE record, plain or keyed, and gives up (None, for the general way to read
-and report) otherwise."""
+``message_id``, a ``correlation_id`` or both), flagged and damaged records, it gives exactly what
+the general decode (``decode_records`` with ``plain_row``) gives, column by column, when every
+picked record is a whole, valid MESSAGE record, plain or keyed, and gives up (None, for the
+general way to read and report) otherwise."""
 
 from __future__ import annotations
 
@@ -42,10 +42,13 @@ _PLAIN = st.builds(
     st.none() | st.integers(0, 2**40),
 )
 #: What a record of the log is: plain, keyed (a ``message_id`` with its hash, as the store
-#: writes an idempotent producer's), flagged (headers; a ``message_id`` and a correlation id),
-#: a marker, or damaged in one byte.
+#: writes an idempotent producer's), correlated (a correlation id), both, flagged (headers; a
+#: ``message_id`` and a reply queue), a marker, or damaged in one byte.
 _KIND = st.sampled_from(
-    ["plain", "plain", "plain", "keyed", "keyed", "flagged", "both", "marker", "flipped"]
+    [
+        *("plain", "plain", "plain", "keyed", "keyed", "correlated", "both"),
+        *("flagged", "replied", "marker", "flipped"),
+    ]
 )
 
 
@@ -55,9 +58,14 @@ def _record(message: Message, kind: str, flip_at: int) -> bytes:
         return encode_message(keyed, dedupe_hash(keyed))
     if kind == "flagged":
         return encode_message(replace(message, headers={"h": "v"}))
+    if kind == "correlated":
+        return encode_message(replace(message, correlation_id=f'saga "{flip_at}"'))
     if kind == "both":
         both = replace(message, message_id="m", correlation_id="c")
         return encode_message(both, dedupe_hash(both))
+    if kind == "replied":
+        replied = replace(message, message_id="m", reply_to="replies")
+        return encode_message(replied, dedupe_hash(replied))
     if kind == "marker":
         return encode_markers(RELEASED, 3, [(message.id, 0, message.destination)])
     record = bytearray(encode_message(message))
@@ -92,20 +100,20 @@ def test_columns_are_the_general_decode_or_nothing(
     rows = [_as_row(read) for read in general]
     if all(row is not None for row in rows):
         assert columns is not None
-        message_ids = columns[6]
-        if all(row is not None and row[-1] is None for row in rows):
-            assert message_ids is None
-        message_ids = message_ids or [None] * len(rows)
-        assert list(zip(*columns[:6], message_ids, strict=True)) == rows
+        for k in (6, 7):  # each producer's id a column where a record has one, else None
+            if all(row is not None and row[k] is None for row in rows):
+                assert columns[k] is None
+        message_ids, correlation_ids = (columns[k] or [None] * len(rows) for k in (6, 7))
+        assert list(zip(*columns[:6], message_ids, correlation_ids, strict=True)) == rows
     else:
         assert columns is None
 
 
 def _as_row(read: object) -> tuple[object, ...] | None:
-    """What the general decode read, as a row of the columns with its message id: a plain
+    """What the general decode read, as a row of the columns with its producer's ids: a plain
     row, a keyed message (nothing else set), or None."""
     if isinstance(read, tuple):
-        return (*read, None)
+        return (*read, None, None)
     if not isinstance(read, Message):
         return None
     keyed = plain_message(
@@ -116,10 +124,11 @@ def _as_row(read: object) -> tuple[object, ...] | None:
         read.deliver_at_ms,
         read.expires_at_ms,
         message_id=read.message_id,
+        correlation_id=read.correlation_id,
     )
     if read != keyed:
         return None
-    return (*plain_row_of(read), read.message_id)
+    return (*plain_row_of(read), read.message_id, read.correlation_id)
 
 
 def plain_row_of(message: Message) -> tuple[object, ...]:
@@ -160,6 +169,7 @@ def test_a_batch_of_one_destination_reads_its_fields_back() -> None:
         [5, 5],
         [9, 9],
         [70, None],
+        None,
         None,
     )
 

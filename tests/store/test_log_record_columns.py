@@ -138,17 +138,20 @@ def test_plain_records_made_from_columns_are_encode_message_byte_for_byte(rows: 
 def test_keyed_records_made_from_columns_are_encode_message_byte_for_byte(
     rows: list[Row], data: st.DataObject
 ) -> None:
-    # Given plain sends accepted as columns, some with a message_id (quotes, escapes and
-    # non-ASCII among them), and their de-duplication hashes
+    # Given plain sends accepted as columns, some with a message_id, some with a correlation
+    # id (quotes, escapes and non-ASCII among them), and their de-duplication hashes
     ids = st.one_of(st.none(), st.text(min_size=1, max_size=6), st.sampled_from(['a"b', "\n"]))
-    message_ids = data.draw(st.lists(ids, min_size=len(rows), max_size=len(rows)))
-    batch = columns_of(rows, NOW, message_ids)
+    message_ids, correlation_ids = (
+        data.draw(st.lists(ids, min_size=len(rows), max_size=len(rows))) for _ in range(2)
+    )
+    batch = columns_of(rows, NOW, message_ids, correlation_ids)
     messages = list(batch.messages())
     hashes = [dedupe_hash(m) for m in messages]
     # When their records are encoded from the columns
     records = encode_plain_columns(batch, hashes)
     # Then each is the record of the message they stand for, and reads back as it
     assert [m.message_id for m in messages] == message_ids
+    assert [m.correlation_id for m in messages] == correlation_ids
     assert records == [encode_message(m, h) for m, h in zip(messages, hashes, strict=True)]
     for record, message, key in zip(records, messages, hashes, strict=True):
         parsed = parse_record(record, 0)

@@ -294,7 +294,7 @@ def test_insert_released_writes_a_small_round_in_one_statement(
     exactly their count; the rows are those written one at a time, and a taken id is still
     skipped and left out of the count."""
     rows: list[Released] = [
-        (IDS.new(NOW), bytes([i % 256]), NOW, NOW + i, i, NOW + 60_000, None, None, None)
+        (IDS.new(NOW), bytes([i % 256]), NOW, NOW + i, i, NOW + 60_000, None, None, None, None)
         for i in range(count)
     ]
     tables = []

@@ -231,9 +231,9 @@ def _plain_lines(
         return None
     head, after_time, after_id, after_sent, after_due, tail = templates.plain_parts
     before, after = f'{head}{time_ms}{after_time}"', f'"{after_id}'
-    if plain.message_ids is not None:
-        ids = _with_message_ids(ids, plain.message_ids, after)
-        after = after[after.rindex(_NO_MESSAGE_ID) + len(_NO_MESSAGE_ID) :]
+    if plain.message_ids is not None or plain.correlation_ids is not None:
+        ids = _with_producer_ids(ids, plain.message_ids, plain.correlation_ids, after)
+        after = after[after.rindex(_NO_PRODUCER_IDS) + len(_NO_PRODUCER_IDS) :]
     columns = zip(ids, plain.sent_at_ms, plain.deliver_at_ms, plain.sizes, strict=True)
     if late:
         lines = [
@@ -248,21 +248,33 @@ def _plain_lines(
     return "".join(lines).encode()
 
 
-#: What the plain template writes of a message without a ``message_id``.
-_NO_MESSAGE_ID = '"message_id":null'
+#: What the plain template writes of a message without its producer's ids.
+_NO_PRODUCER_IDS = '"message_id":null,"correlation_id":null'
 
 
-def _with_message_ids(
-    ids: Sequence[str], message_ids: Sequence[str | None], after: str
+def _with_producer_ids(
+    ids: Sequence[str],
+    message_ids: Sequence[str | None] | None,
+    correlation_ids: Sequence[str | None] | None,
+    after: str,
 ) -> list[str]:
-    """Each id with what the plain template writes after it up to its ``message_id`` and the
-    ``message_id``'s JSON: the lines' text in the id's place, for messages sent with one."""
-    to_message_id = after[: after.rindex(_NO_MESSAGE_ID)] + '"message_id":'
-    dumps = orjson.dumps
+    """Each id with what the plain template writes after it up to its producer's ids and
+    their JSON: the lines' text in the id's place, for messages sent with them."""
+    to_ids = after[: after.rindex(_NO_PRODUCER_IDS)]
+    none = repeat(None)
     return [
-        f"{id}{to_message_id}{'null' if mid is None else dumps(mid).decode()}"
-        for id, mid in zip(ids, message_ids, strict=True)
+        f'{id}{to_ids}"message_id":{_json(mid)},"correlation_id":{_json(cid)}'
+        for id, mid, cid in zip(
+            ids,
+            none if message_ids is None else message_ids,
+            none if correlation_ids is None else correlation_ids,
+            strict=False,  # ``repeat``: as long as the ids
+        )
     ]
+
+
+def _json(text: str | None) -> str:
+    return "null" if text is None else orjson.dumps(text).decode()
 
 
 def _encode_columns(
@@ -271,9 +283,10 @@ def _encode_columns(
     """``_encode_run``'s lines of plain sends kept as columns (``ColumnMessages``), from the
     columns: no ``Message`` is made for them."""
     first = columns.destination[0]
-    message_ids = columns.message_id
+    message_ids, correlation_ids = columns.message_id, columns.correlation_id
     if (
         message_ids is None
+        and correlation_ids is None
         and all(map(first.__eq__, columns.destination))
         and not bool((columns.expires_at_ms >= 0).any())
     ):
@@ -286,17 +299,23 @@ def _encode_columns(
     lines: list[bytes] = []
     append = lines.append
     dropped = 0
-    for id, destination, body, due, expires_at, message_id in zip(
+    for id, destination, body, due, expires_at, message_id, correlation_id in zip(
         columns.ids,
         columns.destination,
         columns.body,
         columns.deliver_at_ms.tolist(),
         columns.expires_at_ms.tolist(),
         repeat(None) if message_ids is None else message_ids,
+        repeat(None) if correlation_ids is None else correlation_ids,
         strict=False,  # ``repeat``: as long as the others
     ):
         try:
-            if expires_at < 0 and destination == first and message_id is None:
+            if (
+                expires_at < 0
+                and destination == first
+                and message_id is None
+                and correlation_id is None
+            ):
                 append(plain % (time_ms, dumps(id), sent, due, len(body)))
                 continue
             values = (
@@ -305,7 +324,7 @@ def _encode_columns(
                 get(destination) or known.setdefault(destination, dumps(destination)),
                 _NULL,
                 _NULL if message_id is None else dumps(message_id),
-                _NULL,
+                _NULL if correlation_id is None else dumps(correlation_id),
                 sent,
                 due,
                 _NULL if expires_at < 0 else b"%d" % expires_at,

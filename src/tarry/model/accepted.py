@@ -1,5 +1,6 @@
 """The accepted sends of one request as columns, for the common case: plain sends (destination,
-body, a delay or a time, a TTL, a ``message_id``) to local queues, each its own message. The
+body, a delay or a time, a TTL, a ``message_id``, a ``correlation_id``) to local queues, each
+its own message. The
 engine stores them through a store that takes columns (``tarry.store.base.ColumnStore``) and
 answers them from the same columns, with no request, plan or message object per send;
 ``messages`` gives the object form to those that read messages one by one (event listeners),
@@ -44,6 +45,8 @@ class AcceptedColumns:
     expires_at_ms: I64
     #: Each send's ``message_id`` (an idempotent producer's); None when no send has one.
     message_id: list[str | None] | None = None
+    #: Each send's ``correlation_id``; None when no send has one.
+    correlation_id: list[str | None] | None = None
     _messages: ColumnMessages | None = field(default=None, init=False)
 
     def __len__(self) -> int:
@@ -91,5 +94,6 @@ class ColumnMessages(LazyMessages):
                 repeat(None),
                 repeat(None),
                 repeat(None) if c.message_id is None else c.message_id,
+                repeat(None) if c.correlation_id is None else c.correlation_id,
             )
         )

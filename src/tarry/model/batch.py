@@ -234,11 +234,14 @@ class BatchCheck:
         every = len(rows) == len(self.items)
         # (no destination column when no send names one: every send is refused then)
         destinations, bodies = self._values.get("destination", []), self._values.get("body")
-        message_ids = self._values.get("message_id")
+        message_ids, correlation_ids = map(self._values.get, ("message_id", "correlation_id"))
         if not every:
             destinations = [destinations[i] for i in rows]
             bodies = None if bodies is None else [bodies[i] for i in rows]
             message_ids = None if message_ids is None else [message_ids[i] for i in rows]
+            correlation_ids = (
+                None if correlation_ids is None else [correlation_ids[i] for i in rows]
+            )
         accepted = AcceptedColumns(
             rows=rows,
             ids=ids.new_due_many(now_ms, due).astype("U26").tolist(),
@@ -247,7 +250,8 @@ class BatchCheck:
             sent_at_ms=now_ms,
             deliver_at_ms=due,
             expires_at_ms=when.expires_at_ms[taken],
-            message_id=message_ids if message_ids is not None and any(message_ids) else None,
+            message_id=_given(message_ids),
+            correlation_id=_given(correlation_ids),
         )
         return errors, accepted
 
@@ -314,6 +318,11 @@ class BatchCheck:
             when.deliver_at_ms[taken].tolist(),
             [None if e < 0 else e for e in expires],
         )
+
+
+def _given(values: list[str | None] | None) -> list[str | None] | None:
+    """A column of optional texts, or None when no send gives one."""
+    return values if values is not None and any(values) else None
 
 
 def _utf8(texts: list[str | None] | None, n: int) -> list[bytes]:

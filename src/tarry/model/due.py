@@ -24,11 +24,13 @@ _T = TypeVar("_T")
 
 class DueColumns(LazyMessages):
     """Plain scheduled messages, row ``k`` of each column being message ``k``; as messages,
-    each is ``plain_message`` of its row. ``message_id``: each one's producer id (an
-    idempotent producer's), None for a batch where none has one."""
+    each is ``plain_message`` of its row. ``message_id`` and ``correlation_id``: each one's
+    producer ids (an idempotent producer's key, a saga's id), each None for a batch where none
+    has one."""
 
     __slots__ = (
         "body",
+        "correlation_id",
         "deliver_at_ms",
         "destination",
         "expires_at_ms",
@@ -46,6 +48,7 @@ class DueColumns(LazyMessages):
         deliver_at_ms: list[int],
         expires_at_ms: list[int | None],
         message_id: list[str | None] | None = None,
+        correlation_id: list[str | None] | None = None,
     ) -> None:
         super().__init__()
         self.ids = ids
@@ -55,10 +58,15 @@ class DueColumns(LazyMessages):
         self.deliver_at_ms = deliver_at_ms
         self.expires_at_ms = expires_at_ms
         self.message_id = message_id
+        self.correlation_id = correlation_id
 
     def message_ids(self) -> list[str | None]:
         """The ``message_id`` column, written out (None for each where none has one)."""
         return [None] * len(self.ids) if self.message_id is None else self.message_id
+
+    def correlation_ids(self) -> list[str | None]:
+        """The ``correlation_id`` column, written out (None for each where none has one)."""
+        return [None] * len(self.ids) if self.correlation_id is None else self.correlation_id
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -82,6 +90,7 @@ class DueColumns(LazyMessages):
                 no_queue,
                 no_queue,
                 no_queue if self.message_id is None else self.message_id,
+                no_queue if self.correlation_id is None else self.correlation_id,
             )
         )
 
@@ -133,7 +142,8 @@ class ReadyColumns(LazyMessages):
             self.column(due.sent_at_ms),
             self.due_times(),
             [len(body) for body in self.column(due.body)],
-            None if due.message_id is None else [due.message_id[row] for row in self.rows],
+            None if due.message_id is None else self.column(due.message_id),
+            None if due.correlation_id is None else self.column(due.correlation_id),
         )
 
     def without(self, ids: set[str]) -> ReadyColumns:
@@ -151,7 +161,7 @@ class ReadyColumns(LazyMessages):
         due, queue, now, ready = self.due, self.queue, self.now_ms, MessageState.READY
         ids, destination, body = due.ids, due.destination, due.body
         sent, deliver, expires = due.sent_at_ms, due.deliver_at_ms, due.expires_at_ms
-        message_id = due.message_ids()
+        message_id, correlation_id = due.message_ids(), due.correlation_ids()
         return [
             plain_message(
                 ids[row],
@@ -165,6 +175,7 @@ class ReadyColumns(LazyMessages):
                 now,
                 queue_expires,
                 message_id[row],
+                correlation_id[row],
             )
             for row, queue_expires in zip(self.rows, self.queue_expires_at_ms, strict=True)
         ]

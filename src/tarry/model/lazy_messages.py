@@ -18,9 +18,9 @@ _T = TypeVar("_T")
 
 
 class PlainLines(NamedTuple):
-    """What the journal's line of a plain message (no topic, correlation id, expiry or
-    failure) reads, for a batch of them all to one destination: per message its id, send and
-    due times, body size and ``message_id`` (None for a batch where none has one)."""
+    """What the journal's line of a plain message (no topic, expiry or failure) reads, for a
+    batch of them all to one destination: per message its id, send and due times, body size,
+    and its producer's ids (each None for a batch where none has one)."""
 
     destination: str
     ids: Sequence[str]
@@ -28,6 +28,7 @@ class PlainLines(NamedTuple):
     deliver_at_ms: Sequence[int]
     sizes: Sequence[int]
     message_ids: Sequence[str | None] | None = None
+    correlation_ids: Sequence[str | None] | None = None
 
 
 class LazySequence(Sequence[_T], Generic[_T]):

@@ -223,14 +223,15 @@ def plain_message(
     enqueued_at_ms: int | None = None,
     queue_expires_at_ms: int | None = None,
     message_id: str | None = None,
+    correlation_id: str | None = None,
 ) -> Message:
-    """A ``Message`` with every optional field at its default but its producer's
-    ``message_id``, as ``Message(id=..., ..., updated_at_ms=sent_at_ms)`` builds it
-    (scheduled), or as entering ``queue`` at ``enqueued_at_ms`` then leaves it (ready; updated
-    then), for the hot paths that build one per record read (a released batch). Every field
-    is passed by position: a class called with keywords gets them through a dict, which
-    makes the call several times dearer, once per message here. Keep it in the order of
-    ``Message``'s fields."""
+    """A ``Message`` with every optional field at its default but its producer's ids
+    (``message_id``, ``correlation_id``), as ``Message(id=..., ..., updated_at_ms=sent_at_ms)``
+    builds it (scheduled), or as entering ``queue`` at ``enqueued_at_ms`` then leaves it
+    (ready; updated then), for the hot paths that build one per record read (a released
+    batch). Every field is passed by position: a class called with keywords gets them through
+    a dict, which makes the call several times dearer, once per message here. Keep it in the
+    order of ``Message``'s fields."""
     return Message(
         id,
         destination,
@@ -241,7 +242,7 @@ def plain_message(
         expires_at_ms,
         state,
         message_id,
-        None,  # correlation_id
+        correlation_id,
         None,  # reply_to
         NO_REPORT,
         Undeliverable.DEAD_LETTER,

@@ -42,6 +42,7 @@ def plain_release(
         planned.append((queue, rows, expiries))
     ids, body, sent, deliver = due.ids, due.body, due.sent_at_ms, due.deliver_at_ms
     message_ids, keyed = due.message_ids(), due.message_id is not None
+    correlation_ids = due.correlation_ids()
     out = []
     for queue, rows, expiries in planned:
         seqs = seq.next_many(len(rows))
@@ -56,6 +57,7 @@ def plain_release(
                 expires,
                 message_ids[row],
                 queue_dedupe_key(queue, message_ids[row]) if keyed else None,
+                correlation_ids[row],
             )
             for row, number, expires in zip(rows, seqs, expiries, strict=True)
         ]

@@ -127,7 +127,9 @@ def unkeyed(plain: Plain, ids: set[str]) -> Plain:
     ``message_id``), as ``write_row`` keeps such a message."""
     if not ids:
         return plain
-    return {q: [(*r[:8], None) if r[0] in ids else r for r in rows] for q, rows in plain.items()}
+    return {
+        q: [(*r[:8], None, r[9]) if r[0] in ids else r for r in rows] for q, rows in plain.items()
+    }
 
 
 def only(plain: Plain, ids: set[str]) -> Plain:

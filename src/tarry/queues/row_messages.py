@@ -20,8 +20,9 @@ __all__ = ["ReceivedRows", "RowMessages"]
 _ID, _DESTINATION, _BODY = (COLUMNS.index(c) for c in ("id", "destination", "body"))
 _SENT_AT, _DELIVER_AT = (COLUMNS.index(c) for c in ("sent_at_ms", "deliver_at_ms"))
 _FAILURES, _MESSAGE_ID = COLUMNS.index("failures"), COLUMNS.index("message_id")
+_CORRELATION_ID = COLUMNS.index("correlation_id")
 #: The columns a plain message leaves empty, of those its journal line reads.
-_NONE_WHEN_PLAIN = tuple(COLUMNS.index(c) for c in ("topic", "correlation_id", "expires_at_ms"))
+_NONE_WHEN_PLAIN = tuple(COLUMNS.index(c) for c in ("topic", "expires_at_ms"))
 
 
 class RowMessages(LazyMessages):
@@ -61,7 +62,7 @@ class RowMessages(LazyMessages):
 
     def plain_lines(self) -> PlainLines | None:
         """Every message's journal line read from the rows (``from_row`` keeps these columns
-        as they are, a missing body as empty) when each is plain (a ``message_id`` it may
+        as they are, a missing body as empty) when each is plain (its producer's ids it may
         have) and all are to one destination."""
         rows = self._rows
         if not rows:
@@ -75,7 +76,11 @@ class RowMessages(LazyMessages):
             or any(columns[c].count(None) != n for c in _NONE_WHEN_PLAIN)
         ):
             return None
-        bodies, message_ids = columns[_BODY], columns[_MESSAGE_ID]
+        bodies, message_ids, correlation_ids = (
+            columns[_BODY],
+            columns[_MESSAGE_ID],
+            columns[_CORRELATION_ID],
+        )
         return PlainLines(
             first,
             columns[_ID],
@@ -83,6 +88,7 @@ class RowMessages(LazyMessages):
             columns[_DELIVER_AT],
             [len(body or b"") for body in bodies] if None in bodies else list(map(len, bodies)),
             None if message_ids.count(None) == n else message_ids,
+            None if correlation_ids.count(None) == n else correlation_ids,
         )
 
 

@@ -241,6 +241,7 @@ class QueueTxn:
                     expires,
                     message.message_id,
                     dedupe_key(message),
+                    message.correlation_id,
                 )
             )
             self.emit("released", message, queue)

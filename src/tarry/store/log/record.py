@@ -409,8 +409,8 @@ def decode_records(
 
 
 #: Plain MESSAGE records read as the columns of ``DueColumns``: (ids, destinations, bodies,
-#: sent, due, expires, message ids), row ``k`` of each being what ``plain_row`` reads of
-#: record ``k``; the message ids (an idempotent producer's) None when no record has one.
+#: sent, due, expires, message ids, correlation ids), row ``k`` of each being what
+#: ``plain_row`` reads of record ``k``; each of the producer's ids None when no record has one.
 PlainColumns = tuple[
     list[str],
     list[str],
@@ -419,10 +419,10 @@ PlainColumns = tuple[
     list[int],
     list["int | None"],
     list["str | None"] | None,
+    list["str | None"] | None,
 ]
-#: The flags of a MESSAGE record whose only optional field is its ``message_id`` (and the
-#: de-duplication hash that goes with it).
-_KEYED = _HASH | _EXTRA
+#: The producer's ids, the only optional fields a plain record's extra JSON may hold.
+_PRODUCER_IDS = frozenset({"m", "c"})
 
 
 def decode_plain_columns(
@@ -430,9 +430,10 @@ def decode_plain_columns(
 ) -> PlainColumns | None:
     """``decode_records`` with ``plain_row`` of the records at ``positions`` less ``base`` (a
     round's batch, all in one segment), as columns, when every one is a whole, valid MESSAGE
-    record without flags, or with a ``message_id`` alone (nearly every round); None as soon
-    as one is not (damaged, other fields, past the buffer), for the caller to read the batch
-    the general way, which tells why. Written into the columns in one loop: no row tuple, no
+    record without flags, or with its producer's ids alone (``message_id`` and its hash,
+    ``correlation_id``; nearly every round); None as soon as one is not (damaged, other
+    fields, past the buffer), for the caller to read the batch the general way, which tells
+    why. Written into the columns in one loop: no row tuple, no
     call per record, and the destination (a batch mostly shares one) decoded once."""
     size = len(buf)
     unpack = _MESSAGE_AT.unpack_from
@@ -445,7 +446,8 @@ def decode_plain_columns(
     due_at: list[int] = []
     expires_at: list[int | None] = []
     message_ids: list[str | None] = []
-    keyed = False
+    correlation_ids: list[str | None] = []
+    keyed = correlated = False
     for position in positions:
         offset = position - base
         if size - offset < HEADER + _FIXED:
@@ -458,7 +460,8 @@ def decode_plain_columns(
             version != VERSION
             or kind != MESSAGE
             or reserved
-            or (flags and flags != _KEYED)
+            or flags & ~(_HASH | _EXTRA)
+            or (flags and not flags & _EXTRA)
             or not _FIXED <= length <= MAX_RECORD
             or end > size
         ):
@@ -474,16 +477,20 @@ def decode_plain_columns(
         name = names.get(raw)
         if name is None:
             name = names[raw] = raw.decode("utf-8")
-        message_id = None
-        if flags:  # a hash, then the extra fields: a message_id alone, or the general way
-            (extra_len,) = _U32.unpack_from(payload, at + 8)
-            extra = orjson.loads(payload[at + 12 : at + 12 + extra_len])
-            message_id = extra.get("m")
-            if len(extra) != 1 or message_id is None:
+        message_id = correlation_id = None
+        if flags:  # a hash maybe, then the extra fields: the producer's ids, or the general way
+            if flags & _HASH:
+                at += 8
+            (extra_len,) = _U32.unpack_from(payload, at)
+            extra = orjson.loads(payload[at + 4 : at + 4 + extra_len])
+            if not _PRODUCER_IDS.issuperset(extra):
                 return None
-            at += 12 + extra_len
-            keyed = True
+            message_id, correlation_id = extra.get("m"), extra.get("c")
+            at += 4 + extra_len
+            keyed |= message_id is not None
+            correlated |= correlation_id is not None
         message_ids.append(message_id)
+        correlation_ids.append(correlation_id)
         raw_ids.append(raw_id)
         destinations.append(name)
         bodies.append(payload[at:])
@@ -499,6 +506,7 @@ def decode_plain_columns(
         due_at,
         expires_at,
         message_ids if keyed else None,
+        correlation_ids if correlated else None,
     )
 
 

@@ -225,10 +225,10 @@ def _crcs(records: pa.Array) -> list[int]:
 
 
 def encode_plain_columns(batch: AcceptedColumns, hashes: list[int] | None = None) -> list[bytes]:
-    """The MESSAGE record of each plain message of ``batch`` (no optional field but a
-    ``message_id`` with its de-duplication hash, ``hashes``), as ``encode_message`` gives it:
-    the fixed fields and headers of the whole batch packed by numpy, then a join and a CRC32C
-    per record."""
+    """The MESSAGE record of each plain message of ``batch`` (no optional field but its
+    producer's ids: a ``message_id`` with its de-duplication hash, ``hashes``, and a
+    ``correlation_id``), as ``encode_message`` gives it: the fixed fields and headers of the
+    whole batch packed by numpy, then a join and a CRC32C per record."""
     n = len(batch)
     names = {name: name.encode("utf-8") for name in set(batch.destination)}
     destinations = [names[name] for name in batch.destination]
@@ -239,15 +239,24 @@ def encode_plain_columns(batch: AcceptedColumns, hashes: list[int] | None = None
     fixed["sent"] = batch.sent_at_ms
     fixed["expires"] = batch.expires_at_ms
     fixed["dlen"] = np.fromiter(map(len, destinations), np.uint16, n)
-    # A keyed message's hash and extra JSON (``{"m": ...}``) go between its destination and
-    # its body, as ``encode_message`` puts them.
+    # A message's hash and extra JSON (``{"m": ..., "c": ...}``) go between its destination
+    # and its body, as ``encode_message`` puts them.
     keyed = [b""] * n
-    if batch.message_id is not None and hashes is not None:
-        for k, (message_id, key) in enumerate(zip(batch.message_id, hashes, strict=True)):
-            if message_id is not None:
-                blob = orjson.dumps({"m": message_id})
-                keyed[k] = _I64.pack(key) + _U32.pack(len(blob)) + blob
-        fixed["flags"] = np.fromiter((_HASH | _EXTRA if k else 0 for k in keyed), np.uint16, n)
+    if batch.message_id is not None or batch.correlation_id is not None:
+        message_ids = batch.message_id or [None] * n
+        correlation_ids = batch.correlation_id or [None] * n
+        keys = hashes or [0] * n
+        flags = np.zeros(n, np.uint16)
+        for k, (message_id, correlation_id) in enumerate(
+            zip(message_ids, correlation_ids, strict=True)
+        ):
+            extra = {"m": message_id, "c": correlation_id}
+            blob = orjson.dumps({name: value for name, value in extra.items() if value})
+            if blob != b"{}":
+                key = keys[k]
+                flags[k] = _EXTRA | (_HASH if key else 0)
+                keyed[k] = (_I64.pack(key) if key else b"") + _U32.pack(len(blob)) + blob
+        fixed["flags"] = flags
     head = np.zeros(n, _HEAD8)
     head["version"], head["kind"] = VERSION, MESSAGE
     lengths = np.fromiter(map(len, bodies), np.int64, n) + np.fromiter(map(len, keyed), np.int64, n)

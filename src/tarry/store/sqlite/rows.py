@@ -188,24 +188,32 @@ def insert_rows(conn: SqlConnection, inserts: Iterable[Insert]) -> None:
 
 #: A plain message released into a queue, as ``insert_released`` writes it: (id, body,
 #: sent_at_ms, deliver_at_ms, seq, expires_at_ms, queue_expires_at_ms, message_id,
-#: dedupe_key): an idempotent producer's message carries its ``message_id`` and the key that
-#: ``dedupe_key`` gives it (``queue_dedupe_key``), or None where another row holds that key.
-Released = tuple[str, bytes, int, int, int, int | None, int | None, str | None, str | None]
-_RELEASED_SQL: dict[tuple[bool, bool, bool, bool, int], str] = {}
+#: dedupe_key, correlation_id): an idempotent producer's message carries its ``message_id``
+#: and the key that ``dedupe_key`` gives it (``queue_dedupe_key``), or None where another row
+#: holds that key.
+Released = tuple[
+    str, bytes, int, int, int, int | None, int | None, str | None, str | None, str | None
+]
+_RELEASED_SQL: dict[tuple[tuple[bool, ...], int], str] = {}
 #: The columns of ``Released`` after ``seq`` that a row may leave unset; a row's shape says
 #: which it sets (``_BARE``: none).
-_RELEASED_OPTIONAL = ("expires_at_ms", "queue_expires_at_ms", "message_id", "dedupe_key")
-_BARE = (False, False, False, False)
+_RELEASED_OPTIONAL = (
+    "expires_at_ms",
+    "queue_expires_at_ms",
+    "message_id",
+    "dedupe_key",
+    "correlation_id",
+)
+_BARE = (False,) * len(_RELEASED_OPTIONAL)
 
 
 def is_plain(message: Message) -> bool:
     """Whether ``message`` sets no column beyond those ``insert_released`` writes (no headers,
-    topic, correlation id, reports, failures or deaths, default delivery options; a
-    ``message_id`` it may have): most released messages."""
+    topic, reports, failures or deaths, default delivery options; a ``message_id`` and a
+    ``correlation_id`` it may have): most released messages."""
     return not (
         message.headers
         or message.topic
-        or message.correlation_id
         or message.reply_to
         or message.report
         or message.failures
@@ -224,10 +232,10 @@ _READY = MessageState.READY.value
 _DEAD_LETTER = Undeliverable.DEAD_LETTER.value
 
 
-def _released_sql(shape: tuple[bool, bool, bool, bool], count: int) -> str:
-    """The INSERT of ``count`` released rows of one shape: whether they set ``expires_at_ms``,
-    ``queue_expires_at_ms``, ``message_id`` and ``dedupe_key``."""
-    sql = _RELEASED_SQL.get((*shape, count))
+def _released_sql(shape: tuple[bool, ...], count: int) -> str:
+    """The INSERT of ``count`` released rows of one shape: whether they set each of
+    ``_RELEASED_OPTIONAL``."""
+    sql = _RELEASED_SQL.get((shape, count))
     if sql is None:
         varying = ["id", "body", "sent_at_ms", "deliver_at_ms", "seq"]
         varying += [n for n, p in zip(_RELEASED_OPTIONAL, shape, strict=True) if p]
@@ -242,7 +250,7 @@ def _released_sql(shape: tuple[bool, bool, bool, bool], count: int) -> str:
             # ``WHERE true``: without it SQLite would read ``ON`` as a join's (its upsert docs).
             "WHERE true ON CONFLICT DO NOTHING"
         )
-        _RELEASED_SQL[(*shape, count)] = sql
+        _RELEASED_SQL[(shape, count)] = sql
     return sql
 
 
@@ -257,21 +265,22 @@ def insert_released(
     A row whose id is taken already is not written, nor one whose de-duplication key another
     row holds (``release_writes`` tells the two apart). Returns how many were written, so the
     caller learns of such rows without looking every id up first."""
-    shapes: dict[tuple[bool, bool, bool, bool], list[tuple[Any, ...]]] = {}
-    for id_, body, sent, due, seq, expires, queue_expires, message_id, key in rows:
+    shapes: dict[tuple[bool, ...], list[tuple[Any, ...]]] = {}
+    for id_, body, sent, due, seq, expires, queue_expires, message_id, key, correlation in rows:
         # ``bytearray``: bound as a blob without the adaptation protocol (see ``to_insert``).
         values: tuple[Any, ...] = (id_, bytearray(body), sent, due, seq)
-        if expires is None and queue_expires is None and message_id is None and key is None:
+        if (
+            expires is None
+            and queue_expires is None
+            and message_id is None
+            and key is None
+            and correlation is None
+        ):
             shape = _BARE  # most rows
         else:
-            optional = (expires, queue_expires, message_id, key)
-            shape = (
-                expires is not None,
-                queue_expires is not None,
-                message_id is not None,
-                key is not None,
-            )
-            values += tuple(value for value in optional if value is not None)
+            optional = (expires, queue_expires, message_id, key, correlation)
+            shape = tuple([value is not None for value in optional])
+            values += tuple([value for value in optional if value is not None])
         shapes.setdefault(shape, []).append(values)
     shared = (queue, queue, _READY, _DEAD_LETTER, now_ms, now_ms, now_ms)
     written = 0
@@ -293,10 +302,10 @@ def insert_released(
 def released_row(queue: str, now_ms: int, released: Released) -> tuple[Any, ...]:
     """The row ``insert_released`` writes for ``released``, as ``SELECT_SQL`` reads it back
     (without the row key): the columns it binds, and the defaults of the others."""
-    id_, body, sent, due, seq, expires, queue_expires, message_id, key = released
+    id_, body, sent, due, seq, expires, queue_expires, message_id, key, correlation_id = released
     return (
         *(id_, queue, None, _READY, bytes(body), "{}", sent, due, expires),
-        *(message_id, key, None, None, "", _DEAD_LETTER, 1, 0, None, None),
+        *(message_id, key, correlation_id, None, "", _DEAD_LETTER, 1, 0, None, None),
         *(queue, seq, now_ms, queue_expires, now_ms, None, 0, 0, now_ms),
     )
 
