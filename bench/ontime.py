@@ -69,7 +69,13 @@ def _delays(count: int, low_ms: int, high_ms: int, seed: int) -> list[int]:
 
 
 def produce_tarry(
-    url: str, count: int, low_ms: int, high_ms: int, *, message_ids: bool = False
+    url: str,
+    count: int,
+    low_ms: int,
+    high_ms: int,
+    *,
+    message_ids: bool = False,
+    correlation_ids: bool = False,
 ) -> dict[str, Any]:
     delays = _delays(count, low_ms, high_ms, seed=1)
     refused = refused_items = 0
@@ -83,6 +89,9 @@ def produce_tarry(
             if message_ids:  # an idempotent producer's: a key of its own per message
                 for i, message in enumerate(batch):
                     message["message_id"] = f"ontime-{start + i}"
+            if correlation_ids:  # a saga's: ten messages a saga
+                for i, message in enumerate(batch):
+                    message["correlation_id"] = f"saga-{(start + i) // 10}"
             while True:
                 response = client.post(
                     "/v1/messages/batch",
@@ -205,7 +214,12 @@ def consume_redis(count: int, deadline_s: float) -> dict[str, Any]:
 
 ROLES = {
     "produce-tarry": lambda a: produce_tarry(
-        a.url, a.messages, a.min_delay_ms, a.max_delay_ms, message_ids=a.ids
+        a.url,
+        a.messages,
+        a.min_delay_ms,
+        a.max_delay_ms,
+        message_ids=a.ids,
+        correlation_ids=a.correlation_ids,
     ),
     "consume-tarry": lambda a: consume_tarry(a.url, a.messages, a.deadline_s),
     "produce-redis": lambda a: produce_redis(a.messages, a.min_delay_ms, a.max_delay_ms),
@@ -234,6 +248,7 @@ def _role(role: str, args: argparse.Namespace, url: str = "") -> subprocess.Pope
         "--url",
         url,
         *(["--ids"] if args.ids else []),
+        *(["--correlation-ids"] if args.correlation_ids else []),
     ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
 
@@ -367,6 +382,11 @@ def main() -> None:
         "--ids",
         action="store_true",
         help="each tarry message sent with a message_id of its own (an idempotent producer's)",
+    )
+    parser.add_argument(
+        "--correlation-ids",
+        action="store_true",
+        help="each tarry message sent with a correlation_id (a saga's, ten messages a saga)",
     )
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--url", default="", help=argparse.SUPPRESS)
