@@ -218,9 +218,11 @@ async def test_issue_23_under_steady_writes_the_wal_starts_over_and_stays_small(
         largest = max(largest, wal.stat().st_size)
         await asyncio.sleep(0.002)
     await db.close()
-    # Then the WAL kept starting over: it never held more than a small part of them (without
-    # the writer's share it grew to wal_autocheckpoint's 82 MB, cut back inside a COMMIT)
-    assert largest < 16_000_000, largest
+    # Then the WAL kept starting over: it never held more than a part of them. Without the
+    # writer's share it holds all that went through (56 MB here, on to wal_autocheckpoint's
+    # 82 MB, cut back inside a COMMIT); with it, 10-13 MB alone, and up to 22 MB while the
+    # suite's other worker writes beside it (the checkpointer's syncs wait on the disk).
+    assert largest < 32_000_000, largest
     again = Database(tmp_path / "q.db", queues_only=True)
     await again.open()
     try:
