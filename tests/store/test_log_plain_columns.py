@@ -116,22 +116,14 @@ def _as_row(read: object) -> tuple[object, ...] | None:
         return (*read, None, None)
     if not isinstance(read, Message):
         return None
-    keyed = plain_message(
-        read.id,
-        read.destination,
-        read.body,
-        read.sent_at_ms,
-        read.deliver_at_ms,
-        read.expires_at_ms,
-        message_id=read.message_id,
-        correlation_id=read.correlation_id,
-    )
-    if read != keyed:
+    fields = plain_row_of(read)
+    ids = read.message_id, read.correlation_id
+    if read != plain_message(*fields, message_id=ids[0], correlation_id=ids[1]):
         return None
-    return (*plain_row_of(read), read.message_id, read.correlation_id)
+    return (*fields, *ids)
 
 
-def plain_row_of(message: Message) -> tuple[object, ...]:
+def plain_row_of(message: Message) -> tuple[str, str, bytes, int, int, int | None]:
     return (
         message.id,
         message.destination,
