@@ -62,11 +62,14 @@ class DueColumns(LazyMessages):
 
     def message_ids(self) -> list[str | None]:
         """The ``message_id`` column, written out (None for each where none has one)."""
-        return [None] * len(self.ids) if self.message_id is None else self.message_id
+        return self._written_out(self.message_id)
 
     def correlation_ids(self) -> list[str | None]:
         """The ``correlation_id`` column, written out (None for each where none has one)."""
-        return [None] * len(self.ids) if self.correlation_id is None else self.correlation_id
+        return self._written_out(self.correlation_id)
+
+    def _written_out(self, column: list[str | None] | None) -> list[str | None]:
+        return [None] * len(self.ids) if column is None else column
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -15,10 +15,12 @@ from tarry.errors import Unavailable
 from tarry.model.message import Message
 from tarry.store.sql import QueueConnection, id_column, id_key, in_list
 from tarry.store.sqlite.rows import (
+    RELEASED_KEY,
     Insert,
     Released,
     insert_released,
     insert_rows,
+    kept_by_dedupe_key,
     released_row,
     to_insert,
 )
@@ -111,15 +113,14 @@ def keys_held_elsewhere(conn: QueueConnection, plain: Plain) -> set[str]:
     """The ids of ``plain``'s rows whose de-duplication key a row of another message holds (an
     older finished one whose ``message_id`` the producer used again after its retention):
     their INSERT left them out."""
-    ours = {row[8]: row[0] for rows in plain.values() for row in rows if row[8] is not None}
-    keys = list(ours)
-    held: set[str] = set()
-    for start in range(0, len(keys), 900):
-        where, args = in_list(conn, "dedupe_key", keys[start : start + 900])
-        for id_, key in conn.execute(f"SELECT id, dedupe_key FROM messages WHERE {where}", args):
-            if ours[key] != id_:
-                held.add(ours[key])
-    return held
+    ours = {
+        row[RELEASED_KEY]: row[0]
+        for rows in plain.values()
+        for row in rows
+        if row[RELEASED_KEY] is not None
+    }
+    kept = kept_by_dedupe_key(conn, ours)
+    return {ours[key] for key, message in kept.items() if message.id != ours[key]}
 
 
 def unkeyed(plain: Plain, ids: set[str]) -> Plain:
@@ -127,9 +128,11 @@ def unkeyed(plain: Plain, ids: set[str]) -> Plain:
     ``message_id``), as ``write_row`` keeps such a message."""
     if not ids:
         return plain
-    return {
-        q: [(*r[:8], None, r[9]) if r[0] in ids else r for r in rows] for q, rows in plain.items()
-    }
+    return {q: [_without_key(r) if r[0] in ids else r for r in rows] for q, rows in plain.items()}
+
+
+def _without_key(row: Released) -> Released:
+    return (*row[:RELEASED_KEY], None, *row[RELEASED_KEY + 1 :])  # type: ignore[return-value]
 
 
 def only(plain: Plain, ids: set[str]) -> Plain:

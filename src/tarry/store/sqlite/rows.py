@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -16,6 +16,7 @@ __all__ = [
     "COLUMNS",
     "SELECT_SQL",
     "Insert",
+    "RELEASED_KEY",
     "Released",
     "from_row",
     "insert_released",
@@ -194,6 +195,8 @@ def insert_rows(conn: SqlConnection, inserts: Iterable[Insert]) -> None:
 Released = tuple[
     str, bytes, int, int, int, int | None, int | None, str | None, str | None, str | None
 ]
+#: Where a ``Released`` row holds its de-duplication key.
+RELEASED_KEY: Final = 8
 _RELEASED_SQL: dict[tuple[tuple[bool, ...], int], str] = {}
 #: The columns of ``Released`` after ``seq`` that a row may leave unset; a row's shape says
 #: which it sets (``_BARE``: none).
