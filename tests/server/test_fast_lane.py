@@ -209,6 +209,8 @@ def test_the_lane_answers_byte_for_byte_as_the_whole_app(tmp_path: Path) -> None
     big = b'{"receipts": ["' + b"x" * (1024 * 1024) + b'"]}'
     requests: list[tuple[str, dict[str, Any]]] = [
         ("/v1/queues/q/receive", {"json": {"max": 10}}),
+        ("/v1/queues/q/receive", {"json": {"max": 10, "ack": ["x.1"]}}),
+        ("/v1/queues/q/receive", {"json": {"ack": "x.1"}}),
         ("/v1/queues/q/ack", {"json": {"receipts": ["x.1"]}}),
         ("/v1/queues/q/nack", {"json": {"receipts": ["x.1"], "requeue": False}}),
         ("/v1/queues/q/nack", {"json": {"receipts": [], "requeue": 1}}),
@@ -254,11 +256,12 @@ def test_the_lane_answers_byte_for_byte_as_the_whole_app(tmp_path: Path) -> None
     # What the answers are: a refusal by auth, a 413 that closes the connection.
     statuses = [status for status, _, _ in by_lane]
     assert statuses == [
-        *(200, 200, 200, 400, 404, 400, 400, 400, 400, 400, 413),
+        *(200, 200, 400, 200, 200, 400, 404, 400, 400, 400, 400, 400, 413),
         *(401, 401, 403, 200, 400, 200, 400, 400, 400, 200, 401),
     ]
-    assert ("connection", "close") in by_lane[10][1]
-    assert b"not_authorized" in by_lane[13][2]
+    assert b'"acked":0,"unknown":["x.1"]}' in by_lane[1][2]
+    assert ("connection", "close") in by_lane[12][1]
+    assert b"not_authorized" in by_lane[15][2]
     # Every request but the declares went by the lane when it was open, none when closed.
     assert routed_by_lane == ["/v1/queues/q", "/v1/queues/eu.q"]
     assert routed_by_app == routed_by_lane + [path for path, _ in requests]

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from tarry.engine.routes import RouteEntry
-from tarry.engine.types import Delivery, MayAccess, QueueInfo, SendResult
+from tarry.engine.types import Deliveries, MayAccess, QueueInfo, SendResult
 from tarry.errors import TarryError
 from tarry.model.events import EventBatchListener, EventListener
 from tarry.model.message import Message
@@ -76,9 +76,12 @@ class EngineAPI(Protocol):
         max_messages: int = 1,
         wait_ms: int = 0,
         visibility_ms: int | None = None,
-    ) -> Sequence[Delivery]:
+        ack: Sequence[str] | None = None,
+    ) -> Deliveries:
         """Up to ``max_messages`` ready messages, waiting up to ``wait_ms`` for the first one.
-        Expired messages are never returned. Raises ``not_found``, ``invalid_argument``."""
+        Expired messages are never returned. ``ack``: receipts acked first, in the same
+        transaction as the first look (before any wait); the answer's ``settled`` says what
+        came of them as ``ack`` answers. Raises ``not_found``, ``invalid_argument``."""
 
     async def ack(self, queue: str, receipts: Sequence[str]) -> dict[str, Any]:
         """``{"acked": n, "unknown": [receipts not (or no longer) valid]}``."""

@@ -1,5 +1,6 @@
 """Consumers' side of the local queues: receive (look, then take in one transaction; or wait
-for a release to fill the queue) and settle (ack, requeue or reject by receipt).
+for a release to fill the queue; optionally acking the last batch's receipts in the take's
+transaction) and settle (ack, requeue or reject by receipt).
 ``Engine.receive``, ``Engine.ack`` and ``Engine.nack`` call these with the engine's context: the
 HTTP API, the client and the CLI go through them. What a queue does with its messages is
 ``tarry.queues.txn``'s.
@@ -20,7 +21,7 @@ from tarry.queues.row_messages import ReceivedRows
 from tarry.queues.txn import QueueTxn
 from tarry.store.sql import QueueConnection
 
-__all__ = ["DEFAULT_VISIBILITY_MS", "MAX_VISIBILITY_MS", "receive", "settle"]
+__all__ = ["DEFAULT_VISIBILITY_MS", "MAX_VISIBILITY_MS", "check_receipts", "receive", "settle"]
 
 DEFAULT_VISIBILITY_MS = 30_000
 MAX_VISIBILITY_MS = 12 * 3_600_000
@@ -33,7 +34,12 @@ async def receive(
     max_messages: int = 1,
     wait_ms: int = 0,
     visibility_ms: int | None = None,
+    ack: Sequence[str] | None = None,
 ) -> Deliveries:
+    """Up to ``max_messages`` ready messages, waiting up to ``wait_ms`` for the first. ``ack``:
+    receipts of messages taken before, acked in the transaction of the first look, so before
+    any wait (a consumer's ack and its next receive in one round trip and one commit); what
+    that ack did is the answer's ``settled``."""
     if not 1 <= max_messages <= 1000:
         raise InvalidArgument(f"max ({max_messages}) must be between 1 and 1000")
     if not 0 <= wait_ms <= 20_000:
@@ -46,6 +52,8 @@ async def receive(
     entry = ctx.catalog.queues.get(queue)
     if entry is None:
         raise NotFound(f"no queue named {queue!r}")
+    to_ack = () if ack is None else check_receipts(ack, "ack")
+    settled = None if ack is None else _answer((0, []), ack=True)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     if wait_ms:
@@ -56,29 +64,36 @@ async def receive(
             now = ctx.clock.now_ms()
             entry.last_used_ms = now
 
-            def work(conn: QueueConnection, now: int = now) -> tuple[QueueTxn, ReceivedRows]:
+            def work(
+                conn: QueueConnection, now: int = now, acking: Sequence[str] = to_ack
+            ) -> tuple[QueueTxn, ReceivedRows, tuple[int, list[str]] | None]:
                 txn = ctx.txn(conn, now)
+                acked = txn.settle(queue, acking, ack=True, requeue=False) if acking else None
                 taken = txn.receive(queue, max_messages=max_messages, visibility_ms=visibility)
-                return txn, taken
+                return txn, taken, acked
 
             # Look before taking (an empty poll costs a read, not a commit), unless the queue
             # was filled since a receive last emptied it: then the look is a hand-over to the
             # reading thread that only delays the take (a woken long-poll, a consumer keeping
-            # up with a backlog).
-            if ctx.waiters.may_hold(queue) or await ctx.qdb.read(
-                partial(_has_ready, ctx, queue=queue, now_ms=now)
+            # up with a backlog). Receipts to ack make it a write whatever the look would say.
+            if (
+                to_ack
+                or ctx.waiters.may_hold(queue)
+                or await ctx.qdb.read(partial(_has_ready, ctx, queue=queue, now_ms=now))
             ):
-                txn, taken = await ctx.qdb.write(work, claims_aware=True)
+                txn, taken, acked = await ctx.qdb.write(work, claims_aware=True)
                 ctx.after(txn)
+                if acked is not None:
+                    settled, to_ack = _answer(acked, ack=True), ()
                 ctx.waiters.took(queue, taken=len(taken), asked=max_messages)
             else:
                 taken = ReceivedRows([], [], now)
             ctx.waiters.lag.received(queue, taken=len(taken), asked=max_messages, now_ms=now)
             if taken or queue not in ctx.catalog.queues:
-                return Deliveries(taken)
+                return Deliveries(taken, settled)
             remaining = deadline - loop.time()
             if remaining <= 0:
-                return Deliveries(ReceivedRows([], [], now))
+                return Deliveries(ReceivedRows([], [], now), settled)
             # Re-look at least every second: a visibility timeout ending wakes nobody.
             await wait_at_most(event, min(remaining, 1.0))
     finally:
@@ -96,16 +111,28 @@ async def settle(
     """Ack (``ack``), or nack: requeue (``requeue``) or reject (dead-letter) by receipt."""
     if queue not in ctx.catalog.queues:
         raise NotFound(f"no queue named {queue!r}")
-    if not isinstance(receipts, list | tuple) or not all(isinstance(r, str) for r in receipts):
-        raise InvalidArgument("receipts must be a list of receipt strings from receive")
+    checked = check_receipts(receipts)
     now = ctx.clock.now_ms()
 
     def work(conn: QueueConnection) -> tuple[QueueTxn, tuple[int, list[str]]]:
         txn = ctx.txn(conn, now)
-        settled = txn.settle(queue, receipts, ack=ack, requeue=requeue)
+        settled = txn.settle(queue, checked, ack=ack, requeue=requeue)
         return txn, settled
 
     # An ack writes the claims it settles itself; a nack has them written first.
-    txn, (done, unknown) = await ctx.qdb.write(work, claims_aware=ack)
+    txn, settled = await ctx.qdb.write(work, claims_aware=ack)
     ctx.after(txn)
+    return _answer(settled, ack=ack)
+
+
+def check_receipts(receipts: object, field: str = "receipts") -> Sequence[str]:
+    """``receipts`` as given to ack or nack (or as receive's ``ack``: ``field``), or why they
+    cannot be."""
+    if not isinstance(receipts, list | tuple) or not all(isinstance(r, str) for r in receipts):
+        raise InvalidArgument(f"{field} must be a list of receipt strings from receive")
+    return receipts
+
+
+def _answer(settled: tuple[int, list[str]], *, ack: bool) -> dict[str, Any]:
+    done, unknown = settled
     return {("acked" if ack else "nacked"): done, "unknown": unknown}

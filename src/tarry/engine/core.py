@@ -26,9 +26,9 @@ from tarry.engine.routes import RouteBook, RouteEntry, RouteHooks
 from tarry.engine.schedules import Schedules
 from tarry.engine.sending import Sender
 from tarry.engine.stores import build_stores
-from tarry.engine.types import Delivery, MayAccess, QueueInfo, SendResult
+from tarry.engine.types import Deliveries, MayAccess, QueueInfo, SendResult
 from tarry.errors import TarryError
-from tarry.model.events import Event, EventBatchListener, EventListener
+from tarry.model.events import EventBatchListener, EventListener
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
@@ -77,6 +77,7 @@ class Engine:
         self.breakers = Breakers.from_config(config.dispatch, self.clock)
         #: Every listener in its form for many events (``add_listener``).
         self._listeners: list[EventBatchListener] = []
+        self._emit_all = partial(emit_all, self._listeners)
         # What differs where nodes share the store, chosen once (``tarry.engine.cluster``).
         self._link = link = ClusterLink(store, self.clock)
         self._seq = link.sequencer
@@ -170,8 +171,7 @@ class Engine:
         self._listeners.append(many if many is not None else one_by_one(listener))
 
     async def start(self, *, background: bool = True) -> None:
-        """``background=False`` leaves the dispatcher and housekeeping loops to the caller (tests
-        drive them step by step with a ManualClock)."""
+        """``background=False``: the caller drives the dispatcher and housekeeping (tests)."""
         data_dir = self.config.server.data_dir
         if self.config.store.engine != "memory":
             self._lock_file = lock_data_dir(data_dir)
@@ -198,11 +198,8 @@ class Engine:
             self._spawn(self.dispatcher.run)
             self._spawn(self._housekeeping)
             self._spawn(self.schedules.run)
-        log.info(
-            "engine started: %d queues, %d topics",
-            len(self.catalog.queues),
-            len(self.catalog.topics),
-        )
+        catalog = self.catalog
+        log.info("engine started: %d queues, %d topics", len(catalog.queues), len(catalog.topics))
 
     async def stop(self) -> None:
         if self.ingress is not None:
@@ -226,10 +223,7 @@ class Engine:
     def _spawn(self, loop_fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self._tasks.append(supervise(loop_fn))
 
-    # --- events -------------------------------------------------------------------------------
-    def _emit_all(self, events: Sequence[Event]) -> None:
-        emit_all(self._listeners, events)
-
+    # --- the parts' context -----------------------------------------------------------------------
     def _txn(self, conn: QueueConnection, now_ms: int, dlq: str | None = None) -> QueueTxn:
         return QueueTxn(
             conn,
@@ -303,9 +297,15 @@ class Engine:
         max_messages: int = 1,
         wait_ms: int = 0,
         visibility_ms: int | None = None,
-    ) -> Sequence[Delivery]:
+        ack: Sequence[str] | None = None,
+    ) -> Deliveries:
         return await consuming.receive(
-            self.ctx, queue, max_messages=max_messages, wait_ms=wait_ms, visibility_ms=visibility_ms
+            self.ctx,
+            queue,
+            max_messages=max_messages,
+            wait_ms=wait_ms,
+            visibility_ms=visibility_ms,
+            ack=ack,
         )
 
     async def ack(self, queue: str, receipts: Sequence[str]) -> dict[str, Any]:

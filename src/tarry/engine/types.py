@@ -151,13 +151,16 @@ class Delivery:
 
 class Deliveries(LazySequence[Delivery]):
     """What a receive took (``ReceivedRows``) as ``Delivery``s, made only when one is read: the
-    HTTP answer is written from the rows (``server.responses.received``)."""
+    HTTP answer is written from the rows (``server.responses.received``). ``settled``: what
+    the receipts the receive was given to ack came to (``{"acked", "unknown"}``, as an ack
+    answers), None when it was given none."""
 
-    __slots__ = ("taken",)
+    __slots__ = ("settled", "taken")
 
-    def __init__(self, taken: ReceivedRows) -> None:
+    def __init__(self, taken: ReceivedRows, settled: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.taken = taken
+        self.settled = settled
 
     def __len__(self) -> int:
         return len(self.taken)

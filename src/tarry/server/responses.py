@@ -38,14 +38,19 @@ _NULL = b"null"
 
 
 def received(deliveries: Sequence[Delivery]) -> bytes:
-    """``{"messages": [...]}`` of ``Delivery.to_public`` of each, byte for byte what
+    """``{"messages": [...]}`` of ``Delivery.to_public`` of each (and what came of the receipts
+    a receive acked, ``Deliveries.settled``, when it was given any), byte for byte what
     ``orjson.dumps`` makes of it. A receive answers a few dozen messages at a time and a dict
     per message cost more than the rest of the answer: a message with nothing but the
     common fields (nearly every one) fills a template; any other is written from its dict.
     A receive's own answer (``Deliveries``) is written from its rows, with no object per
     message but for those that are not plain."""
     if isinstance(deliveries, Deliveries):
-        return _received_rows(deliveries)
+        answer = _received_rows(deliveries)
+        if deliveries.settled is None:
+            return answer
+        # The receipts it was given to ack: ``"acked"`` and ``"unknown"`` as an ack answers.
+        return answer[:-1] + b"," + orjson.dumps(deliveries.settled)[1:]
     dumps = orjson.dumps
     parts: list[bytes] = []
     for delivery in deliveries:

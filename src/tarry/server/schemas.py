@@ -80,6 +80,11 @@ class Receive(BaseModel):
     max: int | None = Field(1, ge=1, le=1000)
     wait_ms: int | None = Field(0, ge=0, le=20000)
     visibility_ms: int | None = Field(None, ge=1, le=MAX_VISIBILITY_MS)
+    ack: list[str] | None = Field(
+        None,
+        description="receipts of messages taken before, acked first in the same transaction "
+        "(before any wait): a consumer's ack and its next receive in one request",
+    )
 
 
 class Ack(BaseModel):
@@ -260,6 +265,10 @@ class Delivered(BaseModel):
 
 class Received(BaseModel):
     messages: list[Delivered]
+    acked: int | None = Field(None, description="with ack: the messages it acked")
+    unknown: list[str] | None = Field(
+        None, description="with ack: receipts that matched no message in flight"
+    )
 
 
 class Acked(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from tarry.engine.consuming import check_receipts
 from tarry.errors import InvalidArgument
 from tarry.model.queue_args import parse_queue_args
 from tarry.server import schemas
@@ -84,7 +85,7 @@ async def receive(request: Request, name: str) -> Encoded:
     principal = caller(request)
     principal.require(principal.may_receive(name), "receive from", name)
     body = await json_object(request, default={})
-    unknown = set(body) - {"max", "wait_ms", "visibility_ms"}
+    unknown = set(body) - {"max", "wait_ms", "visibility_ms", "ack"}
     if unknown:
         raise InvalidArgument(f"unknown field(s) {', '.join(sorted(unknown))}")
     deliveries = await engine_of(request).receive(
@@ -92,15 +93,9 @@ async def receive(request: Request, name: str) -> Encoded:
         max_messages=_int(body, "max", 1) or 0,
         wait_ms=_int(body, "wait_ms", 0) or 0,
         visibility_ms=_int(body, "visibility_ms", None),
+        ack=None if body.get("ack") is None else check_receipts(body["ack"], "ack"),
     )
     return Encoded(received(deliveries))
-
-
-def _receipts(body: dict[str, object]) -> list[str]:
-    receipts = body.get("receipts")
-    if not isinstance(receipts, list) or not all(isinstance(r, str) for r in receipts):
-        raise InvalidArgument("receipts must be a list of receipt strings from receive")
-    return receipts
 
 
 @router.post(
@@ -113,7 +108,7 @@ async def ack(request: Request, name: str) -> JSON:
     principal = caller(request)
     principal.require(principal.may_receive(name), "ack on", name)
     body = await json_object(request)
-    return JSON(await engine_of(request).ack(name, _receipts(body)))
+    return JSON(await engine_of(request).ack(name, check_receipts(body.get("receipts"))))
 
 
 @router.post(
@@ -129,7 +124,9 @@ async def nack(request: Request, name: str) -> JSON:
     requeue = body.get("requeue", True)
     if not isinstance(requeue, bool):
         raise InvalidArgument("requeue must be true or false")
-    return JSON(await engine_of(request).nack(name, _receipts(body), requeue=requeue))
+    return JSON(
+        await engine_of(request).nack(name, check_receipts(body.get("receipts")), requeue=requeue)
+    )
 
 
 #: The routes ``tarry.server.fast_lane.FastLane`` serves ahead of the app, by (method, action of
