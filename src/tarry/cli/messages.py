@@ -251,6 +251,8 @@ def consume(
     )
     c = client(ctx)
     taken = 0
+    # A batch is acked with the next receive (one request), the last one on its own.
+    to_ack: list[str] | None = None
     with Progress(transient=True, disable=count <= 50) as progress:
         task = progress.add_task(f"consuming {queue}", total=count)
         while taken < count:
@@ -259,7 +261,9 @@ def consume(
                 max=min(1000, count - taken),
                 wait=min(wait_ms, 20_000),
                 visibility=visibility_ms,
+                ack=to_ack,
             )
+            to_ack = None
             if not batch:
                 break
             for m in batch:
@@ -277,8 +281,10 @@ def consume(
                 else:
                     click.echo(f"{m.id}\t{when(m.deliver_at)}\t{m.text}")
             if not no_ack:
-                c.ack(queue, [m.receipt for m in batch])
+                to_ack = [m.receipt for m in batch]
             taken += len(batch)
             progress.advance(task, len(batch))
+    if to_ack:
+        c.ack(queue, to_ack)
     if taken == 0:
         click.echo(f"no message in {queue} within {wait}", err=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from tarry.client._types import MessageInfo, Page, QueueInfo, Received, Scheduled
+from tarry.client._types import MessageInfo, Page, QueueInfo, Received, ReceivedBatch, Scheduled
 from tarry.errors import Overloaded, TarryError, Unavailable
 from tarry.model.time import parse_duration_ms, parse_instant_ms
 
@@ -109,8 +110,9 @@ def read_page(data: dict[str, Any]) -> Page:
     return Page([MessageInfo.from_json(m) for m in data["items"]], data.get("next_cursor"))
 
 
-def read_received(data: dict[str, Any]) -> list[Received]:
-    return [Received.from_json(m) for m in data["messages"]]
+def read_received(data: dict[str, Any]) -> ReceivedBatch:
+    taken = [Received.from_json(m) for m in data["messages"]]
+    return ReceivedBatch(taken, acked=data.get("acked"), unknown=data.get("unknown") or ())
 
 
 def read_queue(data: dict[str, Any]) -> QueueInfo:
@@ -125,11 +127,15 @@ def list_params(**filters: Any) -> dict[str, Any]:
     return params
 
 
-def receive_body(max: int, wait: Duration | None, visibility: Duration | None) -> dict[str, Any]:
+def receive_body(
+    max: int, wait: Duration | None, visibility: Duration | None, ack: Sequence[str] | None
+) -> dict[str, Any]:
     body: dict[str, Any] = {"max": max, "wait_ms": duration_ms(wait, "wait") or 0}
     visibility_ms = duration_ms(visibility, "visibility")
     if visibility_ms is not None:
         body["visibility_ms"] = visibility_ms
+    if ack is not None:
+        body["ack"] = [*ack]
     return body
 
 

@@ -24,7 +24,7 @@ from tarry.client._base import (
     receive_body,
     reschedule_body,
 )
-from tarry.client._types import MessageInfo, Page, QueueInfo, Received, Scheduled
+from tarry.client._types import MessageInfo, Page, QueueInfo, ReceivedBatch, Scheduled
 from tarry.errors import TarryError
 
 R = TypeVar("R")
@@ -162,10 +162,17 @@ def delete_queue(name: str) -> Spec[dict[str, Any]]:
 
 
 def receive(
-    queue: str, *, max: int = 1, wait: Duration | None = None, visibility: Duration | None = None
-) -> Spec[builtins.list[Received]]:
-    """Up to ``max`` messages, waiting up to ``wait`` for the first."""
-    body = receive_body(max, wait, visibility)
+    queue: str,
+    *,
+    max: int = 1,
+    wait: Duration | None = None,
+    visibility: Duration | None = None,
+    ack: Sequence[str] | None = None,
+) -> Spec[ReceivedBatch]:
+    """Up to ``max`` messages, waiting up to ``wait`` for the first. ``ack``: receipts of
+    messages taken before, acked first (before any wait), in the same request; the answer's
+    ``acked`` and ``unknown`` say what came of them."""
+    body = receive_body(max, wait, visibility, ack)
     return Call("POST", f"/v1/queues/{queue}/receive", json=body), read_received
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +104,19 @@ class Received:
             message_id=data.get("message_id"),
             correlation_id=data.get("correlation_id"),
         )
+
+
+class ReceivedBatch(list[Received]):
+    """What a receive took, as a list, and what came of the receipts it was given to ack:
+    ``acked`` (None when it was given none) and ``unknown`` (receipts that matched no message
+    in flight)."""
+
+    def __init__(
+        self, taken: Iterable[Received], *, acked: int | None = None, unknown: Iterable[str] = ()
+    ) -> None:
+        super().__init__(taken)
+        self.acked = acked
+        self.unknown = list(unknown)
 
 
 @dataclass(frozen=True, slots=True)
