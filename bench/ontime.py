@@ -5,7 +5,8 @@ tarry against a Redis sorted set in the same run; prints JSON.
 
 The workload every peer was measured on: ``--messages`` messages of ~100 bytes, scheduled in
 HTTP batches of 1,000 by one producer process as fast as it can, due uniformly 1-10 s after
-they are sent, received by one consumer process (long-poll receive of up to 1,000, then ack).
+they are sent, received by one consumer process (long-poll receive of up to 1,000, then ack;
+``--ack-on-receive``: the ack goes with the next receive).
 Producer and consumer run as separate processes on the same machine as the server.
 
 Per system: schedule rate, lateness at the consumer (receive time - due time) p50 / p99 / max,
@@ -124,18 +125,25 @@ def produce_tarry(
     }
 
 
-def consume_tarry(url: str, count: int, deadline_s: float) -> dict[str, Any]:
+def consume_tarry(
+    url: str, count: int, deadline_s: float, *, ack_on_receive: bool = False
+) -> dict[str, Any]:
+    """``ack_on_receive``: each batch acked with the next receive (its ``ack`` field), the
+    last one on its own; otherwise each with an ack of its own before the next receive."""
     lateness: list[float] = []
     seen: set[str] = set()
     duplicates = 0
     receives = 0
+    to_ack: list[str] = []
     deadline = time.monotonic() + deadline_s
     with httpx.Client(base_url=url, timeout=120) as client:
         while len(seen) < count and time.monotonic() < deadline:
             receives += 1
-            response = client.post(
-                f"/v1/queues/{QUEUE}/receive", json={"max": BATCH, "wait_ms": 1000}
-            )
+            body: dict[str, Any] = {"max": BATCH, "wait_ms": 1000}
+            if to_ack:
+                body["ack"], to_ack = to_ack, []
+            response = client.post(f"/v1/queues/{QUEUE}/receive", json=body)
+            response.raise_for_status()
             now = _now_ms()
             messages = orjson.loads(response.content)["messages"]
             for m in messages:
@@ -144,10 +152,12 @@ def consume_tarry(url: str, count: int, deadline_s: float) -> dict[str, Any]:
                     duplicates += 1
                 seen.add(m["id"])
             if messages:
-                client.post(
-                    f"/v1/queues/{QUEUE}/ack",
-                    json={"receipts": [m["receipt"] for m in messages]},
-                ).raise_for_status()
+                to_ack = [m["receipt"] for m in messages]
+            if to_ack and not ack_on_receive:
+                client.post(f"/v1/queues/{QUEUE}/ack", json={"receipts": to_ack}).raise_for_status()
+                to_ack = []
+        if to_ack:
+            client.post(f"/v1/queues/{QUEUE}/ack", json={"receipts": to_ack}).raise_for_status()
     return {
         "received": len(seen),
         "duplicates": duplicates,
@@ -221,7 +231,9 @@ ROLES = {
         message_ids=a.ids,
         correlation_ids=a.correlation_ids,
     ),
-    "consume-tarry": lambda a: consume_tarry(a.url, a.messages, a.deadline_s),
+    "consume-tarry": lambda a: consume_tarry(
+        a.url, a.messages, a.deadline_s, ack_on_receive=a.ack_on_receive
+    ),
     "produce-redis": lambda a: produce_redis(a.messages, a.min_delay_ms, a.max_delay_ms),
     "poll-redis": lambda a: poll_redis(a.messages, a.deadline_s),
     "consume-redis": lambda a: consume_redis(a.messages, a.deadline_s),
@@ -249,6 +261,7 @@ def _role(role: str, args: argparse.Namespace, url: str = "") -> subprocess.Pope
         url,
         *(["--ids"] if args.ids else []),
         *(["--correlation-ids"] if args.correlation_ids else []),
+        *(["--ack-on-receive"] if args.ack_on_receive else []),
     ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
 
@@ -387,6 +400,12 @@ def main() -> None:
         "--correlation-ids",
         action="store_true",
         help="each tarry message sent with a correlation_id (a saga's, ten messages a saga)",
+    )
+    parser.add_argument(
+        "--ack-on-receive",
+        action="store_true",
+        help="the tarry consumer acks each batch with its next receive (receive's ack field; "
+        "a tree that has it, baseline included), not with an ack request of its own",
     )
     parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
     parser.add_argument("--url", default="", help=argparse.SUPPRESS)
