@@ -153,6 +153,26 @@ async def test_a_message_stored_on_one_node_wakes_the_other(open_store) -> None:
     assert await asyncio.wait_for(woke.get(), 5) == m.deliver_at_ms
 
 
+async def test_a_catalog_change_made_before_listen_is_in_force_still_reaches_a_node(
+    open_store, pg_dsn: str
+) -> None:
+    # Given a node whose listener has not yet LISTENed (a node starting: its catalog is read,
+    # its LISTEN connection still on its way)
+    b = await open_store(node="b")
+    reloads: asyncio.Queue[None] = asyncio.Queue()
+    await b.listener.stop()
+    b.on_catalog_change(lambda: reloads.put_nowait(None))
+    # When another node declares a queue then (the trigger's NOTIFY reaches no one here)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO queues (name, args, created_at_ms, last_used_ms) VALUES ('q', '{}', 0, 0)"
+        )
+    # Then once its LISTEN is in force it reloads the catalog all the same
+    b.listener.start()
+    await asyncio.wait_for(b.listener.listening.wait(), 5)
+    await asyncio.wait_for(reloads.get(), 5)
+
+
 async def test_losing_the_connection_raises_unavailable_and_the_store_recovers(
     open_store, pg_dsn: str
 ) -> None:

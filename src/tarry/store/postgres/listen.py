@@ -43,8 +43,10 @@ class Listener:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         #: Set while LISTEN is in force (tests wait on it).
         self.listening = asyncio.Event()
-        #: Called after every (re)connection: changes may have been missed while away.
-        self.on_reconnect: list[Callable[[], None]] = []
+        #: Called each time LISTEN comes into force, the first time too: changes committed
+        #: before it (while a starting node read its catalog, or while away) sent their
+        #: NOTIFY to no one here.
+        self.on_listening: list[Callable[[], None]] = []
 
     def subscribe(self, channel: str, handler: Handler) -> None:
         self._handlers.setdefault(channel, []).append(handler)
@@ -63,7 +65,6 @@ class Listener:
             self._conn = None
 
     async def _run(self) -> None:
-        connected_before = False
         while True:
             try:
                 self._conn = await psycopg.AsyncConnection.connect(
@@ -72,10 +73,8 @@ class Listener:
                 for channel in self._handlers:
                     await self._conn.execute(f"LISTEN {channel}")
                 self.listening.set()
-                if connected_before:
-                    for callback in self.on_reconnect:
-                        callback()
-                connected_before = True
+                for callback in self.on_listening:
+                    callback()
                 async for note in self._conn.notifies():
                     for handler in self._handlers.get(note.channel, ()):
                         try:

@@ -186,14 +186,15 @@ class PostgresStore:
 
     def on_catalog_change(self, handler: Callable[[], None]) -> None:
         """``handler`` runs when another node changed the catalog (this node's own changes are
-        already in its memory), and after the listener reconnected (changes may be missed)."""
+        already in its memory), and each time the listener's LISTEN comes into force (changes
+        made before it, at start or while it was away, told no one here)."""
 
         def changed(node: str) -> None:
             if node != self.node[:63]:
                 handler()
 
         self.listener.subscribe(CHANNEL_CATALOG, changed)
-        self.listener.on_reconnect.append(handler)
+        self.listener.on_listening.append(handler)
 
     def on_filled(self, handler: Callable[[str], None]) -> None:
         self.listener.subscribe(CHANNEL_FILLED, handler)
