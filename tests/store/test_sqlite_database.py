@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tarry.errors import Unavailable
-from tarry.store.sqlite.database import Database
+from tarry.store.sqlite.database import _RESTART_PATIENCE, Database
 
 
 @pytest.fixture
@@ -203,6 +203,41 @@ async def test_finding_08_a_checkpointed_wal_gives_back_its_copies_of_the_bodies
     await db.close()
 
 
+@pytest.mark.parametrize("copied_s_ago", [0.0, 0.2])
+async def test_a_busy_writer_starts_the_wal_over_only_just_after_a_copy(
+    tmp_path: Path, copied_s_ago: float
+) -> None:
+    # Given a WAL the checkpointer has long found worth starting over (never an idle moment
+    # for the writer), and its last copy made just now or a fifth of a second ago
+    db, _ = await _bodies_database(tmp_path)
+    restarts: list[bool] = []
+    restart = db._restart_wal
+
+    def recorded() -> None:
+        restarts.append(bool(db._pending or db._first))  # whether writes wait
+        restart()
+
+    db._restart_wal = recorded  # type: ignore[method-assign]
+    db._restart_rounds = _RESTART_PATIENCE + 1
+
+    def slow(conn: sqlite3.Connection) -> None:
+        time.sleep(0.05)  # writes come in meanwhile
+        db._copied_at = time.monotonic() - copied_s_ago
+
+    # When a write ends with others waiting behind it
+    first = asyncio.ensure_future(db.write(slow))
+    await asyncio.sleep(0.01)
+    await asyncio.gather(first, *(db.write(_nothing) for _ in range(3)))
+    await db.close()
+    # Then the writer starts the WAL over at once only after a fresh copy (what is left to
+    # copy is little); after a stale one it waits for a moment nothing waits
+    assert restarts[:1] == ([True] if copied_s_ago == 0.0 else [False]), restarts
+
+
+def _nothing(conn: sqlite3.Connection) -> None:
+    pass
+
+
 async def test_issue_23_under_steady_writes_the_wal_starts_over_and_stays_small(
     tmp_path: Path,
 ) -> None:
@@ -211,6 +246,7 @@ async def test_issue_23_under_steady_writes_the_wal_starts_over_and_stays_small(
     db, wal = await _bodies_database(tmp_path)
     batch = [(bytes(2_000),)] * 40
     written = largest = 0
+    began = time.monotonic()
     # When 48 MB go through it
     while written < 48_000_000:
         await db.write(lambda conn: conn.executemany("INSERT INTO bodies VALUES (?)", batch))
@@ -223,6 +259,8 @@ async def test_issue_23_under_steady_writes_the_wal_starts_over_and_stays_small(
     # 82 MB, cut back inside a COMMIT); with it, 10-13 MB alone, and up to 22 MB while the
     # suite's other worker writes beside it (the checkpointer's syncs wait on the disk).
     assert largest < 32_000_000, largest
+    # (the checkpointer told the writer when it copied: a busy writer's cue, see above)
+    assert db._copied_at > began
     again = Database(tmp_path / "q.db", queues_only=True)
     await again.open()
     try:
