@@ -238,6 +238,43 @@ def _nothing(conn: sqlite3.Connection) -> None:
     pass
 
 
+async def test_an_idle_writer_starts_the_wal_over_right_after_a_copy(tmp_path: Path) -> None:
+    # Given a WAL grown past what is worth starting over, then no write at all
+    db, _ = await _bodies_database(tmp_path)
+    restarts: list[float] = []
+    restart = db._restart_wal
+
+    def recorded() -> None:
+        restarts.append(time.monotonic() - db._copied_at)
+        restart()
+
+    db._restart_wal = recorded  # type: ignore[method-assign]
+    batch = [(bytes(2_000),)] * 1_000
+    await db.write(lambda conn: conn.executemany("INSERT INTO bodies VALUES (?)", batch))
+    # When the checkpointer copies it back
+    for _ in range(100):
+        if restarts:
+            break
+        await asyncio.sleep(0.02)
+    await db.close()
+    # Then the writer, told so, starts it over at once, with nothing left to copy
+    assert restarts and restarts[0] < 0.02, restarts
+
+
+async def test_a_stale_copy_waits_for_the_next_one(tmp_path: Path) -> None:
+    # Given a WAL the checkpointer found worth starting over a fifth of a second ago
+    db, _ = await _bodies_database(tmp_path)
+    restarts: list[int] = []
+    db._restart_wal = lambda: restarts.append(1)  # type: ignore[method-assign]
+    db._restart_rounds, db._copied_at = 1, time.monotonic() - 0.2
+    # When writes come and go with idle moments between them
+    for _ in range(3):
+        await db.write(_nothing)
+    await db.close()
+    # Then none of those moments starts it over (all that was written since is left to copy)
+    assert restarts == []
+
+
 async def test_issue_23_under_steady_writes_the_wal_starts_over_and_stays_small(
     tmp_path: Path,
 ) -> None:

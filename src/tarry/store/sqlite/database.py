@@ -16,8 +16,9 @@ write that begins with every frame already copied back, and the checkpointer alw
 behind the writer. The WAL then grew to ``wal_autocheckpoint`` and the write crossing it
 copied, synced and cut back the whole file inside its COMMIT, everything else waiting behind it.
 So the two share the work (``_checkpoint_loop``, ``_restart_wal``): the checkpointer copies
-what it can and flushes the database file, and the writer, once nothing waits for it, copies
-the few frames written since on its own connection; the next write starts the WAL over.
+what it can and flushes the database file, and the writer, right after (at once when idle,
+else between two batches), copies the few frames written since on its own connection; the
+next write starts the WAL over.
 """
 
 from __future__ import annotations
@@ -74,13 +75,13 @@ _CHECKPOINT_EVERY_S = 0.25
 #: Frames in the WAL past which it is started over (a smaller WAL is left to grow: starting
 #: over costs the writer a checkpoint of its own, two syncs).
 _RESTART_FRAMES = 256
-#: Checkpointer rounds a start-over waits for a moment the writer has nothing to do; then the
-#: writer makes one between two batches (still far shorter than ``wal_autocheckpoint``'s).
-_RESTART_PATIENCE = 4
-#: A start-over made while writes wait comes this soon after the checkpointer's copy, so the
-#: writer copies only what was written since: a copy a quarter second stale held 2,500 frames
-#: (the writer's copy, with releases waiting behind it, took 70 ms).
+#: The writer starts the WAL over this soon after the checkpointer's copy, so that it copies
+#: only what was written since: a copy a quarter second stale held 2,500 frames (the writer's
+#: copy, with releases waiting behind it, took 70 ms).
 _RESTART_FRESH_S = 0.02
+#: Checkpointer rounds after which an idle writer starts over however stale the copy (it
+#: missed every fresh moment: writes are few, so is what is left to copy).
+_RESTART_PATIENCE = 4
 
 
 class Database:
@@ -190,6 +191,8 @@ class Database:
                         _copy_back(conn, database)
                         self._copied_at = time.monotonic()
                         self._restart_rounds += 1
+                        if not self._closing.is_set():
+                            self._writer.put(self._restart_soon)
                 except (sqlite3.Error, OSError) as exc:
                     log.debug("checkpoint skipped: %s", exc)
         finally:
@@ -333,20 +336,25 @@ class Database:
             claims = self._require().pending_receives
             since = claims.oldest_since() if claims else None
             loop.call_soon_threadsafe(self._settled, batch, results, since)
-            if self._restart_rounds and (
-                not (self._pending or self._first) or self._may_restart_busy()
-            ):
+            if self._restart_rounds and self._may_restart(idle=not (self._pending or self._first)):
                 self._restart_wal()
         self._writer.put(lambda: self._flush(loop))
 
-    def _may_restart_busy(self) -> bool:
-        """Whether the writer starts the WAL over now although writes wait: once the
-        checkpointer found no moment it was idle for ``_RESTART_PATIENCE`` rounds, and only
-        just after its copy (``_RESTART_FRESH_S``), when what is left to copy is little."""
-        return (
-            self._restart_rounds > _RESTART_PATIENCE
-            and time.monotonic() - self._copied_at < _RESTART_FRESH_S
-        )
+    def _may_restart(self, *, idle: bool) -> bool:
+        """Whether the writer, between two batches, starts over the WAL the checkpointer found
+        worth it: just after its copy (``_RESTART_FRESH_S``), when what is left to copy is
+        little, whether or not writes wait; or, idle, once it missed that for
+        ``_RESTART_PATIENCE`` rounds. Never on a stale copy while writes wait behind it."""
+        if time.monotonic() - self._copied_at < _RESTART_FRESH_S:
+            return True
+        return idle and self._restart_rounds > _RESTART_PATIENCE
+
+    def _restart_soon(self) -> None:
+        """On the database thread, handed over by the checkpointer right after its copy: start
+        the WAL over now, between two batches, while the copy is fresh (an idle writer has no
+        batch that ends to do it, ``_may_restart``)."""
+        if self._restart_rounds and self._conn is not None and self._may_restart(idle=False):
+            self._restart_wal()
 
     def _restart_wal(self) -> None:
         """On the database thread, between two batches: copy back the frames the checkpointer
