@@ -76,8 +76,7 @@ _CHECKPOINT_EVERY_S = 0.25
 #: over costs the writer a checkpoint of its own, two syncs).
 _RESTART_FRAMES = 256
 #: The writer starts the WAL over this soon after the checkpointer's copy, so that it copies
-#: only what was written since: a copy a quarter second stale held 2,500 frames (the writer's
-#: copy, with releases waiting behind it, took 70 ms).
+#: only what was written since, not up to a round's frames while releases wait behind it.
 _RESTART_FRESH_S = 0.02
 #: Checkpointer rounds after which an idle writer starts over however stale the copy (it
 #: missed every fresh moment: writes are few, so is what is left to copy).
