@@ -22,6 +22,15 @@ async def _state(engine, message_id: str) -> str:
     return str((await engine.get_message(message_id)).state.value)
 
 
+async def _one_received(make_engine, **receive: int):
+    """An engine whose queue ``q`` held one message, now received: (engine, sent, taken)."""
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    sent = await engine.send({"destination": "q", "body": "x"})
+    [taken] = await engine.receive("q", **receive)
+    return engine, sent, taken
+
+
 async def test_a_receive_acks_the_last_batch_then_takes_the_next(make_engine) -> None:
     # Given four messages, two of them received
     engine = await make_engine()
@@ -57,10 +66,7 @@ async def test_receipts_it_cannot_ack_are_unknown_as_an_ack_answers(make_engine)
 
 async def test_the_ack_is_written_before_a_long_poll_waits(make_engine) -> None:
     # Given a message received, and an empty queue behind it
-    engine = await make_engine()
-    await engine.declare_queue("q", {})
-    done = await engine.send({"destination": "q", "body": "done"})
-    [taken] = await engine.receive("q")
+    engine, done, taken = await _one_received(make_engine)
     # When a long-poll carries its receipt
     waiting = asyncio.create_task(engine.receive("q", wait_ms=5000, ack=[taken.receipt]))
     await asyncio.sleep(0.05)
@@ -74,10 +80,7 @@ async def test_the_ack_is_written_before_a_long_poll_waits(make_engine) -> None:
 
 
 async def test_a_long_poll_that_finds_nothing_still_answers_its_ack(make_engine) -> None:
-    engine = await make_engine()
-    await engine.declare_queue("q", {})
-    sent = await engine.send({"destination": "q", "body": "x"})
-    [taken] = await engine.receive("q")
+    engine, sent, taken = await _one_received(make_engine)
     got = await engine.receive("q", wait_ms=100, ack=[taken.receipt])
     assert (list(got), got.settled) == ([], {"acked": 1, "unknown": []})
     assert await _state(engine, sent.id) == "acked"
@@ -96,10 +99,7 @@ async def test_without_ack_the_answer_has_no_settled_and_an_empty_ack_acks_nothi
 
 async def test_a_refused_receive_acks_nothing(make_engine) -> None:
     # Given a message received
-    engine = await make_engine()
-    await engine.declare_queue("q", {})
-    sent = await engine.send({"destination": "q", "body": "x"})
-    [taken] = await engine.receive("q")
+    engine, sent, taken = await _one_received(make_engine)
     # When a receive carrying its receipt is refused (bad receipts, a bad max, no such queue)
     with pytest.raises(InvalidArgument, match="ack must be a list of receipt strings"):
         await engine.receive("q", ack=taken.receipt)  # type: ignore[arg-type]
@@ -116,10 +116,7 @@ async def test_a_message_back_from_its_visibility_timeout_is_acked_not_taken_aga
     make_engine, clock
 ) -> None:
     # Given a message whose visibility timeout ran out before its consumer acked it
-    engine = await make_engine()
-    await engine.declare_queue("q", {})
-    sent = await engine.send({"destination": "q", "body": "slow"})
-    [taken] = await engine.receive("q", visibility_ms=1000)
+    engine, sent, taken = await _one_received(make_engine, visibility_ms=1000)
     clock.advance(1000)
     # When the consumer's next receive carries its receipt
     got = await engine.receive("q", max_messages=10, ack=[taken.receipt])

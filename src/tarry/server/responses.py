@@ -46,11 +46,7 @@ def received(deliveries: Sequence[Delivery]) -> bytes:
     A receive's own answer (``Deliveries``) is written from its rows, with no object per
     message but for those that are not plain."""
     if isinstance(deliveries, Deliveries):
-        answer = _received_rows(deliveries)
-        if deliveries.settled is None:
-            return answer
-        # The receipts it was given to ack: ``"acked"`` and ``"unknown"`` as an ack answers.
-        return answer[:-1] + b"," + orjson.dumps(deliveries.settled)[1:]
+        return _received_rows(deliveries)
     dumps = orjson.dumps
     parts: list[bytes] = []
     for delivery in deliveries:
@@ -141,4 +137,6 @@ def _received_rows(deliveries: Deliveries) -> bytes:
                 count + 1,
             )
         )
-    return b'{"messages":[' + b",".join(parts) + b"]}"
+    # The receipts it was given to ack: ``"acked"`` and ``"unknown"`` as an ack answers them.
+    settled = b"" if deliveries.settled is None else b"," + orjson.dumps(deliveries.settled)[1:-1]
+    return b'{"messages":[' + b",".join(parts) + b"]" + settled + b"}"
