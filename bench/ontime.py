@@ -17,7 +17,9 @@ The Redis baseline is what teams build by hand: ``ZADD`` into a sorted set, a po
 running a Lua script that moves due members to a list, a consumer popping the list. It is not
 durable; its CPU is Redis's plus the poller's.
 ``--baseline-src`` runs tarry from another source tree too (e.g. a worktree of main before a
-change), in the same run.
+change), in the same run. ``--only ...,in-memory`` runs this tree once more with its local
+queues kept in memory, nothing written for a release, a receive or an ack (``probes/
+queues_in_memory.py``, not durable): the most that WAL-backed local queues could save.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from foundation import cpu_s, journal_lateness, percentile, start_server  # noqa: E402
 
+#: ``tarry serve`` with its local queues in memory (the ``in-memory`` part).
+IN_MEMORY_PROBE = Path(__file__).resolve().parent / "probes" / "queues_in_memory.py"
 QUEUE = "bench.ontime"
 BODY = "x" * 100
 BATCH = 1000
@@ -308,11 +312,14 @@ def _store_counters(samples: dict[str, float]) -> dict[str, float]:
     return {name: samples[name] for name in wanted if name in samples}
 
 
-def run_tarry(args: argparse.Namespace, src: Path | None, tmp: Path) -> dict[str, Any]:
+def run_tarry(
+    args: argparse.Namespace, src: Path | None, tmp: Path, *, in_memory: bool = False
+) -> dict[str, Any]:
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = str(src)
-    proc, url = start_server(tmp, args.store, env=env)
+    program = (sys.executable, str(IN_MEMORY_PROBE)) if in_memory else None
+    proc, url = start_server(tmp, args.store, env=env, program=program)
     try:
         httpx.put(f"{url}/v1/queues/{QUEUE}", json={}).raise_for_status()
         cpu_before, threads_before = cpu_s(proc.pid), _thread_cpu(_metrics(url))
@@ -389,7 +396,11 @@ def main() -> None:
     parser.add_argument("--max-delay-ms", type=int, default=10_000)
     parser.add_argument("--store", default="log")
     parser.add_argument("--baseline-src", type=Path, help="another tarry source tree's src/")
-    parser.add_argument("--only", default="redis,tarry,baseline")
+    parser.add_argument(
+        "--only",
+        default="redis,tarry,baseline",
+        help="parts, comma-separated: redis, tarry, baseline (with --baseline-src), in-memory",
+    )
     parser.add_argument("--deadline-s", type=float, default=300.0)
     parser.add_argument(
         "--ids",
@@ -426,7 +437,10 @@ def main() -> None:
         if "baseline" in parts and args.baseline_src:
             print("tarry baseline ...", file=sys.stderr)
             results["baseline"] = run_tarry(args, args.baseline_src, Path(tmp) / "baseline")
-    for other in ("redis", "baseline"):
+        if "in-memory" in parts:
+            print("tarry, local queues in memory (a probe) ...", file=sys.stderr)
+            results["in_memory"] = run_tarry(args, None, Path(tmp) / "in-memory", in_memory=True)
+    for other in ("redis", "baseline", "in_memory"):
         if other in results and "tarry" in results:
             mine, theirs = results["tarry"], results[other]
             results[f"ratio_to_{other}"] = {
