@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,12 +218,21 @@ class ServerProcess:
     """A real `tarry serve` subprocess on a free loopback port."""
 
     def __init__(
-        self, data_dir: Path, *, config: Path | None, env: dict[str, str] | None, args: list[str]
+        self,
+        data_dir: Path,
+        *,
+        config: Path | None,
+        env: dict[str, str] | None,
+        args: list[str],
+        program: Sequence[str] | None = None,
     ) -> None:
+        """``program``: what runs tarry's command line (default ``python -m tarry.cli.main``),
+        e.g. a bench probe that changes the server first."""
         self.data_dir = data_dir
         self.config = config
         self.env = env
         self.args = args
+        self.program = program or (sys.executable, "-m", "tarry.cli.main")
         self.url = ""
         self.process: subprocess.Popen[str] | None = None
         self.stderr_lines: list[str] = []
@@ -231,9 +240,7 @@ class ServerProcess:
 
     def start(self) -> None:
         command = [
-            sys.executable,
-            "-m",
-            "tarry.cli.main",
+            *self.program,
             "serve",
             "--port",
             "0",
@@ -305,13 +312,18 @@ def make_server(
         data_dir: Path | None = None,
         env: dict[str, str] | None = None,
         args: list[str] | None = None,
+        program: Sequence[str] | None = None,
     ) -> ServerProcess:
         config = None
         if config_toml is not None:
             config = tmp_path / f"tarry-{len(servers)}.toml"
             config.write_text(config_toml)
         server = ServerProcess(
-            data_dir or tmp_path / f"data-{len(servers)}", config=config, env=env, args=args or []
+            data_dir or tmp_path / f"data-{len(servers)}",
+            config=config,
+            env=env,
+            args=args or [],
+            program=program,
         )
         servers.append(server)
         return server
