@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tarry.errors import Unavailable
-from tarry.store.sqlite.database import _RESTART_PATIENCE, Database
+from tarry.store.sqlite.database import _RESTART_PATIENCE, WAL_KEEP_BYTES, Database
 
 
 @pytest.fixture
@@ -29,9 +29,11 @@ def _conflicting(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO t VALUES (1)")
 
 
-async def _bodies_database(tmp_path: Path) -> tuple[Database, Path]:
+async def _bodies_database(
+    tmp_path: Path, *, wal_keep_bytes: int = WAL_KEEP_BYTES
+) -> tuple[Database, Path]:
     """An opened queue database with a table of bodies, and the path of its WAL."""
-    db = Database(tmp_path / "q.db", queues_only=True)
+    db = Database(tmp_path / "q.db", queues_only=True, wal_keep_bytes=wal_keep_bytes)
     await db.open()
     await db.write(lambda conn: conn.execute("CREATE TABLE bodies (b BLOB)"))
     return db, tmp_path / "q.db-wal"
@@ -185,8 +187,9 @@ async def test_many_concurrent_writes_all_commit_and_close_waits_for_them(tmp_pa
 async def test_finding_08_a_checkpointed_wal_gives_back_its_copies_of_the_bodies(
     tmp_path: Path,
 ) -> None:
-    # Given a database that took a 16 MB burst of bodies (every one of them in the WAL)
-    db, wal = await _bodies_database(tmp_path)
+    # Given a database that keeps a WAL of 4 MB and took a 16 MB burst of bodies (every one
+    # of them in the WAL)
+    db, wal = await _bodies_database(tmp_path, wal_keep_bytes=4 * 1024 * 1024)
     for _ in range(8):
         await db.write(
             lambda conn: conn.executemany("INSERT INTO bodies VALUES (?)", [(bytes(20_000),)] * 100)
@@ -200,6 +203,31 @@ async def test_finding_08_a_checkpointed_wal_gives_back_its_copies_of_the_bodies
         await db.write(lambda conn: conn.execute("INSERT INTO bodies VALUES (x'00')"))
     # Then the WAL is cut back, not kept at its largest as a second copy of the burst
     assert (tmp_path / "q.db").stat().st_size > 16_000_000
+    await db.close()
+
+
+async def test_issue_23_a_wal_started_over_within_what_it_keeps_is_not_cut_back(
+    tmp_path: Path,
+) -> None:
+    # Given a WAL of 8 MB, less than the database keeps (what steady traffic gathers between
+    # two copies)
+    db, wal = await _bodies_database(tmp_path)
+    for _ in range(4):
+        await db.write(
+            lambda conn: conn.executemany("INSERT INTO bodies VALUES (?)", [(bytes(20_000),)] * 100)
+        )
+    grown = wal.stat().st_size
+    assert 8_000_000 < grown < WAL_KEEP_BYTES
+    # When the checkpointer has copied it back and later writes start it over
+    deadline = time.monotonic() + 10
+    header = wal.read_bytes()[:32]
+    while wal.read_bytes()[:32] == header:  # a WAL started over has a header of its own
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.3)
+        await db.write(lambda conn: conn.execute("INSERT INTO bodies VALUES (x'00')"))
+    # Then the file keeps its size: freeing its blocks is a synchronous discard on a disk
+    # mounted with it, inside a COMMIT, with releases waiting
+    assert wal.stat().st_size == grown, (wal.stat().st_size, grown)
     await db.close()
 
 

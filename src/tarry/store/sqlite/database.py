@@ -40,7 +40,7 @@ from tarry.store.sqlite.row_memory import RowMemory
 from tarry.store.sqlite.schema import is_keyed, migrate
 from tarry.store.sqlite.worker import Worker
 
-__all__ = ["Connection", "Database"]
+__all__ = ["WAL_KEEP_BYTES", "Connection", "Database"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,9 +66,12 @@ Work = Callable[[Connection], Any]
 Job = tuple[Work, "asyncio.Future[Any]", bool, bool]
 #: Batches the database thread commits before it lets other work in (``_flush``).
 _BATCHES_IN_A_ROW = 16
-#: The size a checkpointed WAL is cut back to (about what ``wal_autocheckpoint``'s default of
-#: 1,000 pages keeps).
-_WAL_KEEP_BYTES = 4 * 1024 * 1024
+#: The size a started-over WAL is cut back to once it grew past it. Not smaller: under steady
+#: traffic the WAL gathers several MB between two copies, and cutting a file back frees its
+#: blocks, which a filesystem that discards freed blocks at once (ext4 mounted with
+#: ``discard``) does synchronously, inside the writer's COMMIT, every release waiting behind
+#: it. So only what a burst grew beyond this is given back.
+WAL_KEEP_BYTES = 64 * 1024 * 1024
 #: How often the checkpointer copies the WAL back: what the WAL holds when it starts over is
 #: what it gathers in this time, and the writer's share grows with it.
 _CHECKPOINT_EVERY_S = 0.25
@@ -91,11 +94,13 @@ class Database:
         synchronous: str = "full",
         max_pages: int | None = None,
         queues_only: bool = False,
+        wal_keep_bytes: int = WAL_KEEP_BYTES,
     ):
         """``path`` None keeps everything in memory (nothing survives the process);
         ``queues_only``: a queue database of its own, its rows keyed in release order
-        (``schema.migrate``)."""
+        (``schema.migrate``); ``wal_keep_bytes``: see ``WAL_KEEP_BYTES``."""
         self.path = path
+        self._wal_keep_bytes = wal_keep_bytes
         self._queues_only = queues_only
         self._synchronous = synchronous
         self._max_pages = max_pages
@@ -155,7 +160,7 @@ class Database:
         conn.execute("PRAGMA wal_autocheckpoint=20000")
         # Once checkpointed, a WAL a burst grew is cut back when it is reused: otherwise the
         # file keeps its largest size, a second copy of every body the burst wrote.
-        conn.execute(f"PRAGMA journal_size_limit={_WAL_KEEP_BYTES}")
+        conn.execute(f"PRAGMA journal_size_limit={int(self._wal_keep_bytes)}")
         migrate(conn, queues_only=self._queues_only)
         conn.keyed = is_keyed(conn)
         # A queue database of its own takes released messages as new rows, worth remembering;
