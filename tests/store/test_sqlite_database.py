@@ -225,9 +225,10 @@ async def test_issue_23_a_wal_started_over_within_what_it_keeps_is_not_cut_back(
         assert time.monotonic() < deadline
         await asyncio.sleep(0.3)
         await db.write(lambda conn: conn.execute("INSERT INTO bodies VALUES (x'00')"))
-    # Then the file keeps its size: freeing its blocks is a synchronous discard on a disk
-    # mounted with it, inside a COMMIT, with releases waiting
-    assert wal.stat().st_size == grown, (wal.stat().st_size, grown)
+    # Then the file is not cut back (a write before the start-over may have added a frame):
+    # freeing its blocks is a synchronous discard on a disk mounted with it, inside a COMMIT,
+    # with releases waiting
+    assert wal.stat().st_size >= grown, (wal.stat().st_size, grown)
     await db.close()
 
 
