@@ -44,10 +44,11 @@ from tarry.store.log.figures import write_path
 from tarry.store.log.forecast import due_counts
 from tarry.store.log.fs import Files
 from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash, key_hash
+from tarry.store.log.indexing import IndexAhead
 from tarry.store.log.layout import Layout
 from tarry.store.log.locate import Located, list_page, locate_many
 from tarry.store.log.opening import recover
-from tarry.store.log.reading import load, pick_due, read_message
+from tarry.store.log.reading import pick_due, read_message
 from tarry.store.log.record import (
     CANCELLED,
     FAILED,
@@ -111,6 +112,8 @@ class LogStore:
         )
         self.partitions = table.partitions
         self._numbers = table.numbers
+        #: Partitions within ``prefetch_ms`` of their start are indexed in the background.
+        self._ahead = IndexAhead(table)
         self._claims, self._waiting, self._leaving = table.claims, table.waiting, table.leaving
         #: No claim's lease runs out before this (claims given back since may leave it early).
         self._claims_lapse_ms = _NEVER
@@ -172,6 +175,7 @@ class LogStore:
         self.scrub_done = True
 
     async def close(self) -> None:
+        await self._ahead.close()
         if self._scrubbing is not None:
             self._scrubbing.cancel()
             await asyncio.gather(self._scrubbing, return_exceptions=True)
@@ -297,7 +301,7 @@ class LogStore:
         table.now_ms = max(table.now_ms, now_ms)
         if self._claims_lapse_ms <= now_ms:
             self._lapse_claims(now_ms)
-        helds = pick_due(table, self.files, now_ms, limit)
+        helds = pick_due(table, self.files, now_ms, limit, self._ahead.start)
         until = now_ms + lease_ms
         out = claim_due(table, self.files, helds, now_ms=now_ms, until_ms=until)
         if out:
@@ -334,15 +338,15 @@ class LogStore:
     async def next_due_time(self) -> int | None:
         self._check()
         best = self.table.next_waiting()
-        for number in self._numbers:
-            partition = self.partitions[number]
+        for number in list(self._numbers):  # indexing below yields: partitions may come and go
+            partition = self.partitions.get(number)
+            if partition is None or partition.live <= 0:
+                continue
             if best is not None and best < partition.start_ms:
                 break
-            if partition.live <= 0:
-                continue
             # The earliest partition with pending messages is the next to fall due: indexing
             # it now gives the exact time (and it is needed next anyway).
-            load(self.table, partition)
+            await self._ahead.index(partition)
             assert partition.index is not None
             candidate = partition.index.next_due()
             if candidate is not None:

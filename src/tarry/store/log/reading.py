@@ -1,53 +1,36 @@
-"""Reading pending messages back: indexing partitions as they come due (``ensure_loaded``), and
+"""Reading pending messages back: indexing partitions as they come near (``ensure_loaded``), and
 reading the records of the messages a fetch or a release picked (``read_records``), damage
 reported (``/healthz``) and left out, never delivered."""
 
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Callable
 from itertools import repeat
 from typing import TypeVar, cast
 
-import numpy as np
-
 from tarry.model.message import Message
 from tarry.store.log.held import Held
+from tarry.store.log.indexing import load
 from tarry.store.log.partition import Partition, split
 from tarry.store.log.record import MESSAGE, PlainReader, Record, decode_message
-from tarry.store.log.recovery import replay
 from tarry.store.log.scrub import damage_line
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import PartitionTable
 
-__all__ = ["ensure_loaded", "load", "pick_due", "read_message", "read_records"]
+__all__ = ["ensure_loaded", "pick_due", "read_message", "read_records"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-def load(table: PartitionTable, partition: Partition) -> None:
-    """Build the index of a partition that becomes due (reading its records once)."""
-    if partition.index is not None:
-        return
-    started = time.perf_counter()
-    table.flush(partition)
-    replay(partition, table.state, build_index=True, index_only=True)
-    assert partition.index is not None
-    held = {h.pos for h in table.held() if h.number == partition.number}
-    if held:  # never index twice what is claimed, waiting or leaving
-        partition.index.drop_positions(np.fromiter(held, np.int64, len(held)))
-    log.info(
-        "indexed partition %d: %d pending in %.3f s",
-        partition.number,
-        len(partition.index),
-        time.perf_counter() - started,
-    )
-
-
-def ensure_loaded(table: PartitionTable, now_ms: int) -> None:
-    """Index every partition with pending messages that starts within ``prefetch_ms``."""
+def ensure_loaded(
+    table: PartitionTable, now_ms: int, ahead: Callable[[Partition], None] | None = None
+) -> None:
+    """Index every partition with pending messages that starts within ``prefetch_ms``: those
+    due now at once, the ones still ahead through ``ahead`` (a build in the background,
+    ``LogStore``) when given."""
     horizon = now_ms + table.prefetch_ms
     overdue_indexed = 0
     for number in table.numbers:
@@ -58,6 +41,9 @@ def ensure_loaded(table: PartitionTable, now_ms: int) -> None:
         if partition.live <= 0:
             continue
         if partition.index is None:
+            if ahead is not None and partition.start_ms > now_ms:
+                ahead(partition)
+                continue
             # After downtime, overdue partitions are indexed a few at a time, in due order.
             if overdue_indexed >= 2 and partition.end_ms <= now_ms:
                 break
@@ -67,10 +53,16 @@ def ensure_loaded(table: PartitionTable, now_ms: int) -> None:
             overdue_indexed += 1
 
 
-def pick_due(table: PartitionTable, files: SegmentFiles, now_ms: int, limit: int) -> list[Held]:
+def pick_due(
+    table: PartitionTable,
+    files: SegmentFiles,
+    now_ms: int,
+    limit: int,
+    ahead: Callable[[Partition], None] | None = None,
+) -> list[Held]:
     """Take up to ``limit`` messages due at ``now_ms`` out of circulation: waiting ones (retries,
     released claims) first, then the indexed partitions', in due order."""
-    ensure_loaded(table, now_ms)
+    ensure_loaded(table, now_ms, ahead)
     partitions = table.partitions
     # The due partitions' bytes held in memory are written out before anything is taken
     # out of circulation: a failed write (a full disk) fails the fetch, losing nothing.

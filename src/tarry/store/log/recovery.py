@@ -183,18 +183,17 @@ def replay(
     out: Recovered,
     *,
     build_index: bool,
-    index_only: bool = False,
     readonly: bool = False,
     trusted: bool = False,
     fs: Files | None = None,
 ) -> None:
     """Apply the records past ``partition.sizes`` (all of them when ``sizes`` is empty) to the
-    partition's counts, ``out``, and (``build_index``) its index. ``index_only`` reads every
-    record to build the index of a partition that becomes due, changing no count;
-    ``readonly`` (the inspection tools) reports a torn tail instead of cutting it; ``trusted``
-    (a clean close after the snapshot, ``clean.py``) takes the snapshot's sizes unchecked. A torn
-    tail is cut through ``fs``; without one (``index_only``, ``readonly``) nothing is cut."""
-    known = [] if index_only else list(partition.sizes)
+    partition's counts, ``out``, and (``build_index``) its index (a partition that becomes due
+    later is indexed by ``indexing.py``). ``readonly`` (the inspection tools) reports a torn
+    tail instead of cutting it; ``trusted`` (a clean close after the snapshot, ``clean.py``)
+    takes the snapshot's sizes unchecked. A torn tail is cut through ``fs``; without one
+    (``readonly``) nothing is cut."""
+    known = list(partition.sizes)
     if known and trusted:
         partition.written = known
         return
@@ -207,7 +206,7 @@ def replay(
     gone: list[int] = []
     for segment, (path, actual) in enumerate(files):
         start = known[segment] if segment < len(known) else 0
-        if not index_only and actual < start:
+        if actual < start:
             # The snapshot named bytes the disk does not have (written without an fsync, lost
             # to a power loss): appends must go on from the end of its last whole record.
             log.warning("%s holds %d bytes, fewer than the snapshot recorded", path, actual)
@@ -215,25 +214,18 @@ def replay(
             if start < actual and fs is not None:
                 fs.truncate_path(path, start)
                 actual = start
-        if not index_only and actual == start:
+        if actual == start:
             sizes.append(start)  # nothing past what the snapshot covers: no read at all
             continue
         with open(path, "rb") as handle:
             handle.seek(start)
-            if index_only:
-                # Only what the writer has finished: later appends join the index themselves.
-                done = partition.written[segment] if segment < len(partition.written) else 0
-                data = handle.read(max(0, done - start))
-            else:
-                data = handle.read()
+            data = handle.read()
         size = start + len(data)
         last = segment == len(files) - 1
         for item in scan(data):
             if isinstance(item, Damage):
                 where = f"{path} at byte {start + item.offset}"
-                # index_only reads only bytes the writer finished: nothing there is a torn tail,
-                # so whatever fails its checks is damage and is reported like any other.
-                tail = item.torn and last and not index_only
+                tail = item.torn and last
                 if tail and readonly:
                     out.report(f"{where}: torn tail ({item.reason}), cut on next start")
                     size = start + item.offset
@@ -248,13 +240,6 @@ def replay(
             out.replayed_records += 1
             pos = position(segment, start + item.offset)
             kind = item.kind
-            if index_only:
-                if kind == MESSAGE:
-                    new_due.append(item.due_ms())
-                    new_pos.append(pos)
-                elif kind in (RELEASED, CANCELLED, MOVED):
-                    gone.append(item.marker()[0])
-                continue
             if kind == MESSAGE:
                 due, destination, dedupe_hash = item.meta()
                 partition.total += 1
@@ -275,9 +260,8 @@ def replay(
             elif kind == FAILED:
                 out.failures[item.id] = Failure(*item.failure(), item.marker()[1])
         sizes.append(size)
-    if not index_only:
-        partition.sizes = sizes
-        partition.written = list(sizes)
+    partition.sizes = sizes
+    partition.written = list(sizes)
     if not build_index:
         return
     if partition.index is None:

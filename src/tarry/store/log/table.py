@@ -12,12 +12,16 @@ import heapq
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tarry.store.log.held import Held
 from tarry.store.log.index import DueIndex
 from tarry.store.log.layout import Layout
 from tarry.store.log.partition import Partition
 from tarry.store.log.recovery import Recovered
+
+if TYPE_CHECKING:
+    from tarry.store.log.indexing import IndexBuild
 
 __all__ = ["RECENT_MAX", "PartitionTable"]
 
@@ -46,6 +50,9 @@ class PartitionTable:
         #: Released claims and failed messages, due again at ``Held.due``.
         self.waiting: dict[str, Held] = {}
         self.leaving: dict[str, Held] = {}
+        #: Indexes being built ahead of their partition's start, by partition key
+        #: (``reading.load`` finishes one that falls due first).
+        self.building: dict[int, IndexBuild] = {}
         #: Released messages whose markers wait to be written (``GroupWriter.defer``), by
         #: destination: no longer counted as scheduled (the queue database has them).
         self.deferred: Counter[str] = Counter()
@@ -87,6 +94,7 @@ class PartitionTable:
         """Forget a deleted partition."""
         if self.partitions.get(partition.number) is partition:
             del self.partitions[partition.number]
+            self.building.pop(partition.number, None)
             self.numbers.remove(partition.number)
 
     def held(self) -> list[Held]:

@@ -1,0 +1,251 @@
+"""``IndexBuild``: a partition's ``DueIndex`` built from its records a step at a time, so that
+the store can index a partition while it is still ahead (``prefetch_ms``) with the event loop
+free between steps: read back in one go, a partition that steady traffic filled for half a
+minute stalled every release behind it.
+
+The build reads only bytes the writer has finished (``Partition.written``). Whatever the writer
+finishes while the build goes on is read by later steps, and ``finish`` reads the rest in the
+same event-loop step that hands the index over: appends and markers that complete after that
+update the index themselves (they do nothing to a partition without one). Nothing it reads is a
+torn tail, so whatever fails its checks is damage, reported and left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tarry.store.log.index import I64, DueIndex, sort_entries
+from tarry.store.log.partition import Partition, position
+from tarry.store.log.record import CANCELLED, MESSAGE, MOVED, RELEASED, Damage, Record, scan
+from tarry.store.log.recovery import Recovered
+
+if TYPE_CHECKING:
+    from tarry.store.log.table import PartitionTable
+
+__all__ = ["CHUNK_BYTES", "STEP_RECORDS", "IndexAhead", "IndexBuild", "load"]
+
+log = logging.getLogger(__name__)
+
+#: Records a background step reads before the event loop gets a turn (a few milliseconds).
+STEP_RECORDS = 1_000
+#: Bytes read from a segment file at a time (a stretch is read within one step).
+CHUNK_BYTES = 1024 * 1024
+
+
+class IndexBuild:
+    def __init__(
+        self, partition: Partition, state: Recovered, flush: Callable[[Partition], None]
+    ) -> None:
+        """``flush`` writes out the partition's bytes still held in memory (``SegmentFiles``)."""
+        self.partition = partition
+        self._state = state
+        self._flush = flush
+        #: Bytes read so far of each segment; a segment before the last may still be finishing
+        #: writes, so each is looked at again until the end.
+        self._read: list[int] = []
+        self._segment = 0
+        self._base = 0
+        #: The stretch ends before the finished bytes do (its last record may be cut through).
+        self._cut = False
+        self._chunk = self._stretch = CHUNK_BYTES
+        self._records: Iterator[Record | Damage] = iter(())
+        #: The entries of the messages read, an array pair per step.
+        self._parts: list[tuple[I64, I64]] = []
+        self._due: list[int] = []
+        self._pos: list[int] = []
+        #: The first ``_sorted_parts`` parts, sorted by due time (``sort_read``).
+        self._sorted: tuple[I64, I64] | None = None
+        self._sorted_parts = 0
+        #: Positions of messages a marker finished.
+        self._gone: list[int] = []
+        self._started = time.perf_counter()
+        self.steps = 0
+
+    def step(self, records: int = STEP_RECORDS) -> bool:
+        """Read up to ``records`` more records; True once every finished byte is read."""
+        self.steps += 1
+        try:
+            for _ in range(records):
+                item = next(self._records, None)
+                while item is None:
+                    if not self._next_stretch():
+                        return True
+                    item = next(self._records, None)
+                self._take(item)
+            return False
+        finally:
+            if self._due:
+                due = np.array(self._due, dtype=np.int64)
+                self._parts.append((due, np.array(self._pos, dtype=np.int64)))
+                self._due, self._pos = [], []
+
+    async def sort_read(self) -> None:
+        """Sort what has been read so far on a thread (numpy's sort lets the event loop run),
+        so that ``finish`` sorts only what is read after."""
+        count = len(self._parts)
+        if count > self._sorted_parts:
+            due, pos = _joined(
+                ([self._sorted] if self._sorted else []) + self._parts[self._sorted_parts : count]
+            )
+            self._sorted = await asyncio.to_thread(sort_entries, due, pos)
+            self._sorted_parts = count
+
+    def finish(self, held: Iterable[int]) -> DueIndex:
+        """The index: every finished byte read (in this call, without yielding), less the
+        messages markers finished and the positions ``held`` outside the index (claimed,
+        waiting or leaving)."""
+        while not self.step():
+            pass
+        drop = np.array([*self._gone, *held], dtype=np.int64)
+        index = DueIndex(*_without(self._sorted, drop)) if self._sorted else DueIndex()
+        rest = self._parts[self._sorted_parts :]
+        if rest:
+            index.add(*_without(_joined(rest), drop))
+        log.info(
+            "indexed partition %d: %d pending in %.3f s (%d steps)",
+            self.partition.number,
+            len(index),
+            time.perf_counter() - self._started,
+            self.steps,
+        )
+        return index
+
+    def _next_stretch(self) -> bool:
+        """Start on the next finished bytes not read yet, up to ``_chunk`` of them; False when
+        there are none."""
+        written = self.partition.written
+        read = self._read
+        read.extend([0] * (len(written) - len(read)))
+        for segment, done in enumerate(written):
+            start = read[segment]
+            if done > start:
+                self._flush(self.partition)
+                path = self.partition.segment_path(segment)
+                want = min(done - start, self._chunk)
+                self._stretch, self._chunk = want, CHUNK_BYTES
+                with open(path, "rb") as handle:
+                    handle.seek(start)
+                    data = handle.read(want)
+                if len(data) < want:
+                    line = f"{path}: {done - start - len(data)} written bytes missing at the end"
+                    log.error("%s; skipped", line)
+                    self._state.report(line)
+                    want = done - start
+                self._segment, self._base = segment, start
+                self._cut = start + want < done
+                self._records = scan(data)
+                read[segment] = start + want
+                return True
+        return False
+
+    def _take(self, item: Record | Damage) -> None:
+        if isinstance(item, Damage):
+            if item.torn and self._cut:
+                # A record the stretch's end cut through (or damage with no valid record after
+                # it in the stretch): read again from there, in a longer stretch.
+                self._read[self._segment] = self._base + item.offset
+                self._chunk = 2 * self._stretch
+                return
+            path = self.partition.segment_path(self._segment)
+            where = f"{path} at byte {self._base + item.offset}"
+            log.error("damaged record in %s (%s); skipped", where, item.reason)
+            self._state.report(f"{where}: {item.reason}")
+            return
+        self._state.replayed_records += 1
+        kind = item.kind
+        if kind == MESSAGE:
+            self._due.append(item.due_ms())
+            self._pos.append(position(self._segment, self._base + item.offset))
+        elif kind in (RELEASED, CANCELLED, MOVED):
+            self._gone.append(item.marker()[0])
+
+
+def _joined(parts: list[tuple[I64, I64]]) -> tuple[I64, I64]:
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate([d for d, _ in parts]), np.concatenate([p for _, p in parts])
+
+
+def _without(entries: tuple[I64, I64], drop: I64) -> tuple[I64, I64]:
+    """``entries`` less those at the positions ``drop`` (order kept)."""
+    due, pos = entries
+    if not len(drop) or not len(pos):
+        return due, pos
+    keep = ~np.isin(pos, drop)
+    return due[keep], pos[keep]
+
+
+def load(table: PartitionTable, partition: Partition) -> None:
+    """Index ``partition`` now: a build begun ahead of time is finished in this call, or its
+    records are read all at once."""
+    if partition.index is not None:
+        return
+    build = table.building.pop(partition.number, None)
+    if build is None:
+        build = IndexBuild(partition, table.state, table.flush)
+    # What is claimed, waiting or leaving is never indexed twice.
+    partition.index = build.finish(h.pos for h in table.held() if h.number == partition.number)
+
+
+class IndexAhead:
+    """Builds partitions' indexes ahead of their start, one task each, a step at a time with
+    the event loop's other work in between."""
+
+    def __init__(self, table: PartitionTable) -> None:
+        self._table = table
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+
+    def start(self, partition: Partition) -> None:
+        """Begin indexing ``partition`` in the background, unless it is under way."""
+        number = partition.number
+        if partition.index is None and number not in self._tasks:
+            table = self._table
+            build = table.building[number] = IndexBuild(partition, table.state, table.flush)
+            self._tasks[number] = asyncio.get_running_loop().create_task(
+                self._build(build), name=f"tarry-index-{number}"
+            )
+
+    async def index(self, partition: Partition) -> None:
+        """``partition`` indexed, built in the background (waited for, not cancelled with the
+        caller)."""
+        self.start(partition)
+        task = self._tasks.get(partition.number)
+        if task is not None:
+            await asyncio.shield(task)
+        load(self._table, partition)  # a failed build: read all at once
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _turn(self) -> None:
+        """The event loop's turn between two steps."""
+        await asyncio.sleep(0)
+
+    async def _build(self, build: IndexBuild) -> None:
+        table, partition = self._table, build.partition
+        number = partition.number
+        try:
+            # Until done, or finished by a ``load`` when the partition fell due first.
+            while partition.index is None and table.building.get(number) is build:
+                if build.step():
+                    await build.sort_read()
+                    if table.building.get(number) is build:
+                        load(table, partition)  # only what the sort ran beside is left
+                    return
+                await self._turn()
+        except Exception:
+            # Read again, all at once, when it falls due.
+            log.exception("indexing partition %d ahead of time failed", number)
+            if table.building.get(number) is build:
+                del table.building[number]
+        finally:
+            del self._tasks[number]
