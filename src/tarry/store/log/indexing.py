@@ -33,7 +33,7 @@ __all__ = ["CHUNK_BYTES", "STEP_RECORDS", "IndexAhead", "IndexBuild", "load"]
 log = logging.getLogger(__name__)
 
 #: Records a background step reads before the event loop gets a turn (a few milliseconds).
-STEP_RECORDS = 1_000
+STEP_RECORDS = 500
 #: Bytes read from a segment file at a time (a stretch is read within one step).
 CHUNK_BYTES = 1024 * 1024
 
@@ -66,6 +66,8 @@ class IndexBuild:
         self._gone: list[int] = []
         self._started = time.perf_counter()
         self.steps = 0
+        #: Stretches read (a read each).
+        self.reads = 0
 
     def step(self, records: int = STEP_RECORDS) -> bool:
         """Read up to ``records`` more records; True once every finished byte is read."""
@@ -108,11 +110,12 @@ class IndexBuild:
         if rest:
             index.add(*_without(_joined(rest), drop))
         log.info(
-            "indexed partition %d: %d pending in %.3f s (%d steps)",
+            "indexed partition %d: %d pending in %.3f s (%d steps, %d reads)",
             self.partition.number,
             len(index),
             time.perf_counter() - self._started,
             self.steps,
+            self.reads,
         )
         return index
 
@@ -137,6 +140,7 @@ class IndexBuild:
                     log.error("%s; skipped", line)
                     self._state.report(line)
                     want = done - start
+                self.reads += 1
                 self._segment, self._base = segment, start
                 self._cut = start + want < done
                 self._records = scan(data)
@@ -148,9 +152,10 @@ class IndexBuild:
         if isinstance(item, Damage):
             if item.torn and self._cut:
                 # A record the stretch's end cut through (or damage with no valid record after
-                # it in the stretch): read again from there, in a longer stretch.
+                # it in the stretch): read again from there; in a longer stretch when nothing
+                # whole was in this one.
                 self._read[self._segment] = self._base + item.offset
-                self._chunk = 2 * self._stretch
+                self._chunk = CHUNK_BYTES if item.offset else 2 * self._stretch
                 return
             path = self.partition.segment_path(self._segment)
             where = f"{path} at byte {self._base + item.offset}"
@@ -234,6 +239,8 @@ class IndexAhead:
         table, partition = self._table, build.partition
         number = partition.number
         try:
+            # What is held in memory for it written out beside the loop, not in the first step.
+            await asyncio.to_thread(table.flush, partition)
             # Until done, or finished by a ``load`` when the partition fell due first.
             while partition.index is None and table.building.get(number) is build:
                 if build.step():
