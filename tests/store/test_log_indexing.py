@@ -12,7 +12,7 @@ import pytest
 
 from tarry.model.message import Message
 from tarry.model.state import MessageState
-from tarry.store.log import LogStore, indexing
+from tarry.store.log import LogStore, indexing, reading
 from tarry.store.log.indexing import IndexAhead, IndexBuild
 from tarry.store.log.partition import Partition
 from tests.store.test_log_reading import _flip_a_byte_of
@@ -136,10 +136,11 @@ async def test_changes_while_the_index_is_built_are_in_it_exactly_once(
         await store.close()
 
 
-async def test_a_partition_falling_due_mid_build_is_finished_by_the_round(
+async def test_a_small_partition_falling_due_mid_build_is_finished_by_the_round(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a build under way
+    # Given a build under way of a partition of 3,000 records, fewer than a round indexes
+    monkeypatch.setattr(reading, "SYNC_RECORDS", 5_000)
     go_on = _held_after_a_step(monkeypatch)
     store, sent, partition = await _filled(tmp_path, 3_000)
     try:
@@ -154,6 +155,30 @@ async def test_a_partition_falling_due_mid_build_is_finished_by_the_round(
         for _ in range(20):  # the background task stops without indexing again
             await asyncio.sleep(0)
         assert await store.fetch_due(START + G, limit=3_000, lease_ms=LEASE) == []
+    finally:
+        await store.close()
+
+
+async def test_a_large_partition_due_before_it_is_indexed_is_built_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a partition of 3,000 records, more than a round indexes, not indexed when it
+    # falls due (as after downtime), its build held after a step
+    monkeypatch.setattr(reading, "SYNC_RECORDS", 2_000)
+    go_on = _held_after_a_step(monkeypatch)
+    store, sent, partition = await _filled(tmp_path, 3_000)
+    try:
+        # When rounds find it due
+        assert await store.fetch_due(START + G, limit=3_000, lease_ms=LEASE) == []
+        build = store.table.building[partition.number]
+        await _stepped(build)
+        # Then they leave it to the build, which the event loop runs between them
+        assert await store.fetch_due(START + G, limit=3_000, lease_ms=LEASE) == []
+        assert build.steps == 1
+        go_on.set()
+        await _built(store, partition)
+        # And once it is built, everything is due, once, in due order
+        assert await _released(store, START + G) == _in_due_order(sent)
     finally:
         await store.close()
 

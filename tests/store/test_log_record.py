@@ -27,8 +27,8 @@ from tarry.store.log.record import (
     parse_record,
     plain_message_of,
     scan,
-    scan_ids,
 )
+from tarry.store.log.record_walk import scan_ids
 
 
 def test_markers_of_several_destinations_frame_like_single_markers() -> None:

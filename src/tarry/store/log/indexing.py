@@ -15,14 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tarry.store.log.index import I64, DueIndex, sort_entries
 from tarry.store.log.partition import Partition, position
-from tarry.store.log.record import CANCELLED, MESSAGE, MOVED, RELEASED, Damage, Record, scan
+from tarry.store.log.record import Damage, Record, scan
+from tarry.store.log.record_walk import IndexEntries, index_walk
 from tarry.store.log.recovery import Recovered
 
 if TYPE_CHECKING:
@@ -54,11 +55,11 @@ class IndexBuild:
         #: The stretch ends before the finished bytes do (its last record may be cut through).
         self._cut = False
         self._chunk = self._stretch = CHUNK_BYTES
-        self._records: Iterator[Record | Damage] = iter(())
-        #: The entries of the messages read, an array pair per step.
+        #: The stretch being read, and how far.
+        self._data = b""
+        self._offset = 0
+        #: The entries of the messages read, an array pair per walk.
         self._parts: list[tuple[I64, I64]] = []
-        self._due: list[int] = []
-        self._pos: list[int] = []
         #: The first ``_sorted_parts`` parts, sorted by due time (``sort_read``).
         self._sorted: tuple[I64, I64] | None = None
         self._sorted_parts = 0
@@ -72,20 +73,27 @@ class IndexBuild:
     def step(self, records: int = STEP_RECORDS) -> bool:
         """Read up to ``records`` more records; True once every finished byte is read."""
         self.steps += 1
-        try:
-            for _ in range(records):
-                item = next(self._records, None)
-                while item is None:
-                    if not self._next_stretch():
-                        return True
-                    item = next(self._records, None)
-                self._take(item)
-            return False
-        finally:
-            if self._due:
-                due = np.array(self._due, dtype=np.int64)
-                self._parts.append((due, np.array(self._pos, dtype=np.int64)))
-                self._due, self._pos = [], []
+        left = records
+        while left > 0:
+            data, offset = self._data, self._offset
+            if offset >= len(data):
+                if not self._next_stretch():
+                    return True
+                continue
+            found = IndexEntries()
+            self._offset = index_walk(data, offset, left, found)
+            stopped = found.records < left and self._offset < len(data)
+            left -= found.records
+            self._state.replayed_records += found.records
+            if found.due:
+                base = position(self._segment, self._base)
+                offsets = np.array(found.offsets, dtype=np.int64)
+                self._parts.append((np.array(found.due, dtype=np.int64), offsets + base))
+            self._gone += found.gone
+            if stopped:  # not a valid record there
+                left -= 1
+                self._not_a_record(next(scan(data, self._offset)))
+        return False
 
     async def sort_read(self) -> None:
         """Sort what has been read so far on a thread (numpy's sort lets the event loop run),
@@ -143,32 +151,27 @@ class IndexBuild:
                 self.reads += 1
                 self._segment, self._base = segment, start
                 self._cut = start + want < done
-                self._records = scan(data)
+                self._data, self._offset = data, 0
                 read[segment] = start + want
                 return True
         return False
 
-    def _take(self, item: Record | Damage) -> None:
-        if isinstance(item, Damage):
-            if item.torn and self._cut:
-                # A record the stretch's end cut through (or damage with no valid record after
-                # it in the stretch): read again from there; in a longer stretch when nothing
-                # whole was in this one.
-                self._read[self._segment] = self._base + item.offset
-                self._chunk = CHUNK_BYTES if item.offset else 2 * self._stretch
-                return
+    def _not_a_record(self, item: Record | Damage) -> None:
+        """Bytes ``index_walk`` stopped at, as ``scan`` reads them."""
+        # The walk stops only where ``parse_record`` finds no record (the same checks).
+        assert isinstance(item, Damage), f"partition {self.partition.number}: a record skipped"
+        if item.torn and self._cut:
+            # A record the stretch's end cut through (or damage with no valid record after it
+            # in the stretch): read again from there; in a longer stretch when nothing whole
+            # was in this one.
+            self._read[self._segment] = self._base + item.offset
+            self._chunk = CHUNK_BYTES if item.offset else 2 * self._stretch
+        else:
             path = self.partition.segment_path(self._segment)
             where = f"{path} at byte {self._base + item.offset}"
             log.error("damaged record in %s (%s); skipped", where, item.reason)
             self._state.report(f"{where}: {item.reason}")
-            return
-        self._state.replayed_records += 1
-        kind = item.kind
-        if kind == MESSAGE:
-            self._due.append(item.due_ms())
-            self._pos.append(position(self._segment, self._base + item.offset))
-        elif kind in (RELEASED, CANCELLED, MOVED):
-            self._gone.append(item.marker()[0])
+        self._offset = item.end
 
 
 def _joined(parts: list[tuple[I64, I64]]) -> tuple[I64, I64]:

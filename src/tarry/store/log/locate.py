@@ -30,8 +30,8 @@ from tarry.store.log.record import (
     decode_message,
     parse_record,
     scan,
-    scan_ids,
 )
+from tarry.store.log.record_walk import scan_ids
 from tarry.store.sqlite.store import decode_cursor, early_cursor, page
 
 if TYPE_CHECKING:

@@ -18,19 +18,25 @@ from tarry.store.log.scrub import damage_line
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import PartitionTable
 
-__all__ = ["ensure_loaded", "pick_due", "read_message", "read_records"]
+__all__ = ["SYNC_RECORDS", "ensure_loaded", "pick_due", "read_message", "read_records"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: A due partition with up to this many records is indexed by the round that finds it (a few
+#: background steps' worth): its messages go in that round.
+SYNC_RECORDS = 2_000
+
 
 def ensure_loaded(
     table: PartitionTable, now_ms: int, ahead: Callable[[Partition], None] | None = None
 ) -> None:
-    """Index every partition with pending messages that starts within ``prefetch_ms``: those
-    due now at once, the ones still ahead through ``ahead`` (a build in the background,
-    ``LogStore``) when given."""
+    """Index every partition with pending messages that starts within ``prefetch_ms``, after
+    downtime a few overdue ones at a time, in due order. Given ``ahead`` (a build in the
+    background, ``LogStore``), it takes every one still ahead, and a due one with more than
+    ``SYNC_RECORDS`` records (one left to a background build misses the rounds until it is
+    built, but the event loop is not held by it)."""
     horizon = now_ms + table.prefetch_ms
     overdue_indexed = 0
     for number in table.numbers:
@@ -40,16 +46,18 @@ def ensure_loaded(
         partition.settle(now_ms)
         if partition.live <= 0:
             continue
+        overdue = partition.end_ms <= now_ms
         if partition.index is None:
-            if ahead is not None and partition.start_ms > now_ms:
-                ahead(partition)
-                continue
-            # After downtime, overdue partitions are indexed a few at a time, in due order.
-            if overdue_indexed >= 2 and partition.end_ms <= now_ms:
+            if overdue_indexed >= 2 and overdue:
                 break
+            records = partition.total + partition.finished
+            if ahead is not None and (partition.start_ms > now_ms or records > SYNC_RECORDS):
+                ahead(partition)
+                overdue_indexed += overdue
+                continue
             load(table, partition)
         assert partition.index is not None
-        if partition.end_ms <= now_ms and len(partition.index):
+        if overdue and len(partition.index):
             overdue_indexed += 1
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -53,8 +53,10 @@ from tarry.model.message import (
 __all__ = [
     "CANCELLED",
     "FAILED",
+    "HEAD",
     "HEADER",
     "ID_LEN",
+    "MAX_RECORD",
     "MESSAGE",
     "MOVED",
     "RELEASED",
@@ -75,13 +77,14 @@ __all__ = [
     "parse_record",
     "plain_message_of",
     "plain_row",
+    "resync",
     "scan",
-    "scan_ids",
 ]
 
 VERSION = 1
 MESSAGE, RELEASED, CANCELLED, MOVED, FAILED = 1, 2, 3, 4, 5
-_HEAD = struct.Struct("<BBHII")
+#: version, kind, (unused), payload length, CRC32C of the header's first 8 bytes and the payload.
+HEAD = _HEAD = struct.Struct("<BBHII")
 HEADER = _HEAD.size
 ID_LEN = 26
 _MSG = struct.Struct("<qqqHH")
@@ -555,38 +558,12 @@ def scan(buf: bytes, start: int = 0) -> Iterator[Record | Damage]:
             yield got
             offset += got.size
             continue
-        resume = _resync(buf, offset + 1)
+        resume = resync(buf, offset + 1)
         yield Damage(offset, resume, resume >= size, got)
         offset = resume
 
 
-def scan_ids(buf: bytes, ids: Collection[bytes]) -> Iterator[Record]:
-    """The records of ``ids`` (ASCII), in log order: a walk over the headers that checks only
-    those records whole (a partition's other records cost a header read, not a checksum);
-    damage is passed over as ``scan`` does."""
-    offset, size, head = 0, len(buf), _HEAD.unpack_from
-    while offset + HEADER <= size:
-        version, kind, _, length, _ = head(buf, offset)
-        # ``_bad_header`` inlined: this test runs once for every record of a partition.
-        if (
-            version == VERSION
-            and MESSAGE <= kind <= FAILED
-            and ID_LEN <= length <= MAX_RECORD
-            and offset + HEADER + length <= size
-        ):
-            if buf[offset + HEADER : offset + HEADER + ID_LEN] in ids:
-                got = parse_record(buf, offset)
-                if isinstance(got, Record):
-                    yield got
-                    offset += got.size
-                    continue
-            else:
-                offset += HEADER + length
-                continue
-        offset = _resync(buf, offset + 1)
-
-
-def _resync(buf: bytes, offset: int) -> int:
+def resync(buf: bytes, offset: int) -> int:
     marker = bytes([VERSION])
     size = len(buf)
     while True:
