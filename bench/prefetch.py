@@ -1,7 +1,8 @@
 """The event loop while the next partition is indexed, as it comes within ``prefetch_ms`` of its
 start (issue 23's steady max); prints JSON.
 
-    .venv/bin/python bench/prefetch.py [--messages 80000] [--runs 2] [--baseline-src DIR/src]
+    .venv/bin/python bench/prefetch.py [--messages 80000] [--overdue] [--runs 2]
+        [--baseline-src DIR/src]
 
 A log store (in-process, the default 5-minute partitions and 30 s ``prefetch_ms``) holds
 ``--messages`` messages of 100 bytes due in the first half minute of a partition that has not
@@ -12,6 +13,8 @@ until it is indexed, with the interpreter settings ``tarry serve`` has. Reported
 the event loop was held meanwhile (a task sleeping 1 ms at a time measures it), the longest
 round, and how long until the index was ready; then every message is fetched at its
 partition's end, to check none was left out or given twice.
+``--overdue``: the rounds begin once the partition's window is over, as after downtime (it was
+never indexed), so that they look for its messages while it is indexed.
 ``--baseline-src`` runs another source tree too (e.g. a worktree of main before a change), the
 runs alternating, each in a process of its own.
 """
@@ -33,7 +36,7 @@ GRANULARITY_MS = 300_000
 PREFETCH_MS = 30_000
 
 
-async def _measure(root: Path, count: int) -> dict[str, Any]:
+async def _measure(root: Path, count: int, overdue: bool) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from logstore import messages
 
@@ -66,28 +69,31 @@ async def _measure(root: Path, count: int) -> dict[str, Any]:
 
     watcher = asyncio.create_task(watch())
     await asyncio.sleep(0.05)
-    near_ms = start_ms - PREFETCH_MS + 1000
+    end_ms = start_ms + GRANULARITY_MS
+    at_ms = end_ms + 1000 if overdue else start_ms - PREFETCH_MS + 1000
     began = time.perf_counter()
     longest_round = 0.0
     rounds = 0
+    fetched: list[str] = []
     while partition.index is None:
         started = time.perf_counter()
-        assert await store.fetch_due(near_ms, limit=1000, lease_ms=60_000) == []
+        due = await store.fetch_due(at_ms, limit=1000, lease_ms=60_000)
         longest_round = max(longest_round, time.perf_counter() - started)
         rounds += 1
+        assert overdue or not due
+        fetched += [m.id for m in due]
         await asyncio.sleep(0.002)
     ready = time.perf_counter() - began
     await asyncio.sleep(0.05)
     watching = False
     await watcher
-    end_ms = start_ms + GRANULARITY_MS
-    fetched: list[str] = []
     while due := await store.fetch_due(end_ms, limit=10_000, lease_ms=60_000):
         fetched += [m.id for m in due]
         await store.remove([m.id for m in due], state=MessageState.READY, now_ms=end_ms)
     await store.close()
     assert len(fetched) == len(set(fetched)) == count, (len(fetched), len(set(fetched)))
     return {
+        "overdue": overdue,
         "event_loop_held_max_ms": round(held * 1000, 1),
         "longest_round_ms": round(longest_round * 1000, 1),
         "index_ready_ms": round(ready * 1000, 1),
@@ -96,13 +102,20 @@ async def _measure(root: Path, count: int) -> dict[str, Any]:
     }
 
 
-def _run(src: Path | None, count: int) -> dict[str, Any]:
+def _run(src: Path | None, count: int, overdue: bool) -> dict[str, Any]:
     """One measurement in a process of its own, with ``src`` first on its path."""
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = str(src)
     out = subprocess.run(
-        [sys.executable, __file__, "--child", "--messages", str(count)],
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            "--messages",
+            str(count),
+            *(["--overdue"] if overdue else []),
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -115,21 +128,22 @@ def _run(src: Path | None, count: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=80_000)
+    parser.add_argument("--overdue", action="store_true")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--baseline-src", type=Path, help="another tarry source tree's src/")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parent.parent) as name:
-            print(json.dumps(asyncio.run(_measure(Path(name), args.messages))))
+            print(json.dumps(asyncio.run(_measure(Path(name), args.messages, args.overdue))))
         return
-    results: dict[str, Any] = {"messages": args.messages, "tarry": []}
+    results: dict[str, Any] = {"messages": args.messages, "overdue": args.overdue, "tarry": []}
     if args.baseline_src:
         results["baseline"] = []
     for _ in range(args.runs):
-        results["tarry"].append(_run(None, args.messages))
+        results["tarry"].append(_run(None, args.messages, args.overdue))
         if args.baseline_src:
-            results["baseline"].append(_run(args.baseline_src, args.messages))
+            results["baseline"].append(_run(args.baseline_src, args.messages, args.overdue))
     print(json.dumps(results, indent=2))
 
 
