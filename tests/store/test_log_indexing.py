@@ -6,7 +6,9 @@ partition falling due) ends up in the index exactly once."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -236,4 +238,35 @@ async def test_records_cut_by_a_read_s_end_are_read_whole_and_damage_is_named_on
         else:
             assert store.state.damaged == []
     finally:
+        await store.close()
+
+
+async def test_a_cancel_while_the_read_entries_are_sorted_is_not_indexed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a build that read everything and sorts it on a thread, held there
+    store, sent, partition = await _filled(tmp_path, 3_000)
+    sorting, go_on = threading.Event(), threading.Event()
+    sort_entries = indexing.sort_entries
+
+    def held_sort(due: Any, pos: Any) -> Any:
+        sorting.set()
+        assert go_on.wait(10)
+        return sort_entries(due, pos)
+
+    monkeypatch.setattr(indexing, "sort_entries", held_sort)
+    try:
+        await store.fetch_due(NEAR, limit=10, lease_ms=LEASE)
+        while not sorting.is_set():
+            await asyncio.sleep(0.001)
+        # When a message it read is cancelled meanwhile (its marker read after the sort began)
+        await store.cancel(sent[5].id, now_ms=NEAR)
+        go_on.set()
+        await _built(store, partition)
+        # Then the index leaves it out
+        expected = [m for m in sent if m is not sent[5]]
+        assert len(partition.index or ()) == len(expected)
+        assert await _released(store, START + G) == _in_due_order(expected)
+    finally:
+        go_on.set()
         await store.close()

@@ -62,7 +62,7 @@ class IndexBuild:
         self._parts: list[tuple[I64, I64]] = []
         #: The first ``_sorted_parts`` parts, sorted by due time (``sort_read``).
         self._sorted: tuple[I64, I64] | None = None
-        self._sorted_parts = 0
+        self._sorted_parts = self._sorted_gone = 0
         #: Positions of messages a marker finished.
         self._gone: list[int] = []
         self._started = time.perf_counter()
@@ -95,16 +95,19 @@ class IndexBuild:
                 self._not_a_record(next(scan(data, self._offset)))
         return False
 
-    async def sort_read(self) -> None:
-        """Sort what has been read so far on a thread (numpy's sort lets the event loop run),
-        so that ``finish`` sorts only what is read after."""
-        count = len(self._parts)
-        if count > self._sorted_parts:
-            due, pos = _joined(
-                ([self._sorted] if self._sorted else []) + self._parts[self._sorted_parts : count]
-            )
-            self._sorted = await asyncio.to_thread(sort_entries, due, pos)
-            self._sorted_parts = count
+    async def sort_read(self, held: Iterable[int]) -> None:
+        """Join and sort what has been read so far, less what the markers read so far and
+        ``held`` took out, on a thread (numpy lets the event loop run meanwhile): ``finish``
+        then sorts only what is read after, and takes out only what was finished after."""
+        count, gone = len(self._parts), len(self._gone)
+        parts = self._parts[:count]
+        drop = np.array([*self._gone[:gone], *held], dtype=np.int64)
+
+        def sorted_run() -> tuple[I64, I64]:
+            return sort_entries(*_without(_joined(parts), drop))
+
+        self._sorted = await asyncio.to_thread(sorted_run)
+        self._sorted_parts, self._sorted_gone = count, gone
 
     def finish(self, held: Iterable[int]) -> DueIndex:
         """The index: every finished byte read (in this call, without yielding), less the
@@ -112,11 +115,14 @@ class IndexBuild:
         waiting or leaving)."""
         while not self.step():
             pass
-        drop = np.array([*self._gone, *held], dtype=np.int64)
-        index = DueIndex(*_without(self._sorted, drop)) if self._sorted else DueIndex()
+        held = list(held)
+        index = DueIndex()
+        if self._sorted is not None:  # what the markers read since take out: mostly nothing
+            late = np.array([*self._gone[self._sorted_gone :], *held], dtype=np.int64)
+            index = DueIndex(*_without(self._sorted, late))
         rest = self._parts[self._sorted_parts :]
         if rest:
-            index.add(*_without(_joined(rest), drop))
+            index.add(*_without(_joined(rest), np.array([*self._gone, *held], dtype=np.int64)))
         log.info(
             "indexed partition %d: %d pending in %.3f s (%d steps, %d reads)",
             self.partition.number,
@@ -197,8 +203,12 @@ def load(table: PartitionTable, partition: Partition) -> None:
     build = table.building.pop(partition.number, None)
     if build is None:
         build = IndexBuild(partition, table.state, table.flush)
-    # What is claimed, waiting or leaving is never indexed twice.
-    partition.index = build.finish(h.pos for h in table.held() if h.number == partition.number)
+    partition.index = build.finish(_held(table, partition))
+
+
+def _held(table: PartitionTable, partition: Partition) -> list[int]:
+    """Positions of ``partition``'s messages claimed, waiting or leaving: never indexed twice."""
+    return [h.pos for h in table.held() if h.number == partition.number]
 
 
 class IndexAhead:
@@ -247,7 +257,7 @@ class IndexAhead:
             # Until done, or finished by a ``load`` when the partition fell due first.
             while partition.index is None and table.building.get(number) is build:
                 if build.step():
-                    await build.sort_read()
+                    await build.sort_read(_held(table, partition))
                     if table.building.get(number) is build:
                         load(table, partition)  # only what the sort ran beside is left
                     return
