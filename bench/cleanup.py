@@ -23,19 +23,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from foundation import alternating  # noqa: E402
+
 GRANULARITY_MS = 300_000
 
 
 async def _measure(root: Path, count: int, keyed: int, own_keys: bool) -> dict[str, Any]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from logstore import messages
 
     from tarry.model.state import MessageState
@@ -99,23 +99,6 @@ async def _measure(root: Path, count: int, keyed: int, own_keys: bool) -> dict[s
     }
 
 
-def _run(src: Path | None, count: int, keyed: int, own_keys: bool) -> dict[str, Any]:
-    """One measurement in a process of its own, with ``src`` first on its path."""
-    env = dict(os.environ)
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
-    command = [__file__, "--child", "--messages", str(count), "--keyed", str(keyed)]
-    out = subprocess.run(
-        [sys.executable, *command, *(["--own-keys"] if own_keys else [])],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    )
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=1_000_000)
@@ -133,20 +116,10 @@ def main() -> None:
                 )
             )
         return
-    results: dict[str, Any] = {
-        "messages": args.messages,
-        "own_keys": args.own_keys,
-        "keyed": args.keyed,
-        "tarry": [],
-    }
-    if args.baseline_src:
-        results["baseline"] = []
-    for _ in range(args.runs):
-        results["tarry"].append(_run(None, args.messages, args.keyed, args.own_keys))
-        if args.baseline_src:
-            results["baseline"].append(
-                _run(args.baseline_src, args.messages, args.keyed, args.own_keys)
-            )
+    child = ["--child", "--messages", str(args.messages), "--keyed", str(args.keyed)]
+    child += ["--own-keys"] if args.own_keys else []
+    results = {"messages": args.messages, "own_keys": args.own_keys, "keyed": args.keyed}
+    results.update(alternating(args.runs, child, __file__, args.baseline_src))
     print(json.dumps(results, indent=2))
 
 

@@ -66,6 +66,29 @@ def start_server(
     raise RuntimeError("tarry serve did not start")
 
 
+def run_in_tree(script: str, args: Sequence[str], src: Path | None) -> Any:
+    """``script`` run with ``args`` in a process of its own, ``src`` (another source tree's
+    ``src/``, e.g. a worktree of main before a change) first on its path: the JSON it prints."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    out = subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, check=True, env=env
+    )
+    return json.loads(out.stdout)
+
+
+def alternating(runs: int, args: Sequence[str], script: str, baseline_src: Path | None) -> Any:
+    """``run_in_tree`` ``runs`` times for this tree and, given ``baseline_src``, as often for
+    that one, the two alternating: ``{"tarry": [...], "baseline": [...]}``."""
+    results: dict[str, list[Any]] = {"tarry": [], **({"baseline": []} if baseline_src else {})}
+    for _ in range(runs):
+        results["tarry"].append(run_in_tree(script, args, None))
+        if baseline_src:
+            results["baseline"].append(run_in_tree(script, args, baseline_src))
+    return results
+
+
 async def open_for_filling(data_dir: Path, store: str) -> Any:
     """The ``log`` or ``sqlite`` store ``tarry serve --store STORE --data DATA_DIR`` opens,
     opened in this process with durability off, to fill fast (``os.sync()`` after closing)."""

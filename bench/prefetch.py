@@ -24,20 +24,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from foundation import alternating  # noqa: E402
+
 GRANULARITY_MS = 300_000
 PREFETCH_MS = 30_000
 
 
 async def _measure(root: Path, count: int, overdue: bool) -> dict[str, Any]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from logstore import messages
 
     from tarry.model.state import MessageState
@@ -102,29 +102,6 @@ async def _measure(root: Path, count: int, overdue: bool) -> dict[str, Any]:
     }
 
 
-def _run(src: Path | None, count: int, overdue: bool) -> dict[str, Any]:
-    """One measurement in a process of its own, with ``src`` first on its path."""
-    env = dict(os.environ)
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
-    out = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--child",
-            "--messages",
-            str(count),
-            *(["--overdue"] if overdue else []),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    )
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=80_000)
@@ -137,13 +114,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parent.parent) as name:
             print(json.dumps(asyncio.run(_measure(Path(name), args.messages, args.overdue))))
         return
-    results: dict[str, Any] = {"messages": args.messages, "overdue": args.overdue, "tarry": []}
-    if args.baseline_src:
-        results["baseline"] = []
-    for _ in range(args.runs):
-        results["tarry"].append(_run(None, args.messages, args.overdue))
-        if args.baseline_src:
-            results["baseline"].append(_run(args.baseline_src, args.messages, args.overdue))
+    child = ["--child", "--messages", str(args.messages), *(["--overdue"] if args.overdue else [])]
+    results = {"messages": args.messages, "overdue": args.overdue}
+    results.update(alternating(args.runs, child, __file__, args.baseline_src))
     print(json.dumps(results, indent=2))
 
 
