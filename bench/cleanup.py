@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from foundation import alternating  # noqa: E402
+from foundation import LoopHold, alternating  # noqa: E402
 
 GRANULARITY_MS = 300_000
 
@@ -71,31 +71,17 @@ async def _measure(root: Path, count: int, keyed: int, own_keys: bool) -> dict[s
     await store.writer.drain()
     await store.snapshot()
     size = sum(p.stat().st_size for p in (root / "parts").glob("p-*"))
-    held = 0.0
-    watching = True
-
-    async def watch() -> None:
-        nonlocal held
-        while watching:
-            started = time.perf_counter()
-            await asyncio.sleep(0.001)
-            held = max(held, time.perf_counter() - started - 0.001)
-
-    watcher = asyncio.create_task(watch())
-    await asyncio.sleep(0.05)
-    started = time.perf_counter()
-    deleted = await store.delete_released(start_ms + GRANULARITY_MS + 1)
-    took = time.perf_counter() - started
-    await asyncio.sleep(0.05)
-    watching = False
-    await watcher
+    async with LoopHold() as hold:
+        started = time.perf_counter()
+        deleted = await store.delete_released(start_ms + GRANULARITY_MS + 1)
+        took = time.perf_counter() - started
     await store.close()
     return {
         "keys_kept": len(store.state.dedupe),
         "partition_mb": round(size / 2**20, 1),
         "partitions_deleted": deleted,
         "delete_ms": round(took * 1000, 1),
-        "event_loop_held_max_ms": round(held * 1000, 1),
+        "event_loop_held_max_ms": hold.max_ms,
     }
 
 

@@ -89,6 +89,38 @@ def alternating(runs: int, args: Sequence[str], script: str, baseline_src: Path 
     return results
 
 
+class LoopHold:
+    """The longest the event loop was held while inside ``async with LoopHold() as hold``
+    (``hold.max_ms``): a task sleeping 1 ms at a time, started 50 ms before and stopped 50 ms
+    after."""
+
+    def __init__(self) -> None:
+        self._held_s = 0.0
+        self._watching = True
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def max_ms(self) -> float:
+        return round(self._held_s * 1000, 1)
+
+    async def __aenter__(self) -> LoopHold:
+        self._task = asyncio.create_task(self._watch())
+        await asyncio.sleep(0.05)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.sleep(0.05)
+        self._watching = False
+        if self._task is not None:
+            await self._task
+
+    async def _watch(self) -> None:
+        while self._watching:
+            started = time.perf_counter()
+            await asyncio.sleep(0.001)
+            self._held_s = max(self._held_s, time.perf_counter() - started - 0.001)
+
+
 async def open_for_filling(data_dir: Path, store: str) -> Any:
     """The ``log`` or ``sqlite`` store ``tarry serve --store STORE --data DATA_DIR`` opens,
     opened in this process with durability off, to fill fast (``os.sync()`` after closing)."""

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from foundation import alternating  # noqa: E402
+from foundation import LoopHold, alternating  # noqa: E402
 
 GRANULARITY_MS = 300_000
 PREFETCH_MS = 30_000
@@ -57,36 +57,22 @@ async def _measure(root: Path, count: int, overdue: bool) -> dict[str, Any]:
     [partition] = [p for p in store.partitions.values() if p.start_ms == start_ms]
     assert partition.index is None, "indexed before it came near"
     tune_runtime()  # the collector's and the GIL's settings of `tarry serve`
-    held = 0.0
-    watching = True
-
-    async def watch() -> None:
-        nonlocal held
-        while watching:
-            started = time.perf_counter()
-            await asyncio.sleep(0.001)
-            held = max(held, time.perf_counter() - started - 0.001)
-
-    watcher = asyncio.create_task(watch())
-    await asyncio.sleep(0.05)
     end_ms = start_ms + GRANULARITY_MS
     at_ms = end_ms + 1000 if overdue else start_ms - PREFETCH_MS + 1000
-    began = time.perf_counter()
     longest_round = 0.0
     rounds = 0
     fetched: list[str] = []
-    while partition.index is None:
-        started = time.perf_counter()
-        due = await store.fetch_due(at_ms, limit=1000, lease_ms=60_000)
-        longest_round = max(longest_round, time.perf_counter() - started)
-        rounds += 1
-        assert overdue or not due
-        fetched += [m.id for m in due]
-        await asyncio.sleep(0.002)
-    ready = time.perf_counter() - began
-    await asyncio.sleep(0.05)
-    watching = False
-    await watcher
+    async with LoopHold() as hold:
+        began = time.perf_counter()
+        while partition.index is None:
+            started = time.perf_counter()
+            due = await store.fetch_due(at_ms, limit=1000, lease_ms=60_000)
+            longest_round = max(longest_round, time.perf_counter() - started)
+            rounds += 1
+            assert overdue or not due
+            fetched += [m.id for m in due]
+            await asyncio.sleep(0.002)
+        ready = time.perf_counter() - began
     while due := await store.fetch_due(end_ms, limit=10_000, lease_ms=60_000):
         fetched += [m.id for m in due]
         await store.remove([m.id for m in due], state=MessageState.READY, now_ms=end_ms)
@@ -94,7 +80,7 @@ async def _measure(root: Path, count: int, overdue: bool) -> dict[str, Any]:
     assert len(fetched) == len(set(fetched)) == count, (len(fetched), len(set(fetched)))
     return {
         "overdue": overdue,
-        "event_loop_held_max_ms": round(held * 1000, 1),
+        "event_loop_held_max_ms": hold.max_ms,
         "longest_round_ms": round(longest_round * 1000, 1),
         "index_ready_ms": round(ready * 1000, 1),
         "rounds_until_ready": rounds,
