@@ -463,3 +463,28 @@ async def test_a_rescheduled_message_keeps_its_message_id_after_its_first_partit
     assert (after.created, after.message.id) == (False, moved.id)
     assert await store.check() == []
     await store.close()
+
+
+async def test_a_failure_the_log_ends_with_a_release_is_forgotten_on_recovery(
+    tmp_path: Path,
+) -> None:
+    # Given two messages that each failed once, one of them then delivered (its RELEASED
+    # marker after its FAILED one in the log), and no snapshot since
+    store = await opened(tmp_path, snapshot_interval_ms=10**15)
+    done, pending = message(NOW + 10), message(NOW + 10)
+    await store.store([done, pending])
+    await store.fetch_due(NOW + 10, limit=2, lease_ms=30_000)
+    for m in (done, pending):
+        assert await store.record_failure(m.id, error="refused", retry_at_ms=NOW + 100) == 1
+    [first, second] = await store.fetch_due(NOW + 100, limit=2, lease_ms=30_000)
+    assert {first.id, second.id} == {done.id, pending.id}
+    assert await store.remove([done.id], state=MessageState.DELIVERED, now_ms=NOW + 100) == 1
+    await store.writer.drain()
+    # When it restarts from the log alone
+    await crash(store)
+    store = await opened(tmp_path)
+    # Then only the pending one's failure is remembered
+    assert list(store.state.failures) == [pending.id]
+    assert store.state.failures[pending.id].attempts == 1
+    assert await store.check() == []
+    await store.close()

@@ -52,12 +52,16 @@ from tarry.model.message import (
 
 __all__ = [
     "CANCELLED",
+    "DESTINATION_AT",
     "FAILED",
+    "FLAG_HASH",
     "HEAD",
     "HEADER",
     "ID_LEN",
+    "MARK_FIELDS",
     "MAX_RECORD",
     "MESSAGE",
+    "MESSAGE_FIELDS",
     "MOVED",
     "RELEASED",
     "VERSION",
@@ -94,6 +98,11 @@ _U32 = struct.Struct("<I")
 _HASH, _EXTRA, _DISCARD, _TRANSIENT = 1, 2, 4, 8
 _MARK = struct.Struct("<qq")
 _FAIL = struct.Struct("<I")
+#: The layout's parts ``record_walk.py`` reads in place: a MESSAGE payload's fixed fields after
+#: the id (due, sent, expires, flags, destination length) and where its destination starts;
+#: a marker's (target position, value) after the id; the flag of a de-duplication hash (an
+#: int64 after the destination).
+MESSAGE_FIELDS, DESTINATION_AT, MARK_FIELDS, FLAG_HASH = _MSG, _FIXED, _MARK, _HASH
 #: Larger than any sane record: a length above it is damage, not a record.
 MAX_RECORD = 64 * 1024 * 1024
 _crc = google_crc32c.value

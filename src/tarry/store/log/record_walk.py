@@ -12,19 +12,23 @@ from collections.abc import Collection, Iterator
 import google_crc32c
 
 from tarry.store.log.record import (
+    DESTINATION_AT,
     FAILED,
+    FLAG_HASH,
     HEAD,
     HEADER,
     ID_LEN,
+    MARK_FIELDS,
     MAX_RECORD,
     MESSAGE,
+    MESSAGE_FIELDS,
     VERSION,
     Record,
     parse_record,
     resync,
 )
 
-__all__ = ["IndexEntries", "index_walk", "scan_ids"]
+__all__ = ["IndexEntries", "ReplayEntries", "index_walk", "replay_walk", "scan_ids"]
 
 #: A MESSAGE payload's due time and a marker's target position: the first field past the id.
 _FIRST_FIELD = struct.Struct("<q")
@@ -97,4 +101,75 @@ def index_walk(buf: bytes, offset: int, records: int, into: IndexEntries) -> int
         offset = end
         walked += 1
     into.records += walked
+    return offset
+
+
+class ReplayEntries:
+    """What ``replay_walk`` found (``recovery.replay`` applies it): MESSAGE records' due times
+    and offsets, their count, their de-duplication keys (hash, id) in log order; markers'
+    target positions and count; each destination's messages less its markers; and the
+    changes by id, in log order: (kind, id, value, offset) of each marker and FAILED record."""
+
+    __slots__ = ("changes", "counts", "due", "finished", "gone", "keyed", "messages", "offsets")
+
+    def __init__(self) -> None:
+        self.due: list[int] = []
+        self.offsets: list[int] = []
+        self.messages = 0
+        self.keyed: list[tuple[int, bytes]] = []
+        self.gone: list[int] = []
+        self.finished = 0
+        self.counts: dict[bytes, int] = {}
+        self.changes: list[tuple[int, bytes, int, int]] = []
+
+    @property
+    def records(self) -> int:
+        return self.messages + len(self.changes)
+
+
+def replay_walk(buf: bytes, offset: int, into: ReplayEntries) -> int:
+    """Walk the whole, valid records from ``offset``, each checked as ``parse_record`` checks
+    it, adding what recovery needs of them to ``into``; returns where it stopped (the end of
+    ``buf``, or bytes that are not a valid record)."""
+    head, fields, mark = HEAD.unpack_from, MESSAGE_FIELDS.unpack_from, MARK_FIELDS.unpack_from
+    hash_at = _FIRST_FIELD.unpack_from
+    crc, extend = google_crc32c.value, google_crc32c.extend
+    due, offsets, keyed, gone = into.due, into.offsets, into.keyed, into.gone
+    counts, changes = into.counts, into.changes
+    size, messages, finished = len(buf), 0, 0
+    while offset + HEADER <= size:
+        version, kind, _, length, check = head(buf, offset)
+        end = offset + HEADER + length
+        if (
+            version != VERSION
+            or not MESSAGE <= kind <= FAILED
+            or not ID_LEN <= length <= MAX_RECORD
+            or end > size
+            or extend(crc(buf[offset : offset + 8]), buf[offset + HEADER : end]) != check
+        ):
+            break
+        payload = offset + HEADER
+        if kind == MESSAGE:
+            due_ms, _, _, flags, length = fields(buf, payload + ID_LEN)
+            at = payload + DESTINATION_AT
+            destination = buf[at : at + length]
+            counts[destination] = counts.get(destination, 0) + 1
+            if flags & FLAG_HASH:
+                (key,) = hash_at(buf, at + length)
+                if key:
+                    keyed.append((key, buf[payload : payload + ID_LEN]))
+            due.append(due_ms)
+            offsets.append(offset)
+            messages += 1
+        else:
+            target, value = mark(buf, payload + ID_LEN)
+            if kind != FAILED:
+                destination = buf[payload + ID_LEN + MARK_FIELDS.size : end]
+                counts[destination] = counts.get(destination, 0) - 1
+                gone.append(target)
+                finished += 1
+            changes.append((kind, buf[payload : payload + ID_LEN], value, offset))
+        offset = end
+    into.messages += messages
+    into.finished += finished
     return offset

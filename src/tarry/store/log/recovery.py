@@ -21,15 +21,8 @@ from tarry.store.log.held import Failure
 from tarry.store.log.index import DueIndex
 from tarry.store.log.manifest import Manifest, ManifestError
 from tarry.store.log.partition import Partition, position
-from tarry.store.log.record import (
-    CANCELLED,
-    FAILED,
-    MESSAGE,
-    MOVED,
-    RELEASED,
-    Damage,
-    scan,
-)
+from tarry.store.log.record import FAILED, MOVED, Damage, Record, parse_record, scan
+from tarry.store.log.record_walk import ReplayEntries, replay_walk
 from tarry.store.log.snapshot import (
     SnapshotError,
     dedupe_arrays,
@@ -167,6 +160,30 @@ def _unchanged(partition: Partition, known: list[int]) -> bool:
     return True
 
 
+def _apply(found: ReplayEntries, data: bytes, partition: Partition, out: Recovered) -> None:
+    """A stretch's records (``replay_walk``) applied to the partition's counts and ``out``."""
+    out.replayed_records += found.records
+    partition.total += found.messages
+    partition.finished += found.finished
+    scheduled = out.scheduled
+    for destination, count in found.counts.items():
+        scheduled[destination.decode("utf-8")] += count
+    dedupe = out.dedupe
+    for key, keyed_id in found.keyed:
+        dedupe[key] = keyed_id.decode("ascii")
+    failures, forwards = out.failures, out.forwards
+    for kind, raw_id, value, offset in found.changes:  # in log order: a failure, then its end
+        message_id = raw_id.decode("ascii")
+        if kind == FAILED:
+            record = parse_record(data, offset)
+            assert isinstance(record, Record)
+            failures[message_id] = Failure(*record.failure(), value)
+            continue
+        failures.pop(message_id, None)
+        if kind == MOVED:
+            forwards[message_id] = value
+
+
 def _whole_records_end(path: Path, length: int) -> int:
     """Where the last whole record of the first ``length`` bytes of ``path`` ends."""
     with open(path, "rb") as handle:
@@ -222,43 +239,33 @@ def replay(
             data = handle.read()
         size = start + len(data)
         last = segment == len(files) - 1
-        for item in scan(data):
-            if isinstance(item, Damage):
-                where = f"{path} at byte {start + item.offset}"
-                tail = item.torn and last
-                if tail and readonly:
-                    out.report(f"{where}: torn tail ({item.reason}), cut on next start")
-                    size = start + item.offset
-                elif tail and fs is not None:
-                    log.warning("cutting a torn tail off %s (%s)", where, item.reason)
-                    fs.truncate_path(path, start + item.offset)
-                    size = start + item.offset
-                else:
-                    log.error("damaged record in %s (%s); skipped", where, item.reason)
-                    out.report(f"{where}: {item.reason}")
-                continue
-            out.replayed_records += 1
-            pos = position(segment, start + item.offset)
-            kind = item.kind
-            if kind == MESSAGE:
-                due, destination, dedupe_hash = item.meta()
-                partition.total += 1
-                out.scheduled[destination] += 1
-                if dedupe_hash:
-                    out.dedupe[dedupe_hash] = item.id
-                if build_index:
-                    new_due.append(due)
-                    new_pos.append(pos)
-            elif kind in (RELEASED, CANCELLED, MOVED):
-                target, value = item.marker()
-                partition.finished += 1
-                out.scheduled[item.destination()] -= 1
-                out.failures.pop(item.id, None)
-                gone.append(target)
-                if kind == MOVED:
-                    out.forwards[item.id] = value
-            elif kind == FAILED:
-                out.failures[item.id] = Failure(*item.failure(), item.marker()[1])
+        found = ReplayEntries()
+        offset = 0
+        while offset < len(data):
+            offset = replay_walk(data, offset, found)
+            if offset >= len(data):
+                break
+            item = next(scan(data, offset))  # the walk stops only where no record is
+            assert isinstance(item, Damage), f"{path}: a record the walk refused"
+            where = f"{path} at byte {start + item.offset}"
+            tail = item.torn and last
+            if tail and readonly:
+                out.report(f"{where}: torn tail ({item.reason}), cut on next start")
+                size = start + item.offset
+            elif tail and fs is not None:
+                log.warning("cutting a torn tail off %s (%s)", where, item.reason)
+                fs.truncate_path(path, start + item.offset)
+                size = start + item.offset
+            else:
+                log.error("damaged record in %s (%s); skipped", where, item.reason)
+                out.report(f"{where}: {item.reason}")
+            offset = item.end
+        _apply(found, data, partition, out)
+        if build_index:
+            base = position(segment, start)
+            new_due += found.due
+            new_pos += [base + offset for offset in found.offsets]
+        gone += found.gone
         sizes.append(size)
     partition.sizes = sizes
     partition.written = list(sizes)
