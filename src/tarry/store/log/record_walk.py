@@ -28,7 +28,14 @@ from tarry.store.log.record import (
     resync,
 )
 
-__all__ = ["IndexEntries", "ReplayEntries", "index_walk", "replay_walk", "scan_ids"]
+__all__ = [
+    "IndexEntries",
+    "ReplayEntries",
+    "index_walk",
+    "replay_walk",
+    "scan_ids",
+    "valid_records",
+]
 
 #: A MESSAGE payload's due time and a marker's target position: the first field past the id.
 _FIRST_FIELD = struct.Struct("<q")
@@ -74,15 +81,13 @@ class IndexEntries:
         self.records = 0
 
 
-def index_walk(buf: bytes, offset: int, records: int, into: IndexEntries) -> int:
-    """Walk up to ``records`` whole, valid records from ``offset``, each checked as
-    ``parse_record`` checks it, adding their entries to ``into``; returns where it stopped
-    (the end of ``buf``, or bytes that are not a valid record)."""
-    head, first = HEAD.unpack_from, _FIRST_FIELD.unpack_from
-    crc, extend = google_crc32c.value, google_crc32c.extend
-    due, offsets, gone = into.due, into.offsets, into.gone
-    size, walked = len(buf), 0
-    while walked < records and offset + HEADER <= size:
+def valid_records(buf: bytes, offset: int) -> Iterator[tuple[int, int, int]]:
+    """(kind, offset, end) of each whole record from ``offset`` that passes ``parse_record``'s
+    checks (header, length, CRC32C), up to the end of ``buf`` or the first bytes that are not
+    one; a caller that stops early resumes from the last ``end`` it took."""
+    head, crc, extend = HEAD.unpack_from, google_crc32c.value, google_crc32c.extend
+    size = len(buf)
+    while offset + HEADER <= size:
         version, kind, _, length, check = head(buf, offset)
         end = offset + HEADER + length
         if (
@@ -92,12 +97,26 @@ def index_walk(buf: bytes, offset: int, records: int, into: IndexEntries) -> int
             or end > size
             or extend(crc(buf[offset : offset + 8]), buf[offset + HEADER : end]) != check
         ):
+            return
+        yield kind, offset, end
+        offset = end
+
+
+def index_walk(buf: bytes, offset: int, records: int, into: IndexEntries) -> int:
+    """Walk up to ``records`` whole, valid records from ``offset`` (``valid_records``), adding
+    their entries to ``into``; returns where it stopped (the end of ``buf``, or bytes that are
+    not a valid record)."""
+    first = _FIRST_FIELD.unpack_from
+    due, offsets, gone = into.due, into.offsets, into.gone
+    walked = 0
+    for kind, at, end in valid_records(buf, offset):
+        if walked == records:
             break
         if kind == MESSAGE:
-            due.append(first(buf, offset + HEADER + ID_LEN)[0])
-            offsets.append(offset)
+            due.append(first(buf, at + HEADER + ID_LEN)[0])
+            offsets.append(at)
         elif kind != FAILED:
-            gone.append(first(buf, offset + HEADER + ID_LEN)[0])
+            gone.append(first(buf, at + HEADER + ID_LEN)[0])
         offset = end
         walked += 1
     into.records += walked
@@ -128,38 +147,27 @@ class ReplayEntries:
 
 
 def replay_walk(buf: bytes, offset: int, into: ReplayEntries) -> int:
-    """Walk the whole, valid records from ``offset``, each checked as ``parse_record`` checks
-    it, adding what recovery needs of them to ``into``; returns where it stopped (the end of
-    ``buf``, or bytes that are not a valid record)."""
-    head, fields, mark = HEAD.unpack_from, MESSAGE_FIELDS.unpack_from, MARK_FIELDS.unpack_from
+    """Walk the whole, valid records from ``offset`` (``valid_records``), adding what recovery
+    needs of them to ``into``; returns where it stopped (the end of ``buf``, or bytes that are
+    not a valid record)."""
+    fields, mark = MESSAGE_FIELDS.unpack_from, MARK_FIELDS.unpack_from
     hash_at = _FIRST_FIELD.unpack_from
-    crc, extend = google_crc32c.value, google_crc32c.extend
     due, offsets, keyed, gone = into.due, into.offsets, into.keyed, into.gone
     counts, changes = into.counts, into.changes
-    size, messages, finished = len(buf), 0, 0
-    while offset + HEADER <= size:
-        version, kind, _, length, check = head(buf, offset)
-        end = offset + HEADER + length
-        if (
-            version != VERSION
-            or not MESSAGE <= kind <= FAILED
-            or not ID_LEN <= length <= MAX_RECORD
-            or end > size
-            or extend(crc(buf[offset : offset + 8]), buf[offset + HEADER : end]) != check
-        ):
-            break
-        payload = offset + HEADER
+    messages, finished = 0, 0
+    for kind, at, end in valid_records(buf, offset):
+        payload = at + HEADER
         if kind == MESSAGE:
             due_ms, _, _, flags, length = fields(buf, payload + ID_LEN)
-            at = payload + DESTINATION_AT
-            destination = buf[at : at + length]
+            start = payload + DESTINATION_AT
+            destination = buf[start : start + length]
             counts[destination] = counts.get(destination, 0) + 1
             if flags & FLAG_HASH:
-                (key,) = hash_at(buf, at + length)
+                (key,) = hash_at(buf, start + length)
                 if key:
                     keyed.append((key, buf[payload : payload + ID_LEN]))
             due.append(due_ms)
-            offsets.append(offset)
+            offsets.append(at)
             messages += 1
         else:
             target, value = mark(buf, payload + ID_LEN)
@@ -168,7 +176,7 @@ def replay_walk(buf: bytes, offset: int, into: ReplayEntries) -> int:
                 counts[destination] = counts.get(destination, 0) - 1
                 gone.append(target)
                 finished += 1
-            changes.append((kind, buf[payload : payload + ID_LEN], value, offset))
+            changes.append((kind, buf[payload : payload + ID_LEN], value, at))
         offset = end
     into.messages += messages
     into.finished += finished

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from tarry.store.log.partition import Partition
 from tarry.store.log.record import Damage, scan
+from tarry.store.log.record_walk import valid_records
 
 if TYPE_CHECKING:
     from tarry.store.log.table import PartitionTable
@@ -49,13 +50,20 @@ def scrub_partition(partition: Partition, lengths: list[int]) -> list[str]:
                 data = handle.read(length)
         except FileNotFoundError:
             return found
-        for count, item in enumerate(scan(data)):
-            if count % _YIELD_EVERY == 0:
-                time.sleep(0)  # let the event loop's thread have the GIL
-            if isinstance(item, Damage):
-                short = item.torn and len(data) < length
-                reason = f"file ends at byte {len(data)} of {length}" if short else item.reason
-                found.append(damage_line(path, item.offset, reason))
+        offset = 0
+        while offset < len(data):
+            for count, (_, _, end) in enumerate(valid_records(data, offset), 1):
+                offset = end
+                if count % _YIELD_EVERY == 0:
+                    time.sleep(0)  # let the event loop's thread have the GIL
+            if offset >= len(data):
+                break
+            item = next(scan(data, offset))  # not a record: as ``scan`` names it
+            assert isinstance(item, Damage)
+            short = item.torn and len(data) < length
+            reason = f"file ends at byte {len(data)} of {length}" if short else item.reason
+            found.append(damage_line(path, item.offset, reason))
+            offset = item.end
     return found
 
 
