@@ -270,3 +270,34 @@ async def test_a_cancel_while_the_read_entries_are_sorted_is_not_indexed(
     finally:
         go_on.set()
         await store.close()
+
+
+async def test_a_failed_build_is_not_begun_again_and_the_round_reads_it_when_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a partition whose background build fails (a read error, say)
+    store, sent, partition = await _filled(tmp_path, 3_000)
+    steps = 0
+
+    def failing_step(self: IndexBuild, records: int = 500) -> bool:
+        nonlocal steps
+        steps += 1
+        raise OSError("cannot read")
+
+    monkeypatch.setattr(IndexBuild, "step", failing_step)
+    try:
+        await store.fetch_due(NEAR, limit=10, lease_ms=LEASE)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert steps == 1 and partition.number not in store.table.building
+        assert "indexing partition" in caplog.text
+        # When rounds look again before it is due: no build is begun again
+        for _ in range(5):
+            assert await store.fetch_due(NEAR, limit=10, lease_ms=LEASE) == []
+            await asyncio.sleep(0)
+        assert steps == 1 and partition.index is None
+        # Then, once readable and due, the round reads it all at once and releases it
+        monkeypatch.undo()
+        assert await _released(store, START + G) == _in_due_order(sent)
+    finally:
+        await store.close()

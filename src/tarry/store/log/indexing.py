@@ -218,16 +218,23 @@ class IndexAhead:
     def __init__(self, table: PartitionTable) -> None:
         self._table = table
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        #: Partitions whose background build failed: read all at once when due instead (the
+        #: round then fails as a read fails), not built again every round.
+        self._failed: set[int] = set()
 
-    def start(self, partition: Partition) -> None:
-        """Begin indexing ``partition`` in the background, unless it is under way."""
+    def start(self, partition: Partition) -> bool:
+        """Begin indexing ``partition`` in the background, unless it is under way; False when
+        a build of it failed (index it at once when it is needed)."""
         number = partition.number
+        if number in self._failed:
+            return False
         if partition.index is None and number not in self._tasks:
             table = self._table
             build = table.building[number] = IndexBuild(partition, table.state, table.flush)
             self._tasks[number] = asyncio.get_running_loop().create_task(
                 self._build(build), name=f"tarry-index-{number}"
             )
+        return True
 
     async def index(self, partition: Partition) -> None:
         """``partition`` indexed, built in the background (waited for, not cancelled with the
@@ -265,6 +272,7 @@ class IndexAhead:
         except Exception:
             # Read again, all at once, when it falls due.
             log.exception("indexing partition %d ahead of time failed", number)
+            self._failed.add(number)
             if table.building.get(number) is build:
                 del table.building[number]
         finally:

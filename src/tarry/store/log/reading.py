@@ -30,7 +30,7 @@ SYNC_RECORDS = 2_000
 
 
 def ensure_loaded(
-    table: PartitionTable, now_ms: int, ahead: Callable[[Partition], None] | None = None
+    table: PartitionTable, now_ms: int, ahead: Callable[[Partition], bool] | None = None
 ) -> None:
     """Index every partition with pending messages that starts within ``prefetch_ms``, after
     downtime a few overdue ones at a time, in due order. Given ``ahead`` (a build in the
@@ -52,9 +52,11 @@ def ensure_loaded(
                 break
             records = partition.total + partition.finished
             if ahead is not None and (partition.start_ms > now_ms or records > SYNC_RECORDS):
-                ahead(partition)
-                overdue_indexed += overdue
-                continue
+                if ahead(partition):
+                    overdue_indexed += overdue
+                    continue
+                if partition.start_ms > now_ms:
+                    continue  # its build failed: read all at once when it falls due
             load(table, partition)
         assert partition.index is not None
         if overdue and len(partition.index):
@@ -66,7 +68,7 @@ def pick_due(
     files: SegmentFiles,
     now_ms: int,
     limit: int,
-    ahead: Callable[[Partition], None] | None = None,
+    ahead: Callable[[Partition], bool] | None = None,
 ) -> list[Held]:
     """Take up to ``limit`` messages due at ``now_ms`` out of circulation: waiting ones (retries,
     released claims) first, then the indexed partitions', in due order."""
