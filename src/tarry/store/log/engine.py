@@ -112,7 +112,8 @@ class LogStore:
         )
         self.partitions = table.partitions
         self._numbers = table.numbers
-        #: Partitions within ``prefetch_ms`` of their start are indexed in the background.
+        #: Builds partitions' indexes in the background as they come within ``prefetch_ms``
+        #: (and large ones found due unindexed, after downtime: ``reading.ensure_loaded``).
         self._ahead = IndexAhead(table)
         self._claims, self._waiting, self._leaving = table.claims, table.waiting, table.leaving
         #: No claim's lease runs out before this (claims given back since may leave it early).
