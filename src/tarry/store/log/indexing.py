@@ -33,7 +33,7 @@ __all__ = ["CHUNK_BYTES", "STEP_RECORDS", "IndexAhead", "IndexBuild", "load"]
 
 log = logging.getLogger(__name__)
 
-#: Records a background step reads before the event loop gets a turn (a few milliseconds).
+#: Records a background step reads before the event loop gets a turn: what else waits that long.
 STEP_RECORDS = 500
 #: Bytes read from a segment file at a time (a stretch is read within one step).
 CHUNK_BYTES = 1024 * 1024
