@@ -19,7 +19,9 @@ durable; its CPU is Redis's plus the poller's.
 ``--baseline-src`` runs tarry from another source tree too (e.g. a worktree of main before a
 change), in the same run. ``--only ...,in-memory`` runs this tree once more with its local
 queues kept in memory, nothing written for a release, a receive or an ack (``probes/
-queues_in_memory.py``, not durable): the most that WAL-backed local queues could save.
+queues_in_memory.py``, not durable): the most that WAL-backed local queues could save;
+``in-memory-retained`` the same with acked messages written to the queue database as finished
+rows, a transaction every 0.2 s, as the README's design for those queues keeps them.
 """
 
 from __future__ import annotations
@@ -313,11 +315,18 @@ def _store_counters(samples: dict[str, float]) -> dict[str, float]:
 
 
 def run_tarry(
-    args: argparse.Namespace, src: Path | None, tmp: Path, *, in_memory: bool = False
+    args: argparse.Namespace,
+    src: Path | None,
+    tmp: Path,
+    *,
+    in_memory: bool = False,
+    retained: bool = False,
 ) -> dict[str, Any]:
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = str(src)
+    if retained:
+        env["TARRY_PROBE_RETAIN"] = "1"
     program = (sys.executable, str(IN_MEMORY_PROBE)) if in_memory else None
     proc, url = start_server(tmp, args.store, env=env, program=program)
     try:
@@ -399,7 +408,8 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default="redis,tarry,baseline",
-        help="parts, comma-separated: redis, tarry, baseline (with --baseline-src), in-memory",
+        help="parts, comma-separated: redis, tarry, baseline (with --baseline-src), in-memory, "
+        "in-memory-retained",
     )
     parser.add_argument("--deadline-s", type=float, default=300.0)
     parser.add_argument(
@@ -440,7 +450,12 @@ def main() -> None:
         if "in-memory" in parts:
             print("tarry, local queues in memory (a probe) ...", file=sys.stderr)
             results["in_memory"] = run_tarry(args, None, Path(tmp) / "in-memory", in_memory=True)
-    for other in ("redis", "baseline", "in_memory"):
+        if "in-memory-retained" in parts:
+            print("tarry, local queues in memory, finished rows kept ...", file=sys.stderr)
+            results["in_memory_retained"] = run_tarry(
+                args, None, Path(tmp) / "in-memory-retained", in_memory=True, retained=True
+            )
+    for other in ("redis", "baseline", "in_memory", "in_memory_retained"):
         if other in results and "tarry" in results:
             mine, theirs = results["tarry"], results[other]
             results[f"ratio_to_{other}"] = {

@@ -10,6 +10,13 @@ plain messages released as columns into queues without limits, receive (with ``a
 anything else is refused, so a run that strays fails loudly rather than measuring something
 else.
 
+With ``TARRY_PROBE_RETAIN=1`` (``ontime.py --only ...,in-memory-retained``) acked messages are
+also written to the queue database as finished rows, one transaction every
+``RETAIN_EVERY_S``: what the README's design for local queues without a transaction a cycle
+keeps writing ("each finished message is still inserted once, for ``retention_ms``"), so
+that the difference between the two parts is what keeping finished messages in the queue
+database costs. The ack's append to a write-ahead log is still not counted.
+
     python bench/probes/queues_in_memory.py serve --port 0 --data DIR --store log
 """
 
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -41,6 +49,17 @@ _ready: dict[str, deque[tuple[Any, ...]]] = {}
 _in_flight: dict[str, tuple[tuple[Any, ...], int]] = {}
 _arrivals = Sequencer()
 _receives = itertools.count(1)
+
+#: Whether acked messages are written to the queue database as finished rows.
+RETAIN = os.environ.get("TARRY_PROBE_RETAIN") == "1"
+RETAIN_EVERY_S = 0.2
+#: Columns of a finished row that differ row to row (the rest are the same for every row).
+_RETAINED = ("id", "destination", "body", "sent_at_ms", "deliver_at_ms", "queue", "seq",
+             "enqueued_at_ms", "visible_at_ms", "updated_at_ms")  # fmt: skip
+#: Rows an INSERT writes at most.
+_RETAIN_CHUNK = 256
+_finished: list[tuple[Any, ...]] = []
+_retainer: asyncio.Task[None] | None = None
 
 
 def _row(released: Sequence[Any], queue: str, now: int) -> tuple[Any, ...]:
@@ -91,7 +110,36 @@ def _take(ctx: EngineContext, queue: str, most: int, now: int) -> ReceivedRows:
     return taken
 
 
+def _retained_sql(count: int) -> str:
+    one = "(" + ", ".join(["?"] * len(_RETAINED)) + ", 'acked', '{}', 'dead_letter', 1, 1)"
+    return (
+        f"INSERT INTO messages ({', '.join(_RETAINED)}, state, headers, on_undeliverable, "
+        f"persistent, delivery_count) VALUES {', '.join([one] * count)}"
+    )
+
+
+_AT = [COLUMNS.index(name) for name in _RETAINED if name not in ("visible_at_ms", "updated_at_ms")]
+
+
+async def _retain(ctx: EngineContext) -> None:
+    """Every ``RETAIN_EVERY_S``, the acked rows since in one transaction, as finished rows."""
+    while True:
+        await asyncio.sleep(RETAIN_EVERY_S)
+        if not _finished:
+            continue
+        rows = _finished[:]
+        del _finished[:]
+
+        def work(conn: Any, rows: list[tuple[Any, ...]] = rows) -> None:
+            for start in range(0, len(rows), _RETAIN_CHUNK):
+                chunk = rows[start : start + _RETAIN_CHUNK]
+                conn.execute(_retained_sql(len(chunk)), list(itertools.chain.from_iterable(chunk)))
+
+        await ctx.qdb.write(work)
+
+
 def _ack(ctx: EngineContext, queue: str, receipts: Sequence[str], now: int) -> dict[str, Any]:
+    global _retainer
     rows, received_at, unknown = [], [], []
     for receipt in receipts:
         found = _in_flight.pop(receipt, None)
@@ -100,6 +148,12 @@ def _ack(ctx: EngineContext, queue: str, receipts: Sequence[str], now: int) -> d
         else:
             rows.append(found[0])
             received_at.append(found[1])
+    if RETAIN and rows:
+        if _retainer is None:
+            _retainer = asyncio.get_running_loop().create_task(_retain(ctx))
+        _finished.extend(
+            (*(row[k] for k in _AT), at, now) for row, at in zip(rows, received_at, strict=True)
+        )
     ctx.emit(EventRun("acked", RowMessages(rows, received_at, MessageState.ACKED), now, queue))
     return {"acked": len(rows), "unknown": unknown}
 

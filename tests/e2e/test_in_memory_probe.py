@@ -58,3 +58,42 @@ def test_the_in_memory_probe_delivers_each_message_once_never_early_and_takes_ac
         assert again == {"acked": 0, "unknown": acking}
         empty = client.post("/v1/queues/q/receive", json={"max": 10}).json()
         assert empty["messages"] == []
+
+
+def test_with_retain_the_probe_writes_each_acked_message_to_the_queue_database(
+    make_server,
+) -> None:
+    # Given the probe with finished rows kept (ontime.py's in-memory-retained part), and 30
+    # messages due soon, received and acked
+    server = make_server(program=[sys.executable, str(PROBE)], env={"TARRY_PROBE_RETAIN": "1"})
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        client.put("/v1/queues/q", json={}).raise_for_status()
+        batch = [{"destination": "q", "body": f"m{i}", "delay_ms": 200} for i in range(30)]
+        sent = client.post("/v1/messages/batch", json={"messages": batch})
+        sent.raise_for_status()
+        ids = [r["id"] for r in sent.json()["results"]]
+        got: list[dict] = []
+        deadline = time.monotonic() + 20
+        while len(got) < len(ids) and time.monotonic() < deadline:
+            answer = client.post("/v1/queues/q/receive", json={"max": 11, "wait_ms": 2000})
+            taken = answer.json()["messages"]
+            acked = client.post(
+                "/v1/queues/q/ack", json={"receipts": [m["receipt"] for m in taken]}
+            )
+            assert acked.json() == {"acked": len(taken), "unknown": []}
+            got += taken
+        assert sorted(m["id"] for m in got) == sorted(ids)
+
+        # When the probe's next write of finished rows has had time to run
+        # Then the server reads each message back from the queue database, acked, as a
+        # finished message of that queue
+        deadline = time.monotonic() + 10
+        states: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            states = {i: client.get(f"/v1/messages/{i}").json().get("state") for i in ids}
+            if set(states.values()) == {"acked"}:
+                break
+            time.sleep(0.2)
+        assert set(states.values()) == {"acked"}, states
+        shown = client.get(f"/v1/messages/{ids[0]}").json()
+        assert (shown["queue"], shown["destination"]) == ("q", "q")
