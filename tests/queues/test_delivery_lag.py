@@ -26,11 +26,12 @@ LIMIT = 1_000
 
 def _consumed_at_pace(lag: DeliveryLag, queue: str, *, per_s: int, full: bool = True) -> int:
     """A consumer that took ``per_s`` a second for ``RATE_MIN_SPAN_MS``, each receive full
-    (``full``: it takes all it asks for) or short; returns the time of its last receive."""
+    (``full``: it takes all it asks for and leaves more) or emptying the queue; returns the
+    time of its last receive."""
     now = NOW
     for _ in range(RATE_MIN_SPAN_MS // 100 + 1):
         taken = per_s // 10
-        lag.received(queue, taken=taken, asked=taken if full else taken + 1, now_ms=now)
+        lag.received(queue, taken=taken, emptied=not full, now_ms=now)
         now += 100
     return now
 
@@ -59,7 +60,7 @@ def test_a_queue_nobody_reads_has_no_lag_and_is_never_sampled() -> None:
 
 def test_the_head_age_counts_once_a_consumer_received() -> None:
     lag = DeliveryLag()
-    lag.received("q", taken=10, asked=10, now_ms=NOW)
+    lag.received("q", taken=10, emptied=False, now_ms=NOW)
     # The first second: no pace yet, so nothing is counted, only the head is looked at.
     assert lag.to_sample(NOW + 10, window_ms=10_000, waiting={}, limit_ms=LIMIT) == {"q": 0}
     lag.sampled(NOW + 10, [("q", QueueHead(oldest_due_ms=NOW - 1_490, ready=40))], limit_ms=LIMIT)
@@ -76,10 +77,10 @@ def test_the_head_age_counts_once_a_consumer_received() -> None:
 
 def test_a_receive_that_came_back_short_clears_the_lag_at_once() -> None:
     lag = DeliveryLag()
-    lag.received("q", taken=10, asked=10, now_ms=NOW)
+    lag.received("q", taken=10, emptied=False, now_ms=NOW)
     lag.sampled(NOW, [("q", QueueHead(NOW - 5_000, 100))], limit_ms=LIMIT)
     assert lag.lag_ms("q") == 5_000
-    lag.received("q", taken=3, asked=10, now_ms=NOW + 50)
+    lag.received("q", taken=3, emptied=True, now_ms=NOW + 50)
     assert lag.lag_ms("q") == 0
     # Its consumer waits on an empty queue: nothing to look at.
     assert lag.to_sample(NOW + 100, window_ms=10_000, waiting={"q": 1}, limit_ms=LIMIT) == {}
@@ -158,7 +159,7 @@ def test_a_burst_for_consumers_with_room_is_not_refused_on_a_forecast() -> None:
 
 def test_a_queue_not_received_from_within_the_window_is_forgotten() -> None:
     lag = DeliveryLag()
-    lag.received("q", taken=10, asked=10, now_ms=NOW)
+    lag.received("q", taken=10, emptied=False, now_ms=NOW)
     lag.sampled(NOW, [("q", QueueHead(NOW - 5_000, 100))], limit_ms=LIMIT)
     assert lag.to_sample(NOW + 10_001, window_ms=10_000, waiting={}, limit_ms=LIMIT) == {}
     assert lag.lag_ms("q") == 0 and lag.snapshot() == {}
@@ -166,7 +167,7 @@ def test_a_queue_not_received_from_within_the_window_is_forgotten() -> None:
 
 def test_a_request_is_refused_whole_only_when_every_destination_is_behind() -> None:
     lag = DeliveryLag()
-    lag.received("slow", taken=10, asked=10, now_ms=NOW)
+    lag.received("slow", taken=10, emptied=False, now_ms=NOW)
     lag.sampled(NOW, [("slow", QueueHead(NOW - 3_000, 100))], limit_ms=LIMIT)
     topics = {"news": ("slow", "fast")}
 

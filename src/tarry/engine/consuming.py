@@ -85,10 +85,12 @@ async def receive(
                 ctx.after(txn)
                 if acked is not None:
                     settled, to_ack = _answer(acked, ack=True), ()
-                ctx.waiters.took(queue, taken=len(taken), asked=max_messages)
+                ctx.waiters.took(queue, emptied=_emptied(taken, max_messages))
             else:
                 taken = ReceivedRows([], [], now)
-            ctx.waiters.lag.received(queue, taken=len(taken), asked=max_messages, now_ms=now)
+            ctx.waiters.lag.received(
+                queue, taken=len(taken), emptied=_emptied(taken, max_messages), now_ms=now
+            )
             if taken or queue not in ctx.catalog.queues:
                 return Deliveries(taken, settled)
             remaining = deadline - loop.time()
@@ -99,6 +101,12 @@ async def receive(
     finally:
         if wait_ms:
             ctx.waiters.count[queue] -= 1
+
+
+def _emptied(taken: ReceivedRows, asked: int) -> bool:
+    """Whether a receive left nothing takeable: it took fewer than it asked for, or all there
+    was."""
+    return len(taken) < asked or not taken.more
 
 
 def _has_ready(ctx: EngineContext, conn: QueueConnection, *, queue: str, now_ms: int) -> bool:

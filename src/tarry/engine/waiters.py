@@ -17,7 +17,7 @@ class Waiters:
     def __init__(self) -> None:
         self.count: dict[str, int] = defaultdict(int)
         self._events: dict[str, asyncio.Event] = {}
-        #: Queues filled since a receive last took fewer messages than it asked for.
+        #: Queues filled since a receive last emptied them.
         self._filled: set[str] = set()
         #: Per queue being consumed, its delivery lag (fed by ``receive`` and the sampler).
         self.lag = DeliveryLag()
@@ -36,14 +36,13 @@ class Waiters:
                 event.set()
 
     def may_hold(self, queue: str) -> bool:
-        """Whether ``queue`` was filled since a receive last took fewer than it asked for (it
-        may still hold ready messages): a receive then takes without looking first."""
+        """Whether ``queue`` was filled since a receive last emptied it (it may still hold
+        ready messages): a receive then takes without looking first."""
         return queue in self._filled
 
-    def took(self, queue: str, *, taken: int, asked: int) -> None:
-        """A receive took ``taken`` of the ``asked`` messages: fewer, and the queue is empty
-        (of what is ready now); all, and it may hold more."""
-        if taken < asked:
+    def took(self, queue: str, *, emptied: bool) -> None:
+        """A receive took from ``queue``: everything takeable (``emptied``), or it left more."""
+        if emptied:
             self._filled.discard(queue)
         else:
             self._filled.add(queue)

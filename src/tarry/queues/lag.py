@@ -14,8 +14,9 @@ the last. Per queue, the delivery lag is the longer of:
   The pace is what they received per second over the last ``RATE_WINDOW_MS``, once they have
   received for ``RATE_MIN_SPAN_MS``. It counts only while their receives come back full:
   consumers keeping up take what arrives, so their pace is the arrival rate, not what they
-  could take; a receive that came back with less than it asked for says they have room, and
-  a burst for such a queue is not refused on a forecast (only the head's age counts).
+  could take; a receive that emptied the queue (it came back with less than it asked for, or
+  with all there was) says they have room, and a burst for such a queue is not refused on a
+  forecast (only the head's age counts).
 
 Sends to a queue are refused when its delivery lag is over half of ``[dispatch]
 overload_lag_ms`` (``refusal_limit_ms``), so that what was accepted before the refusal began
@@ -30,8 +31,9 @@ queue being consumed, one indexed look at the head and a count of the ready mess
 stops at ``count_cap`` (twice what the consumers take in the refusal limit); the messages
 accepted for it are counted per ``_BUCKET_MS`` of their due time as they are stored
 (``accepted``; a cancelled one still counts until its time). A send reads the last sample
-(``lag_ms``), never the database. A receive that came back with less than it asked
-for emptied the queue: its lag is 0 from then until the next sample (``received``).
+(``lag_ms``), never the database. A receive that emptied the queue sets its lag to 0
+until the next sample (``received``): a sample taken while it was behind would otherwise
+refuse sends to a queue its consumers have just drained.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ class _Consumed:
     last_received_ms: int
     #: Since when its consumers have received without a pause as long as ``RATE_WINDOW_MS``.
     since_ms: int
-    #: Whether the last receive came back with less than it asked for (the queue was empty).
+    #: Whether the last receive left nothing takeable (the queue was empty).
     emptied: bool = False
     #: [bucket start ms, messages received] for the last ``RATE_WINDOW_MS``.
     buckets: list[list[int]] = field(default_factory=list)
@@ -166,13 +168,14 @@ class DeliveryLag:
         self._worst_ms = 0
 
     # --- fed by consumers and the sampler -----------------------------------------------------
-    def received(self, queue: str, *, taken: int, asked: int, now_ms: int) -> None:
-        """A receive on ``queue`` took ``taken`` of the ``asked`` it could have."""
+    def received(self, queue: str, *, taken: int, emptied: bool, now_ms: int) -> None:
+        """A receive on ``queue`` took ``taken`` messages; ``emptied``: it left nothing
+        takeable (it took fewer than it asked for, or all there was)."""
         entry = self._queues.get(queue)
         if entry is None or now_ms - entry.last_received_ms >= RATE_WINDOW_MS:
             entry = self._queues[queue] = _Consumed(now_ms, now_ms)
         entry.last_received_ms = now_ms
-        entry.emptied = taken < asked
+        entry.emptied = emptied
         if entry.emptied:
             entry.lag_ms = 0  # it took everything ready: nothing waits now
         if taken:

@@ -95,9 +95,11 @@ class RowMessages(LazyMessages):
 class ReceivedRows(LazySequence[tuple[Message, str]]):
     """What one receive at ``received_at_ms`` took, in queue order: each row (``SELECT_SQL``'s
     columns as they were before the receive) with its receipt, as (message, receipt) pairs for
-    those that read them; the message of each as the receive left it (``messages``)."""
+    those that read them; the message of each as the receive left it (``messages``). ``more``:
+    whether the queue held more it could take than it took (True where the receive did not
+    look: a full receive may have left more)."""
 
-    __slots__ = ("messages", "receipts", "received_at_ms", "rows")
+    __slots__ = ("messages", "more", "receipts", "received_at_ms", "rows")
 
     def __init__(self, rows: list[Sequence[Any]], receipts: list[str], received_at_ms: int) -> None:
         super().__init__()
@@ -105,6 +107,7 @@ class ReceivedRows(LazySequence[tuple[Message, str]]):
         self.receipts = receipts
         self.received_at_ms = received_at_ms
         self.messages = RowMessages(rows, [received_at_ms] * len(rows))
+        self.more = True
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -504,9 +504,16 @@ class QueueTxn:
     def receive(self, queue: str, *, max_messages: int, visibility_ms: int) -> ReceivedRows:
         """Take up to ``max_messages`` of ``queue`` for a consumer, in queue order: one read of
         the rows, then one UPDATE of them all by row key. A row's receipt is this call's id and
-        the row's key (``queues.receipts``), so no id is made per row."""
+        the row's key (``queues.receipts``), so no id is made per row. On SQLite it reads
+        one row more than it takes, to tell whether it left any (``ReceivedRows.more``): a
+        receive that took exactly what it asked for may have emptied the queue. PostgreSQL's
+        read locks what it reads, so there it reads no more than it takes."""
         now = self.now_ms
-        rows = self._takeable(queue, max_messages, unexpired=True)
+        peek = 1 if row_key(self.conn) == "rowid" else 0
+        rows = self._takeable(queue, max_messages + peek, unexpired=True)
+        more = len(rows) > max_messages
+        if more:
+            del rows[max_messages:]
         if not rows:
             return ReceivedRows([], [], now)
         prefix = self.ids.new(now)
@@ -523,6 +530,7 @@ class QueueTxn:
                 received_sql(row_key(self.conn), where), [prefix, now + visibility_ms, now, *args]
             )
         taken = hand_out(self.conn, rows, prefix, now)
+        taken.more = more or not peek
         if claims is not None:
             claims.claim(prefix, queue, keys, visible_at_ms=now + visibility_ms, received_at_ms=now)
         self.runs.append(EventRun("received", taken.messages, now, queue))
