@@ -23,12 +23,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tarry.model.time import SystemClock
 from tarry.store.log import clean
 from tarry.store.log.adopt import adopt_imports
 from tarry.store.log.cleanup import empty_trash, file_all
 from tarry.store.log.layout import Layout
 from tarry.store.log.migrate import flatten
-from tarry.store.log.partition import parts_root
+from tarry.store.log.partition import Partition, parts_root
 from tarry.store.log.recovery import load_snapshot, replay, snapshot_root, sweep_orphans
 from tarry.store.log.segment import SegmentFiles
 from tarry.store.log.table import PartitionTable
@@ -57,8 +58,14 @@ class Opened:
     seconds: float
 
 
-def recover(root: Path, *, table: PartitionTable, files: SegmentFiles) -> Opened:
+def recover(
+    root: Path, *, table: PartitionTable, files: SegmentFiles, now_ms: int | None = None
+) -> Opened:
+    """Open the store at ``root`` (the module docstring). ``now_ms``: the time the store opens
+    at (None: the wall clock's), by which the partitions current then are indexed as they are
+    read (``_current``)."""
     started = time.perf_counter()
+    now_ms = SystemClock().now_ms() if now_ms is None else now_ms
     fs = files.fs
     state = table.state
     if not snapshot_root(root).is_dir():
@@ -116,7 +123,13 @@ def recover(root: Path, *, table: PartitionTable, files: SegmentFiles) -> Opened
     if record is not None and not trusted:
         log.info("clean-close record %s does not match the snapshot loaded; checking", record)
     for partition in table.partitions.values():
-        replay(partition, state, build_index=partition.index is not None, trusted=trusted, fs=fs)
+        replay(
+            partition,
+            state,
+            build_index=partition.index is not None or _current(partition, table, now_ms),
+            trusted=trusted,
+            fs=fs,
+        )
     adopted = adopt_imports(  # bulk imports (tarry pipeline import --into), all or nothing
         root, layout=table.layout, partition_of=table.partition, state=state, fs=fs
     )
@@ -142,4 +155,17 @@ def recover(root: Path, *, table: PartitionTable, files: SegmentFiles) -> Opened
         adopted=adopted,
         next_wal_seq=max(segments(wal_root(root)), default=0) + 1,
         seconds=seconds,
+    )
+
+
+def _current(partition: Partition, table: PartitionTable, now_ms: int) -> bool:
+    """Whether ``partition`` is read whole by its replay (no snapshot covers any of it) and is
+    current or within ``prefetch_ms`` by the wall clock: its index is built from that read,
+    not from a second one once the store runs (``indexing.py``). Partitions already due in
+    full wait for the rounds, a few at a time, as they do with a snapshot. The time only
+    moves when an index is built, not what it holds."""
+    return (
+        not partition.sizes
+        and partition.start_ms <= now_ms + table.prefetch_ms
+        and partition.end_ms > now_ms
     )
