@@ -1,18 +1,22 @@
-"""A restart that reads a partition whole (no snapshot covers any of it) indexes it from that
-read when it is current or within ``prefetch_ms`` (``opening._current``), instead of reading it
-a second time once the store runs; any other partition is indexed as before."""
+"""What a restart reads once: a partition read whole (no snapshot covers any of it) is indexed
+from that read when it is current or within ``prefetch_ms`` (``opening._current``), instead of
+being read a second time once the store runs; and the start-up scrub reads only what recovery
+did not (``Partition.unchecked``)."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tarry.model.message import Message
 from tarry.model.state import MessageState
-from tarry.store.log import LogStore, opening
+from tarry.store.log import LogStore, opening, scrub
 from tarry.store.log.partition import Partition
+from tests.store.test_log_reading import _flip_a_byte_of
 from tests.store.test_log_recovery import NOW, G, crash, message, opened
 
 LEASE = 60_000
@@ -122,4 +126,73 @@ async def test_a_partition_due_in_full_is_left_to_the_rounds(tmp_path: Path, ope
     # rounds take them), and every message is still released once
     assert all(p.index is None for p in store.partitions.values())
     assert await _released(store, CURRENT + 3 * G) == _in_due_order(sent)
+    await store.close()
+
+
+@pytest.fixture
+def scrubbed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, list[int]]]:
+    """(partition, lengths) of each partition the start-up scrub reads."""
+    reads: list[tuple[int, list[int]]] = []
+    read = scrub.scrub_partition
+
+    def counted(partition: Any, lengths: list[int]) -> list[str]:
+        reads.append((partition.number, list(lengths)))
+        return read(partition, lengths)
+
+    monkeypatch.setattr(scrub, "scrub_partition", counted)
+    return reads
+
+
+async def _scrub_done(store: LogStore) -> None:
+    for _ in range(500):
+        if store.scrub_done:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the start-up scrub did not finish")
+
+
+async def test_the_scrub_reads_nothing_recovery_read_whole(
+    tmp_path: Path, opening_at, scrubbed
+) -> None:
+    # Given two partitions, a crash and no snapshot
+    store = await opened(tmp_path)
+    await store.store([message(NOW + 1 + k) for k in range(20)])
+    await store.store([message(FAR + k) for k in range(20)])
+    await store.writer.drain()
+    await crash(store)
+    shutil.rmtree(tmp_path / "snapshots")
+    # When the store opens again
+    opening_at(NOW)
+    store = await opened(tmp_path)
+    await _scrub_done(store)
+    # Then recovery read every record of both, checking each as the scrub does, and the
+    # scrub read none of them again
+    assert store.state.replayed_records == 40
+    assert scrubbed == []
+    assert store.scrubbed == 2
+    await store.close()
+
+
+async def test_the_scrub_reads_what_a_snapshot_covered(
+    tmp_path: Path, opening_at, scrubbed
+) -> None:
+    # Given a partition half covered by a snapshot, the rest written after it, a crash, and
+    # a record of the covered half damaged
+    store = await opened(tmp_path)
+    await store.store([message(FAR + k, b"old-%03d" % k) for k in range(20)])
+    assert await store.snapshot() is not None
+    covered = list(_holding(store, FAR).written)
+    await store.store([message(FAR + 100 + k, b"new-%03d" % k) for k in range(20)])
+    await store.writer.drain()
+    store.files.flush()  # the partitions' bytes on disk, as a later write would leave them
+    await crash(store)
+    _flip_a_byte_of(tmp_path, b"old-011")
+    # When the store opens again
+    opening_at(NOW)
+    store = await opened(tmp_path)
+    await _scrub_done(store)
+    # Then the scrub read the covered bytes, and only those, and found the damage there
+    assert scrubbed == [(_holding(store, FAR).number, covered)]
+    [line] = store.state.damaged
+    assert "at byte" in line
     await store.close()

@@ -88,6 +88,9 @@ class Partition:
         self.sizes: list[int] = []
         #: Bytes whose write has completed, per segment (what a reader may scan).
         self.written: list[int] = []
+        #: Bytes of each segment that recovery did not read (a snapshot covered them, or a
+        #: clean close vouched for them): what the start-up scrub checks (``scrub.py``).
+        self.unchecked: list[int] | None = None
         #: MESSAGE records held (a rescheduled copy counts in its new partition).
         self.total = 0
         #: Of those, released, cancelled or moved away.

@@ -211,11 +211,13 @@ def replay(
     takes the snapshot's sizes unchecked. A torn tail is cut through ``fs``; without one
     (``readonly``) nothing is cut."""
     known = list(partition.sizes)
+    partition.unchecked = known
     if known and trusted:
         partition.written = known
         return
     if known and _unchanged(partition, known):
         return  # the snapshot covers every byte: not even a directory listing
+    unchecked: list[int] = []
     files = partition.on_disk()
     sizes: list[int] = []
     new_due: list[int] = []
@@ -231,6 +233,7 @@ def replay(
             if start < actual and fs is not None:
                 fs.truncate_path(path, start)
                 actual = start
+        unchecked.append(start)
         if actual == start:
             sizes.append(start)  # nothing past what the snapshot covers: no read at all
             continue
@@ -269,6 +272,7 @@ def replay(
         sizes.append(size)
     partition.sizes = sizes
     partition.written = list(sizes)
+    partition.unchecked = unchecked
     if not build_index:
         return
     if partition.index is None:

@@ -4,9 +4,10 @@ their CRC32C in the background, nearest due first.
 Recovery reads only what its snapshot does not cover (and, after a clean close, nothing), so a
 flipped byte in a partition due next month would otherwise stay unseen until that partition is
 indexed, while ``/healthz`` said ``ok``. The scrub names it in ``/healthz`` (``damaged``) and
-``/metrics`` (``tarry_store_damaged``) within moments of the start instead. It reads on a
-thread of its own, only the bytes written before the start, and sleeps after each partition as
-long as it read, so it takes at most about half a core from a start that has much to check.
+``/metrics`` (``tarry_store_damaged``) within moments of the start instead. It reads the bytes
+recovery did not (``Partition.unchecked``; what recovery read it checked the same way) on a
+thread of its own, and sleeps after each partition as long as it read, so it takes at most
+about half a core from a start that has much to check.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ async def scrub_all(
     on_partition: Callable[[], None],
     log: logging.Logger,
 ) -> None:
-    """Check every partition of ``table`` found at the start, nearest due first, on ``pool``;
-    damage goes to ``table.state`` (and the log), ``on_partition`` after each."""
+    """Check every partition of ``table`` found at the start, nearest due first, on ``pool``:
+    the bytes recovery did not read; damage goes to ``table.state`` (and the log),
+    ``on_partition`` after each."""
     loop = asyncio.get_running_loop()
     started = time.perf_counter()
     scrubbed = 0
@@ -83,12 +85,15 @@ async def scrub_all(
         partition = table.partitions.get(number)
         if partition is None or not partition.written:
             continue
+        lengths = list(partition.written if partition.unchecked is None else partition.unchecked)
+        if not any(lengths):
+            scrubbed += 1
+            on_partition()
+            continue
         began = time.perf_counter()
         try:
             table.flush(partition)
-            lines = await loop.run_in_executor(
-                pool, scrub_partition, partition, list(partition.written)
-            )
+            lines = await loop.run_in_executor(pool, scrub_partition, partition, lengths)
         except Exception as exc:  # unreadable (EIO, permissions): that is damage too
             lines = [f"partition {partition.name}: cannot be read ({exc})"]
         for line in lines:
