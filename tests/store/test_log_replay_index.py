@@ -12,14 +12,13 @@ from typing import Any
 
 import pytest
 
-from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.store.log import LogStore, opening, scrub
 from tarry.store.log.partition import Partition
+from tests.store.test_log_indexing import LEASE, _in_due_order, _released
 from tests.store.test_log_reading import _flip_a_byte_of
 from tests.store.test_log_recovery import NOW, G, crash, message, opened
 
-LEASE = 60_000
 #: The partition that holds ``NOW``, and one far ahead of it.
 CURRENT = NOW // G * G
 FAR = CURRENT + 100 * G
@@ -39,21 +38,9 @@ def opening_at(monkeypatch: pytest.MonkeyPatch):
     return at
 
 
-async def _released(store: LogStore, until_ms: int) -> list[str]:
-    out: list[str] = []
-    while due := await store.fetch_due(until_ms, limit=1000, lease_ms=LEASE):
-        out += [m.id for m in due]
-        await store.remove([m.id for m in due], state=MessageState.DELIVERED, now_ms=until_ms)
-    return out
-
-
 def _holding(store: LogStore, time_ms: int) -> Partition:
     [partition] = [p for p in store.partitions.values() if p.start_ms <= time_ms < p.end_ms]
     return partition
-
-
-def _in_due_order(messages: list[Message]) -> list[str]:
-    return [m.id for m in sorted(messages, key=lambda m: m.deliver_at_ms)]
 
 
 async def test_the_current_partition_read_by_recovery_is_indexed_from_that_read(
