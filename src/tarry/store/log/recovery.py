@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from tarry.store.log.fs import Files
 from tarry.store.log.held import Failure
@@ -220,8 +221,9 @@ def replay(
     unchecked: list[int] = []
     files = partition.on_disk()
     sizes: list[int] = []
-    new_due: list[int] = []
-    new_pos: list[int] = []
+    #: The index entries of each segment read, as arrays (a list of ints per entry would
+    #: hold about 40 bytes an entry for a whole partition while recovery reads it).
+    new: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
     gone: list[int] = []
     for segment, (path, actual) in enumerate(files):
         start = known[segment] if segment < len(known) else 0
@@ -264,10 +266,9 @@ def replay(
                 out.report(f"{where}: {item.reason}")
             offset = item.end
         _apply(found, data, partition, out)
-        if build_index:
-            base = position(segment, start)
-            new_due += found.due
-            new_pos += [base + offset for offset in found.offsets]
+        if build_index and found.due:
+            offsets = np.array(found.offsets, dtype=np.int64)
+            new.append((np.array(found.due, dtype=np.int64), offsets + position(segment, start)))
         gone += found.gone
         sizes.append(size)
     partition.sizes = sizes
@@ -277,9 +278,9 @@ def replay(
         return
     if partition.index is None:
         partition.index = DueIndex()
-    if new_due:
-        dues = np.array(new_due, dtype=np.int64)
-        poss = np.array(new_pos, dtype=np.int64)
+    if new:
+        dues = np.concatenate([d for d, _ in new])
+        poss = np.concatenate([p for _, p in new])
         if gone:
             keep = ~np.isin(poss, np.array(gone, dtype=np.int64))
             dues, poss = dues[keep], poss[keep]
