@@ -33,12 +33,14 @@ def takeable_rows(
     limit: int,
     *,
     skip: Collection[int] = (),
-) -> list[Any]:
+) -> tuple[list[Any], bool]:
     """The first ``limit`` rows, by ``seq``, that ``ready`` (a condition on ready messages) or
     ``held`` (on in-flight ones) finds, each condition taking ``args``: ``SELECT_SQL``'s
     columns, then the row key; on PostgreSQL the rows are locked, skipping locked ones.
     ``skip``: keys of ready rows to step over (claimed by a receive not yet written, SQLite
-    only: ``store/sqlite/pending_receives.py``)."""
+    only: ``store/sqlite/pending_receives.py``). Also whether more rows may be takeable: on
+    SQLite exactly (the look at the places reads one more), on PostgreSQL whenever ``limit``
+    rows were found (reading one more there would lock it)."""
     if row_key(conn) != "rowid":
         lock = row_lock(conn, skip_locked=True)
         found = [
@@ -49,26 +51,27 @@ def takeable_rows(
             ).fetchall()
             for where in (ready, held)
         ]
-        if not found[1]:
-            return list(found[0])
-        return list(heapq.merge(*found, key=lambda row: row[_SEQ]))[:limit]
+        locked = list(heapq.merge(*found, key=lambda row: row[_SEQ]))[:limit]
+        return locked, len(locked) == limit
     # The ready rows, and whether any in-flight one may be taken again (its own read, then).
     found = conn.execute(
         f"SELECT * FROM (SELECT seq, rowid, state FROM messages WHERE {ready} ORDER BY seq "
         f"LIMIT ?) UNION ALL SELECT NULL, NULL, NULL WHERE EXISTS (SELECT 1 FROM messages "
         f"WHERE {held})",
-        [*args, limit + len(skip), *args],
+        [*args, limit + len(skip) + 1, *args],
     ).fetchall()
     places = [place for place in found if place[0] is not None]
     held_too = len(places) < len(found)
     if skip:
-        places = [place for place in places if place[1] not in skip][:limit]
+        places = [place for place in places if place[1] not in skip]
     if held_too:
         returned = conn.execute(
             f"SELECT seq, rowid, state FROM messages WHERE {held} ORDER BY seq LIMIT ?",
-            [*args, limit],
+            [*args, limit + 1],
         ).fetchall()
-        places = list(heapq.merge(places, returned))[:limit]
+        places = list(heapq.merge(places, returned))
+    more = len(places) > limit
+    del places[limit:]
     memory = conn.released
     rows: list[Any] = []
     missing: list[int] = []
@@ -87,4 +90,4 @@ def takeable_rows(
         rows = [
             read[key] if row is None else row for row, (_, key, _) in zip(rows, places, strict=True)
         ]
-    return rows
+    return rows, more

@@ -96,8 +96,7 @@ class ReceivedRows(LazySequence[tuple[Message, str]]):
     """What one receive at ``received_at_ms`` took, in queue order: each row (``SELECT_SQL``'s
     columns as they were before the receive) with its receipt, as (message, receipt) pairs for
     those that read them; the message of each as the receive left it (``messages``). ``more``:
-    whether the queue held more it could take than it took (True where the receive did not
-    look: a full receive may have left more)."""
+    whether the queue may hold more it could take (``queues.ready_rows.takeable_rows``)."""
 
     __slots__ = ("messages", "more", "receipts", "received_at_ms", "rows")
 

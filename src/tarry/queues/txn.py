@@ -353,11 +353,11 @@ class QueueTxn:
     def _takeable_args(self, queue: str, *, unexpired: bool) -> tuple[str | int, ...]:
         return (queue, self.now_ms, self.now_ms) if unexpired else (queue, self.now_ms)
 
-    def _takeable(self, queue: str, limit: int, *, unexpired: bool) -> list[Any]:
+    def _takeable(self, queue: str, limit: int, *, unexpired: bool) -> tuple[list[Any], bool]:
         """The first ``limit`` rows (``SELECT_SQL``'s columns, then the row key) of ``queue`` a
         consumer may take now, in queue order, rows locked: ready ones and in-flight ones whose
         visibility timeout ended (usually none: that condition finds nothing in the in-flight
-        index's range)."""
+        index's range); and whether more may be takeable (``takeable_rows``)."""
         self.flush()
         # A receive steps over rows claimed (``pending_receives``), unless they are many;
         # dropping a queue's head must not take a row a consumer holds.
@@ -383,7 +383,7 @@ class QueueTxn:
             claims.write_all(self.conn)
 
     def _drop_head(self, queue: str, count: int) -> None:
-        for row in self._takeable(queue, count, unexpired=False):
+        for row in self._takeable(queue, count, unexpired=False)[0]:
             self.dead_letter(from_row(row[:-1]), from_queue=queue, reason=DeathReason.MAXLEN)
 
     # --- leaving ----------------------------------------------------------------------------------
@@ -504,16 +504,11 @@ class QueueTxn:
     def receive(self, queue: str, *, max_messages: int, visibility_ms: int) -> ReceivedRows:
         """Take up to ``max_messages`` of ``queue`` for a consumer, in queue order: one read of
         the rows, then one UPDATE of them all by row key. A row's receipt is this call's id and
-        the row's key (``queues.receipts``), so no id is made per row. On SQLite it reads
-        one row more than it takes, to tell whether it left any (``ReceivedRows.more``): a
-        receive that took exactly what it asked for may have emptied the queue. PostgreSQL's
-        read locks what it reads, so there it reads no more than it takes."""
+        the row's key (``queues.receipts``), so no id is made per row. Whether it left any
+        takeable is ``ReceivedRows.more``: a receive that took exactly what it asked for may
+        have emptied the queue."""
         now = self.now_ms
-        peek = 1 if row_key(self.conn) == "rowid" else 0
-        rows = self._takeable(queue, max_messages + peek, unexpired=True)
-        more = len(rows) > max_messages
-        if more:
-            del rows[max_messages:]
+        rows, more = self._takeable(queue, max_messages, unexpired=True)
         if not rows:
             return ReceivedRows([], [], now)
         prefix = self.ids.new(now)
@@ -530,7 +525,7 @@ class QueueTxn:
                 received_sql(row_key(self.conn), where), [prefix, now + visibility_ms, now, *args]
             )
         taken = hand_out(self.conn, rows, prefix, now)
-        taken.more = more or not peek
+        taken.more = more
         if claims is not None:
             claims.claim(prefix, queue, keys, visible_at_ms=now + visibility_ms, received_at_ms=now)
         self.runs.append(EventRun("received", taken.messages, now, queue))

@@ -86,14 +86,12 @@ async def scrub_all(
         if partition is None or not partition.written:
             continue
         lengths = list(partition.written if partition.unchecked is None else partition.unchecked)
-        if not any(lengths):
-            scrubbed += 1
-            on_partition()
-            continue
         began = time.perf_counter()
+        lines: list[str] = []
         try:
-            table.flush(partition)
-            lines = await loop.run_in_executor(pool, scrub_partition, partition, lengths)
+            if any(lengths):  # none: recovery read it all
+                table.flush(partition)
+                lines = await loop.run_in_executor(pool, scrub_partition, partition, lengths)
         except Exception as exc:  # unreadable (EIO, permissions): that is damage too
             lines = [f"partition {partition.name}: cannot be read ({exc})"]
         for line in lines:
