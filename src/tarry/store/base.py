@@ -62,6 +62,7 @@ __all__ = [
     "ClusterStore",
     "ColumnStore",
     "DelayedStore",
+    "LeavingStore",
     "QueueDatabase",
     "SharedDelayedStore",
     "StoreOutcome",
@@ -160,6 +161,30 @@ class DelayedStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class LeavingStore(Protocol):
+    """A store that can keep a released message out of circulation without ending it, so
+    that local queues may hold it in memory (``tarry.queues.memory``): a crash before its end
+    is written finds it due again."""
+
+    def may_leave(self, ids: Sequence[str]) -> bool:
+        """Whether ``leave`` would take every message of ``ids`` (each claimed), and the
+        store can vouch that none was released before (none of its markers failed)."""
+        ...
+
+    def leave(self, ids: Sequence[str]) -> None:
+        """Take the claimed messages of ``ids`` out of circulation, with nothing written."""
+        ...
+
+    async def finish_left(
+        self, ids: Sequence[str], *, state: MessageState, now_ms: int, durable: bool
+    ) -> int:
+        """End messages ``leave`` took out, in ``state``; returns once that is written (and
+        fsynced, when ``durable``, as the store's policy fsyncs). Raises ``Unavailable``, the
+        messages then due again at once."""
+        ...
 
 
 class SharedDelayedStore(DelayedStore, Protocol):

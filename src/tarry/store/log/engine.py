@@ -7,7 +7,9 @@
   partitions that are due (and the next, ``prefetch_ms`` ahead) carry a ``DueIndex``.
 - In-memory bookkeeping changes in the writer's ``on_written`` step, together with the sizes a
   snapshot records; a message taken out of circulation before its marker is on disk (cancel,
-  reschedule, release) stays in ``_leaving`` meanwhile, and snapshots include it.
+  reschedule, release) stays in ``_leaving`` meanwhile, and snapshots include it; one released
+  into a local queue kept in memory stays there until that queue is done with it (``leave``,
+  ``finish_left``; ``leaving.py``).
 - A message id carries its due time (``tarry.model.ids``): ``get``, ``cancel`` and
   ``reschedule`` read one partition (following MOVED markers), never all of them.
 - Checkpoints (``checkpoint.py``: partitions fsynced, then a snapshot and its manifest naming
@@ -35,7 +37,7 @@ from tarry.model.message import Message
 from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState, transition
 from tarry.store.base import StoreOutcome
-from tarry.store.log import clean, cleanup
+from tarry.store.log import clean, cleanup, leaving
 from tarry.store.log.appending import Appender, NewRecords
 from tarry.store.log.checkpoint import Checkpoints
 from tarry.store.log.claiming import claim_due
@@ -43,19 +45,17 @@ from tarry.store.log.dedupe import admit
 from tarry.store.log.figures import write_path
 from tarry.store.log.forecast import due_counts
 from tarry.store.log.fs import Files
-from tarry.store.log.held import STATE_CODES, Failure, Held, dedupe_hash, key_hash
+from tarry.store.log.held import Failure, Held, dedupe_hash, key_hash
 from tarry.store.log.indexing import IndexAhead
 from tarry.store.log.layout import Layout
 from tarry.store.log.locate import Located, list_page, locate_many
 from tarry.store.log.opening import recover
-from tarry.store.log.reading import pick_due, read_message
+from tarry.store.log.reading import pick_due
 from tarry.store.log.record import (
     CANCELLED,
     FAILED,
     MOVED,
-    RELEASED,
     encode_marker,
-    encode_markers,
     encode_message,
     encode_messages,
 )
@@ -374,43 +374,71 @@ class LogStore:
 
     async def remove(self, ids: Sequence[str], *, state: MessageState, now_ms: int) -> int:
         self._check()
-        table = self.table
-        taken: list[tuple[str, Held]] = []
-        # One contiguous append per partition (one reservation, one part of the write).
-        markers: dict[int, list[tuple[str, int, str]]] = {}
-        code = STATE_CODES[state]
-        for message_id in ids:
-            held = table.take(message_id)
-            if held is None or held.number not in self.partitions:
-                continue
-            if not held.destination:
-                message = read_message(table, self.files, held)
-                held.destination = message.destination if message else ""
-            self._leaving[message_id] = held
-            markers.setdefault(held.number, []).append((message_id, held.pos, held.destination))
-            taken.append((message_id, held))
-        items = [
-            (self.partitions[n], encode_markers(RELEASED, code, entries))
-            for n, entries in markers.items()
-        ]
-        if items and state is MessageState.READY:
+        taken = leaving.take_out(self.table, self.files, ids)
+        if state is MessageState.READY:
             # A release into a local queue is in the queue database already: its marker needs
             # no fsync, nor a group of its own (``GroupWriter.defer``). Other ends wait.
-            counts = table.defer(taken)
-            self.writer.defer(
-                items,
-                on_written=lambda _: table.deferred_done(taken, counts, written=True),
-                on_failed=lambda: table.deferred_done(taken, counts, written=False),
-            )
-        elif items:
+            self._defer_markers(taken, state, self.table.defer(taken))
+        elif taken:
             try:
                 await self.writer.append(
-                    items, durable=True, on_written=lambda _: table.finished(taken)
+                    leaving.markers(self.table, taken, state),
+                    durable=True,
+                    on_written=lambda _: self.table.finished(taken),
                 )
             except TarryError:
-                table.put_back(taken)
+                self.table.put_back(taken)
                 raise
         return len(taken)
+
+    def may_leave(self, ids: Sequence[str]) -> bool:
+        """Whether ``leave`` would take every message of ``ids`` (each claimed) and none came
+        back after a marker failed (its release may be in the queue database already)."""
+        came_back, claims = self.table.came_back, self._claims
+        return all(map(claims.__contains__, ids)) and (not came_back or came_back.isdisjoint(ids))
+
+    def leave(self, ids: Sequence[str]) -> None:
+        """Released into a local queue kept in memory: out of circulation (and no longer
+        counted as scheduled), with no marker yet; ``finish_left`` writes it. A crash before
+        then finds them due again."""
+        self._check()
+        self.table.defer(leaving.take_out(self.table, self.files, ids))
+
+    async def finish_left(
+        self, ids: Sequence[str], *, state: MessageState, now_ms: int, durable: bool
+    ) -> int:
+        """Write the markers of messages ``leave`` took out, ended in ``state``, and return
+        once they are written (fsynced too when ``durable`` and the policy fsyncs). A marker
+        that fails puts its message back, due again at once, and raises."""
+        self._check()
+        taken = leaving.left(self.table, ids)
+        if not taken:
+            return 0
+        counts: dict[str, int] = {}
+        for _, held in taken:
+            counts[held.destination] = counts.get(held.destination, 0) + 1
+        try:
+            await self.writer.append(
+                leaving.markers(self.table, taken, state),
+                durable=durable,
+                on_written=lambda _: self.table.deferred_done(taken, counts, written=True),
+            )
+        except TarryError:
+            self.table.deferred_done(taken, counts, written=False)
+            raise
+        return len(taken)
+
+    def _defer_markers(
+        self, taken: leaving.Taken, state: MessageState, counts: dict[str, int]
+    ) -> None:
+        if not taken:
+            return
+        table = self.table
+        self.writer.defer(
+            leaving.markers(table, taken, state),
+            on_written=lambda _: table.deferred_done(taken, counts, written=True),
+            on_failed=lambda: table.deferred_done(taken, counts, written=False),
+        )
 
     async def record_failure(self, message_id: str, *, error: str, retry_at_ms: int) -> int:
         self._check()
@@ -439,38 +467,13 @@ class LogStore:
             None, locate_many, self.table, message_ids
         )
 
-    def _refuse_claimed(self, message_id: str) -> None:
-        if message_id in self._claims or message_id in self._leaving:
-            raise NotCancellable(
-                f"message {message_id} is being delivered right now; it can no longer be changed"
-            )
-
-    def _take_located(self, found: Located) -> Held:
-        """Take a located scheduled message out of circulation for a cancel or a move."""
-        message = found.message
-        self._refuse_claimed(message.id)
-        held = self._waiting.pop(message.id, None)
-        self.table.recent.pop(message.id, None)
-        if held is None:
-            held = Held(found.partition.number, found.pos, found.due, message.destination)
-            index = found.partition.index
-            if index is not None and not index.discard(found.due, found.pos):
-                # Not indexed any more and not held: another path finished it meanwhile.
-                raise NotCancellable(
-                    f"message {message.id} is being delivered right now; it can no longer be "
-                    "changed"
-                )
-        held.destination = message.destination
-        self._leaving[message.id] = held
-        return held
-
     async def cancel(self, message_id: str, *, now_ms: int) -> Message:
         self._check()
-        self._refuse_claimed(message_id)
+        leaving.refuse_claimed(self.table, message_id)
         found = await self._locate(message_id)
         message = found.message
         transition(message_id, message.state, MessageState.CANCELLED)
-        held = self._take_located(found)
+        held = leaving.take_located(self.table, found)
         marker = encode_marker(
             CANCELLED, message_id, found.pos, now_ms, destination=message.destination
         )
@@ -488,7 +491,7 @@ class LogStore:
 
     async def reschedule(self, message_id: str, *, deliver_at_ms: int, now_ms: int) -> Message:
         self._check()
-        self._refuse_claimed(message_id)
+        leaving.refuse_claimed(self.table, message_id)
         found = await self._locate(message_id)
         message = found.message
         if message.state is not MessageState.SCHEDULED:
@@ -496,7 +499,7 @@ class LogStore:
                 f"message {message_id} is {message.state.value}; only scheduled messages can "
                 "be rescheduled"
             )
-        held = self._take_located(found)
+        held = leaving.take_located(self.table, found)
         moved = replace(message, deliver_at_ms=deliver_at_ms, updated_at_ms=now_ms)
         target = self.table.partition(self.layout.key_for(deliver_at_ms, now_ms), now_ms=now_ms)
         marker = encode_marker(

@@ -65,6 +65,9 @@ class PartitionTable:
         self.now_ms = 0
         #: Messages finished since the last checkpoint.
         self.changes = 0
+        #: Messages put back after a marker failed (``put_back``) and not finished since: the
+        #: queue database may hold their release (``LogStore.may_leave``).
+        self.came_back: set[str] = set()
 
     def partition(self, number: int, *, now_ms: int | None = None) -> Partition:
         """The partition ``number``, made when it is new. A partition made for a new message
@@ -162,6 +165,8 @@ class PartitionTable:
         # few dozen messages).
         numbers: dict[int, int] = {}
         destinations: dict[str, int] = {}
+        if self.came_back:
+            self.came_back.difference_update(message_id for message_id, _ in taken)
         for message_id, held in taken:
             leaving(message_id, None)
             failures(message_id, None)
@@ -215,3 +220,4 @@ class PartitionTable:
         for message_id, held in taken:
             if self.leaving.pop(message_id, None) is not None:
                 self.wait(message_id, held, held.due)
+                self.came_back.add(message_id)
