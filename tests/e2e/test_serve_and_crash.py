@@ -75,3 +75,46 @@ def test_kill_9_while_1000_messages_are_scheduled_loses_none_and_duplicates_none
     assert sorted(ids) == sorted(accepted)
     assert len(ids) == len(set(ids))
     assert all(received_ms >= accepted[m["id"]] for m, received_ms in got)
+
+
+def test_kill_9_after_acks_loses_no_ack_and_delivers_every_unacked_message_again(
+    make_server,
+) -> None:
+    # Given 300 messages released into a queue (kept in memory by default), all received with
+    # a short visibility timeout, 180 of them acked at once after their receive
+    server = make_server()
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        client.put("/v1/queues/held", json={}).raise_for_status()
+        batch = [{"destination": "held", "body": str(i), "delay_ms": 300} for i in range(300)]
+        response = client.post("/v1/messages/batch", json={"messages": batch})
+        response.raise_for_status()
+        accepted = {r["id"] for r in response.json()["results"]}
+        received: list[str] = []
+        acked: set[str] = set()
+        deadline = time.time() + 30
+        while len(received) < 300 and time.time() < deadline:
+            response = client.post(
+                "/v1/queues/held/receive",
+                json={"max": 50, "wait_ms": 1000, "visibility_ms": 1000},
+            )
+            messages = response.json()["messages"]
+            received += [m["id"] for m in messages]
+            to_ack = [m for m in messages if len(acked) < 180 and m["id"] not in acked][:30]
+            if to_ack:
+                answer = client.post(
+                    "/v1/queues/held/ack", json={"receipts": [m["receipt"] for m in to_ack]}
+                ).json()
+                assert answer == {"acked": len(to_ack), "unknown": []}
+                acked |= {m["id"] for m in to_ack}
+    assert sorted(received) == sorted(accepted)
+    assert len(acked) == 180
+    # When the server is killed with SIGKILL and started again
+    server.kill()
+    server.restart()
+    # Then every message not acked is delivered again, and no acked one
+    again = receive_all(server.url, "held", 120, timeout_s=30)
+    ids = [m["id"] for m, _ in again]
+    assert sorted(ids) == sorted(accepted - acked)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        response = client.post("/v1/queues/held/receive", json={"max": 500, "wait_ms": 2500})
+        assert response.json()["messages"] == []

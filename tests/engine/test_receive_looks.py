@@ -13,13 +13,15 @@ async def test_a_filled_queue_is_taken_from_without_a_look_first(make_engine, mo
     engine = await make_engine()
     await engine.declare_queue("orders", {})
     looks: list[Any] = []
-    read = engine.qdb.read
+    # The database itself (in front of it, the queues kept in memory: ``memory_queues``).
+    database = engine.ctx.queue_db
+    read = database.read
 
     async def counted(work: Any) -> Any:
         looks.append(work)
         return await read(work)
 
-    monkeypatch.setattr(engine.qdb, "read", counted)
+    monkeypatch.setattr(database, "read", counted)
     await engine.send_batch([{"destination": "orders", "body": str(i)} for i in range(3)])
     # Filled by the send's release: taken at once, all that was asked for (it may hold more).
     first = await engine.receive("orders", max_messages=2)

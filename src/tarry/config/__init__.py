@@ -142,6 +142,11 @@ class StoreConfig(Section):
     power loss."""
     max_pages: int | None = Field(None, gt=0)
     """Cap on the database size in pages (testing the store breaker with a full disk)."""
+    queues_in_memory: bool = True
+    """The log store only: plain messages released into local queues stay in memory until
+    received and acked, or for 0.2 s, before they are written to the queue database
+    (``tarry.engine.memory_queues``); ``false``: every release, receive and ack is a
+    transaction of the queue database."""
 
 
 class DispatchConfig(Section):

@@ -24,16 +24,19 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, cast
 
+from tarry.config import StoreConfig
 from tarry.dispatch.dispatcher import DueRelease, ReleaseDue
 from tarry.engine.context import EngineContext
+from tarry.engine.memory_queues import MemoryQueues
 from tarry.engine.waiters import Waiters
 from tarry.errors import DeliveryFailed, TarryError
+from tarry.model.events import Event
 from tarry.model.message import Message
 from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
 from tarry.queues.sequence import ClockSequencer, Sequencer
 from tarry.queues.txn import QueueTxn
-from tarry.store.base import ClusterStore, DelayedStore
+from tarry.store.base import ClusterStore, DelayedStore, LeavingStore, QueueDatabase
 
 __all__ = ["ClusterLink"]
 
@@ -42,11 +45,13 @@ log = logging.getLogger(__name__)
 
 class ClusterLink:
     """The parts of an engine that differ where nodes share its store, chosen once from the
-    store when the engine is built: the sequencer, the waiters, the dispatcher's one-transaction
+    store when the engine is built: the sequencer, the waiters, the local queues kept in memory
+    (where they are this node's alone), the dispatcher's one-transaction
     release (``release_due``), what the store's notifications are wired to (``listen``), and
     what a release and a send tell the store (``still_held``, ``announce_due``)."""
 
     def __init__(self, store: DelayedStore, clock: Clock) -> None:
+        self._store, self._clock = store, clock
         #: The store tells of other nodes' changes (PostgreSQL).
         self._cluster = store if isinstance(store, ClusterStore) else None
         #: The nodes share the queues too (``exactly_once``; with ``at_least_once`` each
@@ -55,6 +60,21 @@ class ClusterLink:
         self.shares_queues = self._shared is not None
         self.sequencer = ClockSequencer(clock) if self.shares_queues else Sequencer()
         self.waiters = _ClusterWaiters(self._shared) if self._shared is not None else Waiters()
+
+    def memory(
+        self,
+        queues: QueueDatabase,
+        config: StoreConfig,
+        catalog: Catalog,
+        emit: Callable[[Sequence[Event]], None],
+    ) -> MemoryQueues | None:
+        """The local queues kept in memory in front of ``queues``, where the store can leave
+        a released message unended (``LeavingStore``) and the configuration wants them; they
+        are this node's alone, so never where nodes share the queues."""
+        store = self._store
+        if not config.queues_in_memory or not isinstance(store, LeavingStore):
+            return None
+        return MemoryQueues(queues, store, self._clock, catalog, self.sequencer, self.waiters, emit)
 
     def release_due(self, ctx: EngineContext) -> ReleaseDue | None:
         """The dispatcher's fetch-and-release in one transaction, where the queues are shared."""
@@ -138,8 +158,8 @@ class _ClusterWaiters(Waiters):
         self._pending: set[str] = set()
         self._task: asyncio.Task[None] | None = None
 
-    def wake(self, queues: set[str]) -> None:
-        super().wake(queues)
+    def wake(self, queues: set[str], *, in_memory: bool = False) -> None:
+        super().wake(queues, in_memory=in_memory)
         if queues:
             self._pending |= queues
             if self._task is None or self._task.done():

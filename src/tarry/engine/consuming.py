@@ -19,6 +19,7 @@ from tarry.errors import InvalidArgument, NotFound
 from tarry.model.time import wait_at_most
 from tarry.queues.row_messages import ReceivedRows
 from tarry.queues.txn import QueueTxn
+from tarry.store.base import QueueDatabase
 from tarry.store.sql import QueueConnection
 
 __all__ = ["DEFAULT_VISIBILITY_MS", "MAX_VISIBILITY_MS", "check_receipts", "receive", "settle"]
@@ -54,6 +55,11 @@ async def receive(
         raise NotFound(f"no queue named {queue!r}")
     to_ack = () if ack is None else check_receipts(ack, "ack")
     settled = None if ack is None else _answer((0, []), ack=True)
+    memory, db = ctx.memory, ctx.queue_db
+    if memory is not None and to_ack:
+        here, to_ack = memory.split(to_ack)
+        if here:  # acked before the take, as the database's path does
+            settled = _answer(await memory.ack(queue, here), ack=True)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     if wait_ms:
@@ -63,31 +69,20 @@ async def receive(
             event = ctx.waiters.event(queue)
             now = ctx.clock.now_ms()
             entry.last_used_ms = now
-
-            def work(
-                conn: QueueConnection, now: int = now, acking: Sequence[str] = to_ack
-            ) -> tuple[QueueTxn, ReceivedRows, tuple[int, list[str]] | None]:
-                txn = ctx.txn(conn, now)
-                acked = txn.settle(queue, acking, ack=True, requeue=False) if acking else None
-                taken = txn.receive(queue, max_messages=max_messages, visibility_ms=visibility)
-                return txn, taken, acked
-
-            # Look before taking (an empty poll costs a read, not a commit), unless the queue
-            # was filled since a receive last emptied it: then the look is a hand-over to the
-            # reading thread that only delays the take (a woken long-poll, a consumer keeping
-            # up with a backlog). Receipts to ack make it a write whatever the look would say.
-            if (
-                to_ack
-                or ctx.waiters.may_hold(queue)
-                or await ctx.qdb.read(partial(_has_ready, ctx, queue=queue, now_ms=now))
-            ):
-                txn, taken, acked = await ctx.qdb.write(work, claims_aware=True)
-                ctx.after(txn)
-                if acked is not None:
-                    settled, to_ack = _answer(acked, ack=True), ()
-                ctx.waiters.took(queue, emptied=_emptied(taken, max_messages))
-            else:
+            from_memory = memory is not None and memory.takes(queue, visibility_ms=visibility)
+            if memory is not None and not from_memory and memory.memory.ready_in(queue):
+                await memory.write_out_all()  # too short a visibility timeout for memory
+            if from_memory and not to_ack and ctx.waiters.nothing_takeable(queue, now_ms=now):
                 taken = ReceivedRows([], [], now)
+            else:
+                taken, acked = await _take(ctx, db, queue, now, max_messages, visibility, to_ack)
+                if acked is not None:
+                    settled, to_ack = _merged(settled, acked), ()
+            if memory is not None and len(taken) < max_messages and from_memory:
+                more = memory.take(
+                    queue, max_messages - len(taken), now_ms=now, visibility_ms=visibility
+                )
+                taken = _joined(taken, more)
             ctx.waiters.lag.received(
                 queue, taken=len(taken), emptied=_emptied(taken, max_messages), now_ms=now
             )
@@ -101,6 +96,70 @@ async def receive(
     finally:
         if wait_ms:
             ctx.waiters.count[queue] -= 1
+
+
+async def _take(
+    ctx: EngineContext,
+    db: QueueDatabase,
+    queue: str,
+    now: int,
+    max_messages: int,
+    visibility: int,
+    to_ack: Sequence[str],
+) -> tuple[ReceivedRows, tuple[int, list[str]] | None]:
+    """A receive's take in the queue database (and its ack of ``to_ack``, in the same
+    transaction), or nothing when a look finds nothing takeable there; either way, when it
+    leaves nothing takeable, the queues kept in memory are taken from next
+    (``Waiters.found_nothing``)."""
+
+    def work(
+        conn: QueueConnection,
+    ) -> tuple[QueueTxn, ReceivedRows, tuple[int, list[str]] | None]:
+        txn = ctx.txn(conn, now)
+        acked = txn.settle(queue, to_ack, ack=True, requeue=False) if to_ack else None
+        taken = txn.receive(queue, max_messages=max_messages, visibility_ms=visibility)
+        return txn, taken, acked
+
+    # Look before taking (an empty poll costs a read, not a commit), unless the queue was
+    # filled since a receive last emptied it: then the look is a hand-over to the reading
+    # thread that only delays the take (a woken long-poll, a consumer keeping up with a
+    # backlog). Receipts to ack make it a write whatever the look would say.
+    if (
+        to_ack
+        or ctx.waiters.may_hold(queue)
+        or await db.read(partial(_has_ready, ctx, queue=queue, now_ms=now))
+    ):
+        txn, taken, acked = await db.write(work, claims_aware=True)
+        ctx.after(txn)
+        emptied = _emptied(taken, max_messages)
+        ctx.waiters.took(queue, emptied=emptied)
+        if emptied:
+            ctx.waiters.found_nothing(queue, now_ms=now)
+        return taken, acked
+    ctx.waiters.found_nothing(queue, now_ms=now)
+    return ReceivedRows([], [], now), None
+
+
+def _joined(first: ReceivedRows, then: ReceivedRows) -> ReceivedRows:
+    """Two takes of one receive as one, in order."""
+    if not first:
+        return then
+    if not then:
+        return first
+    joined = ReceivedRows(
+        [*first.rows, *then.rows], [*first.receipts, *then.receipts], first.received_at_ms
+    )
+    joined.more = then.more
+    return joined
+
+
+def _merged(settled: dict[str, Any] | None, acked: tuple[int, list[str]]) -> dict[str, Any]:
+    """What the ack of the receipts held in memory (``settled``) and of the others came to."""
+    done = _answer(acked, ack=True)
+    if settled is not None:
+        done["acked"] += settled["acked"]
+        done["unknown"] = [*settled["unknown"], *done["unknown"]]
+    return done
 
 
 def _emptied(taken: ReceivedRows, asked: int) -> bool:
@@ -120,6 +179,14 @@ async def settle(
     if queue not in ctx.catalog.queues:
         raise NotFound(f"no queue named {queue!r}")
     checked = check_receipts(receipts)
+    memory = ctx.memory
+    settled_here: dict[str, Any] | None = None
+    if memory is not None and ack:
+        here, checked = memory.split(checked)
+        if here:
+            settled_here = _answer(await memory.ack(queue, here), ack=True)
+            if not checked:
+                return settled_here
     now = ctx.clock.now_ms()
 
     def work(conn: QueueConnection) -> tuple[QueueTxn, tuple[int, list[str]]]:
@@ -127,10 +194,11 @@ async def settle(
         settled = txn.settle(queue, checked, ack=ack, requeue=requeue)
         return txn, settled
 
-    # An ack writes the claims it settles itself; a nack has them written first.
+    # An ack writes the claims it settles itself; a nack has them written first (and the
+    # rows kept in memory, ``memory_queues``).
     txn, settled = await ctx.qdb.write(work, claims_aware=ack)
     ctx.after(txn)
-    return _answer(settled, ack=ack)
+    return _merged(settled_here, settled) if ack else _answer(settled, ack=False)
 
 
 def check_receipts(receipts: object, field: str = "receipts") -> Sequence[str]:

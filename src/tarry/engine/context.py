@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tarry.config import TarryConfig
+from tarry.engine.memory_queues import MemoryQueues
 from tarry.engine.waiters import Waiters
 from tarry.model.events import Event
 from tarry.model.route_policy import RoutePolicy
@@ -56,6 +57,17 @@ class EngineContext:
     due: Callable[[int, int], None]
     #: The delivery policy of a route (None: not a route).
     policy_for: Callable[[str], RoutePolicy | None]
+
+    @property
+    def memory(self) -> MemoryQueues | None:
+        """The local queues kept in memory (``qdb`` itself then), None where they are not."""
+        return self.qdb if isinstance(self.qdb, MemoryQueues) else None
+
+    @property
+    def queue_db(self) -> QueueDatabase:
+        """The queue database without the write-out the memory's barrier makes first: for a
+        release, a receive or an ack, and for reads that rows in memory cannot change."""
+        return self.qdb.database if isinstance(self.qdb, MemoryQueues) else self.qdb
 
     def failure_queue(self, destination: str) -> str:
         """Where a message for ``destination`` goes when it cannot be delivered: the route's

@@ -42,7 +42,7 @@ from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore, QueueDatabase
 from tarry.store.sql import QueueConnection
 from tarry.transports.base import Transport
-from tarry.transports.build import build_transport
+from tarry.transports.build import build_transport, build_transports
 
 __all__ = ["Engine"]
 
@@ -69,7 +69,6 @@ class Engine:
             if not self.shared:
                 raise TypeError("a store that does not share the queue database needs queues=")
             queues = cast(QueueDatabase, store)
-        self.qdb: QueueDatabase = queues
         self.clock: Clock = clock or SystemClock()
         self.ids = IdGenerator()
         self.catalog = Catalog()
@@ -77,11 +76,13 @@ class Engine:
         self.breakers = Breakers.from_config(config.dispatch, self.clock)
         #: Every listener in its form for many events (``add_listener``).
         self._listeners: list[EventBatchListener] = []
-        self._emit_all = partial(emit_all, self._listeners)
+        self._emit_all = emit = partial(emit_all, self._listeners)
         # What differs where nodes share the store, chosen once (``tarry.engine.cluster``).
         self._link = link = ClusterLink(store, self.clock)
         self._seq = link.sequencer
         self.waiters = link.waiters
+        self.memory = link.memory(queues, config.store, self.catalog, emit)
+        self.qdb: QueueDatabase = self.memory or queues  # behind its barrier, if kept
         #: What the engine's parts get of it.
         self.ctx = EngineContext(
             config=config,
@@ -159,9 +160,7 @@ class Engine:
     @classmethod
     def from_config(cls, config: TarryConfig, *, clock: Clock | None = None) -> Engine:
         store, queues = build_stores(config)
-        transports = {
-            name: build_transport(name, route, clock=clock) for name, route in config.routes.items()
-        }
+        transports = build_transports(config.routes, clock=clock)
         return cls(config, store=store, queues=queues, clock=clock, transports=transports)
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -196,7 +195,9 @@ class Engine:
         await self.schedules.start()  # before the dispatcher: long-overdue ones are missed
         if background:
             self._spawn(self.dispatcher.run)
-            self._spawn(self._housekeeping)
+            self._spawn(
+                lambda: housekeeping(self.ctx, breakers=self.breakers, probe=self.probe_store)
+            )
             self._spawn(self.schedules.run)
         catalog = self.catalog
         log.info("engine started: %d queues, %d topics", len(catalog.queues), len(catalog.topics))
@@ -214,6 +215,8 @@ class Engine:
             await transport.close()
         if self.journal is not None:
             self.journal.close()
+        if self.memory is not None:
+            await self.memory.drain()
         await self.store.close()
         await self.path.close()
         if self._lock_file is not None:
@@ -368,9 +371,6 @@ class Engine:
         return await self.routes.delete(name, force=force)
 
     # --- housekeeping ---------------------------------------------------------------------------
-    async def _housekeeping(self) -> None:
-        await housekeeping(self.ctx, breakers=self.breakers, probe=self.probe_store)
-
     async def sweep(self) -> None:
         await sweep(self.ctx)
 

@@ -63,7 +63,8 @@ async def sweep(ctx: EngineContext) -> None:
         txn.sweep_expired()
         return txn
 
-    if await ctx.qdb.read(lambda conn: ctx.txn(conn, now).has_expired()):
+    # Rows kept in memory never expire (``memory_queues``): the look needs no write-out first.
+    if await ctx.queue_db.read(lambda conn: ctx.txn(conn, now).has_expired()):
         ctx.after(await ctx.qdb.write(work))
     for name, entry in list(ctx.catalog.queues.items()):
         expires = entry.effective.expires_ms
@@ -121,9 +122,12 @@ async def sample_delivery_lag(ctx: EngineContext) -> None:
             return [(queue, read_head(conn, queue, cap)) for queue, cap in wanted.items()]
 
         try:
-            heads = await ctx.qdb.read(work)
+            # Read without writing the rows kept in memory out: they are added here.
+            heads = await ctx.queue_db.read(work)
         except TarryError as exc:  # the figures stay as last sampled; receives fail alike
             log.warning("could not sample the queues' delivery lag: %s", exc)
             await asyncio.sleep(1.0)
             continue
+        if ctx.memory is not None:
+            heads = [(queue, ctx.memory.with_head(queue, head)) for queue, head in heads]
         lag.sampled(ctx.clock.now_ms(), heads, limit_ms=dispatch.overload_lag_ms)

@@ -77,7 +77,8 @@ async def store_sends(ctx: EngineContext, accepted: Accepted, now_ms: int) -> li
         return await ctx.store.store(messages)  # nothing to de-duplicate or to record aside
     released: dict[str, Message] = {}
     if keys:
-        released = await ctx.qdb.read(lambda conn: kept_by_dedupe_key(conn, keys))
+        # Rows kept in memory have no key (``memory_queues``): no write-out needed first.
+        released = await ctx.queue_db.read(lambda conn: kept_by_dedupe_key(conn, keys))
     fresh = [m for m in messages if dedupe_key(m) not in released]
     # A message a native route already handed to its broker (state delivered) is finished: its
     # record goes straight to the queue database, never into the delayed store to fall due.
@@ -137,7 +138,12 @@ async def release(
 
     Consumers are woken (and the events told) once the queue database has committed, not after
     the markers: the messages are theirs from then on, and the marker's append may wait
-    behind a producer's fsync in the log store's group commit."""
+    behind a producer's fsync in the log store's group commit.
+
+    Where local queues are kept in memory, plain messages go there instead, with nothing
+    written (``tarry.engine.memory_queues``)."""
+    if ctx.memory is not None and ctx.memory.release(batch):
+        return []
     refused, _ = await _release(ctx, batch, claimed=True, committed=ctx.after)
     return refused
 
@@ -178,6 +184,10 @@ async def _release(
             committed(txn)
         if placed:
             await ctx.store.remove(placed, state=MessageState.READY, now_ms=txn.now_ms)
+    except BaseException:
+        if ctx.memory is not None:
+            ctx.memory.released_elsewhere(_ids(batch))
+        raise
     finally:
         if claimed:
             ctx.store.release_claims(_ids(batch))

@@ -3,6 +3,7 @@ and what ``PUT /v1/routes/{name}`` puts at run time go through here alike."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from tarry.config import RouteConfig
@@ -54,3 +55,10 @@ def build_transport(
     raise InvalidArgument(
         f"route {name!r}: transport {route.transport!r} is not available in this build"
     )
+
+
+def build_transports(
+    routes: Mapping[str, RouteConfig], *, clock: Clock | None = None
+) -> dict[str, Transport]:
+    """``build_transport`` of each configured route, by name."""
+    return {name: build_transport(name, route, clock=clock) for name, route in routes.items()}

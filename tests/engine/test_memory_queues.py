@@ -1,0 +1,193 @@
+"""Local queues kept in memory (``tarry.engine.memory_queues``), on the log store: a plain
+release, receive and ack commit nothing in the queue database; everything else sees the rows
+written out first; a message is never released twice, across a restart included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tarry.model.state import MessageState
+
+
+@pytest.fixture
+def engine_store() -> str:
+    return "log"
+
+
+async def _released(engine: Any, clock: Any, queue: str, count: int) -> list[str]:
+    """``count`` plain messages for ``queue``, due in 1 s, then released (into memory)."""
+    await engine.declare_queue(queue, {})
+    results = await engine.send_batch(
+        [{"destination": queue, "body": f"m{i}", "delay_ms": 1000} for i in range(count)]
+    )
+    clock.advance(1000)
+    assert await engine.dispatcher.run_once()
+    assert engine.memory.memory.ready_in(queue) == count
+    return [r.id for r in results]
+
+
+async def test_a_release_receive_and_ack_commit_nothing_in_the_queue_database(
+    make_engine, clock
+) -> None:
+    engine = await make_engine()
+    ids = await _released(engine, clock, "q", 3)
+    database = engine.qdb.db
+    commits = database.commits
+    taken = await engine.receive("q", max_messages=10)
+    assert [d.message.id for d in taken] == ids
+    assert all("." not in d.receipt for d in taken)
+    assert await engine.ack("q", [d.receipt for d in taken]) == {"acked": 3, "unknown": []}
+    assert database.commits == commits
+    # The acks' markers are written: the store holds nothing, nothing falls due again.
+    assert await engine.store.count_scheduled() == 0
+    clock.advance(60_000)
+    assert not await engine.dispatcher.run_once()
+    # Every message told released, received and acked once.
+    for event in ("released", "received", "acked"):
+        assert sorted(e[1] for e in engine.recorder.of(event)) == sorted(ids)
+    # Read through the barrier: the finished rows are written out first.
+    assert {(await engine.get_message(i)).state for i in ids} == {MessageState.ACKED}
+    assert len(engine.memory.memory) == 0
+
+
+async def test_counts_and_lists_see_the_rows_held_in_memory(make_engine, clock) -> None:
+    engine = await make_engine()
+    ids = await _released(engine, clock, "q", 4)
+    [first] = await engine.receive("q", max_messages=1)
+    info = await engine.queue_info("q")
+    assert (info.ready, info.in_flight) == (3, 1)
+    # Written out: the rest is received from the queue database, in order, each once.
+    rest = await engine.receive("q", max_messages=10)
+    assert [d.message.id for d in rest] == ids[1:]
+    assert await engine.ack("q", [first.receipt, *(d.receipt for d in rest)]) == {
+        "acked": 4,
+        "unknown": [],
+    }
+    clock.advance(60_000)
+    assert await engine.receive("q", max_messages=10) == []
+    assert not await engine.dispatcher.run_once()
+
+
+async def test_a_nack_of_a_row_held_in_memory_requeues_it(make_engine, clock) -> None:
+    engine = await make_engine()
+    [sent] = await _released(engine, clock, "q", 1)
+    [held] = await engine.receive("q", max_messages=1)
+    assert await engine.nack("q", [held.receipt], requeue=True) == {"nacked": 1, "unknown": []}
+    [again] = await engine.receive("q", max_messages=1)
+    assert again.message.id == sent
+    assert again.message.redelivered
+    assert (await engine.ack("q", [again.receipt]))["acked"] == 1
+    assert (await engine.ack("q", [held.receipt]))["unknown"] == [held.receipt]
+
+
+async def test_a_visibility_timeout_of_a_row_written_out_in_flight_ends_there(
+    make_engine, clock
+) -> None:
+    engine = await make_engine()
+    ids = await _released(engine, clock, "q", 2)
+    [held] = await engine.receive("q", max_messages=1, visibility_ms=5_000)
+    await engine.memory.write_out_all()  # as the write-out every 0.2 s does
+    [second] = await engine.receive("q", max_messages=1)
+    assert second.message.id == ids[1]
+    assert await engine.receive("q", max_messages=1) == []
+    clock.advance(5_000)
+    [again] = await engine.receive("q", max_messages=1)
+    assert again.message.id == ids[0]
+    assert again.receipt != held.receipt
+    assert (await engine.ack("q", [held.receipt]))["unknown"] == [held.receipt]
+    assert (await engine.ack("q", [again.receipt, second.receipt]))["acked"] == 2
+
+
+async def test_a_queue_with_a_ttl_and_keyed_messages_take_the_database_path(
+    make_engine, clock
+) -> None:
+    engine = await make_engine()
+    await engine.declare_queue("ttl", {"message_ttl_ms": 60_000})
+    await engine.declare_queue("keyed", {})
+    await engine.send({"destination": "ttl", "body": "a", "delay_ms": 1000})
+    await engine.send({"destination": "keyed", "body": "b", "delay_ms": 1000, "message_id": "k"})
+    clock.advance(1000)
+    assert await engine.dispatcher.run_once()
+    assert len(engine.memory.memory) == 0
+    assert len(await engine.receive("ttl", max_messages=5)) == 1
+    assert len(await engine.receive("keyed", max_messages=5)) == 1
+
+
+async def test_rows_held_at_a_stop_are_written_out_and_received_once_after(
+    make_engine, clock, tmp_path
+) -> None:
+    engine = await make_engine()
+    ids = await _released(engine, clock, "q", 3)
+    [acked] = await engine.receive("q", max_messages=1)
+    await engine.ack("q", [acked.receipt])
+    await engine.stop()
+    again = await make_engine(data_dir=tmp_path / "data")
+    clock.advance(60_000)
+    assert not await again.dispatcher.run_once()
+    rest = await again.receive("q", max_messages=10)
+    assert [d.message.id for d in rest] == ids[1:]
+    assert (await again.get_message(ids[0])).state is MessageState.ACKED
+
+
+async def test_a_release_whose_marker_a_crash_lost_is_not_released_again_into_memory(
+    make_engine, clock, tmp_path, monkeypatch
+) -> None:
+    """Released through the queue database before a crash that came ahead of its marker: due
+    again at the next start, before which it fell due, so it takes the database's path and its
+    row there stands; it is received once."""
+    engine = await make_engine({"store": {"queues_in_memory": False}})
+    await engine.declare_queue("q", {})
+    sent = await engine.send({"destination": "q", "body": "x", "delay_ms": 1000})
+    clock.advance(1000)
+
+    async def no_marker(*args: Any, **kwargs: Any) -> int:
+        return 0
+
+    monkeypatch.setattr(engine.store, "remove", no_marker)
+    assert await engine.dispatcher.run_once()
+    await engine.stop()
+    clock.advance(1000)
+    again = await make_engine(data_dir=tmp_path / "data")
+    assert again.memory is not None
+    assert await again.dispatcher.run_once()  # due again: its release finds its row
+    assert len(again.memory.memory) == 0
+    [once] = await again.receive("q", max_messages=10)
+    assert once.message.id == sent.id
+    assert await again.receive("q", max_messages=10) == []
+    await again.ack("q", [once.receipt])
+    assert not await again.dispatcher.run_once()
+
+
+async def test_a_message_sent_without_a_delay_is_released_once_when_the_dispatcher_meets_it(
+    make_engine, clock, monkeypatch
+) -> None:
+    """Its send releases it through the queue database; should the dispatcher fetch it before
+    that release's marker is written, its release takes the same path (a no-op there), never
+    the memory's."""
+    import asyncio
+
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    clock.advance(1000)  # sent after the start (else it is never the memory's anyway)
+    markers_may_go, committed = asyncio.Event(), asyncio.Event()
+    remove = engine.store.remove
+
+    async def held_remove(*args: Any, **kwargs: Any) -> int:
+        committed.set()  # the send's release is in the queue database
+        await markers_may_go.wait()
+        return await remove(*args, **kwargs)
+
+    monkeypatch.setattr(engine.store, "remove", held_remove)
+    sending = asyncio.create_task(engine.send({"destination": "q", "body": "now"}))
+    await asyncio.wait_for(committed.wait(), 5)
+    releasing = asyncio.create_task(engine.dispatcher.run_once())
+    await asyncio.sleep(0.05)
+    assert len(engine.memory.memory) == 0
+    markers_may_go.set()
+    sent = await sending
+    await releasing
+    [once] = await engine.receive("q", max_messages=10)
+    assert once.message.id == sent.id
+    assert await engine.receive("q", max_messages=10) == []
