@@ -191,3 +191,41 @@ async def test_a_message_sent_without_a_delay_is_released_once_when_the_dispatch
     [once] = await engine.receive("q", max_messages=10)
     assert once.message.id == sent.id
     assert await engine.receive("q", max_messages=10) == []
+
+
+async def test_rows_written_out_are_the_rows_the_database_path_writes(make_engine, clock) -> None:
+    """An acked row, a row in flight and a ready row of the memory read back from the queue
+    database as the same messages received and acked through the database read back."""
+    from tarry.store.sqlite.rows import COLUMNS, SELECT_SQL
+
+    engine = await make_engine()
+    await engine.declare_queue("q", {})
+    clock.advance(1000)
+    plain = {"destination": "q", "correlation_id": "c"}
+    kept = [await engine.send({**plain, "body": f"k{i}", "delay_ms": 1000}) for i in range(3)]
+    clock.advance(1000)
+    assert await engine.dispatcher.run_once()
+    assert engine.memory.memory.ready_in("q") == 3
+    [acked_here, held_here] = await engine.receive("q", max_messages=2)
+    await engine.ack("q", [acked_here.receipt])
+    # The same through the database: sent without a delay, released by the send.
+    direct = [await engine.send({**plain, "body": f"d{i}"}) for i in range(3)]
+    await engine.memory.write_out_all()
+    ready = await engine.qdb.read(lambda conn: conn.execute(SELECT_SQL).fetchall())
+    taken = await engine.receive("q", max_messages=3)
+    assert [d.message.id for d in taken] == [kept[2].id, direct[0].id, direct[1].id]
+    await engine.ack("q", [taken[1].receipt])
+    later = await engine.qdb.read(lambda conn: conn.execute(SELECT_SQL).fetchall())
+    ignored = {"id", "body", "seq", "sent_at_ms", "deliver_at_ms", "enqueued_at_ms"}
+    ignored |= {"visible_at_ms", "updated_at_ms", "receipt"}
+
+    def shape(rows: list[Any], message_id: str) -> dict[str, Any]:
+        [row] = [r for r in rows if r[0] == message_id]
+        return {c: v for c, v in zip(COLUMNS, row, strict=True) if c not in ignored}
+
+    # ready, acked and in flight: each as the database's own
+    assert shape(ready, kept[2].id) == shape(ready, direct[2].id)
+    assert shape(later, kept[0].id) == shape(later, direct[0].id)
+    assert shape(later, held_here.message.id) == shape(later, direct[1].id)
+    assert shape(later, kept[0].id)["state"] == "acked"
+    assert shape(later, held_here.message.id)["state"] == "delivered"
