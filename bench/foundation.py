@@ -34,14 +34,14 @@ def start_server(
     extra: list[str] | None = None,
     *,
     env: dict[str, str] | None = None,
-    program: Sequence[str] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
     """A `tarry serve` subprocess on a free port (``extra``: more flags, e.g. ``--config``;
-    ``env``: its environment, e.g. another source tree's ``PYTHONPATH``; ``program``: what
-    runs tarry's command line, e.g. a probe that changes the server first)."""
+    ``env``: its environment, e.g. another source tree's ``PYTHONPATH``)."""
     proc = subprocess.Popen(
         [
-            *(program or (sys.executable, "-m", "tarry.cli.main")),
+            sys.executable,
+            "-m",
+            "tarry.cli.main",
             "serve",
             "--port",
             "0",

@@ -17,11 +17,9 @@ The Redis baseline is what teams build by hand: ``ZADD`` into a sorted set, a po
 running a Lua script that moves due members to a list, a consumer popping the list. It is not
 durable; its CPU is Redis's plus the poller's.
 ``--baseline-src`` runs tarry from another source tree too (e.g. a worktree of main before a
-change), in the same run. ``--only ...,in-memory`` runs this tree once more with its local
-queues kept in memory, nothing written for a release, a receive or an ack (``probes/
-queues_in_memory.py``, not durable): the most that WAL-backed local queues could save;
-``in-memory-retained`` the same with acked messages written to the queue database as finished
-rows, a transaction every 0.2 s, as the README's design for those queues keeps them.
+change), in the same run. ``--only ...,in-database`` runs this tree once more with
+``[store] queues_in_memory = false``: every release, receive and ack a transaction of the
+queue database, so the run shows what the local queues kept in memory save.
 """
 
 from __future__ import annotations
@@ -44,8 +42,6 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from foundation import cpu_s, journal_lateness, percentile, start_server  # noqa: E402
 
-#: ``tarry serve`` with its local queues in memory (the ``in-memory`` part).
-IN_MEMORY_PROBE = Path(__file__).resolve().parent / "probes" / "queues_in_memory.py"
 QUEUE = "bench.ontime"
 BODY = "x" * 100
 BATCH = 1000
@@ -319,16 +315,14 @@ def run_tarry(
     src: Path | None,
     tmp: Path,
     *,
-    in_memory: bool = False,
-    retained: bool = False,
+    in_database: bool = False,
 ) -> dict[str, Any]:
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = str(src)
-    if retained:
-        env["TARRY_PROBE_RETAIN"] = "1"
-    program = (sys.executable, str(IN_MEMORY_PROBE)) if in_memory else None
-    proc, url = start_server(tmp, args.store, env=env, program=program)
+    if in_database:
+        env["TARRY_STORE__QUEUES_IN_MEMORY"] = "false"
+    proc, url = start_server(tmp, args.store, env=env)
     try:
         httpx.put(f"{url}/v1/queues/{QUEUE}", json={}).raise_for_status()
         cpu_before, threads_before = cpu_s(proc.pid), _thread_cpu(_metrics(url))
@@ -408,8 +402,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default="redis,tarry,baseline",
-        help="parts, comma-separated: redis, tarry, baseline (with --baseline-src), in-memory, "
-        "in-memory-retained",
+        help="parts, comma-separated: redis, tarry, baseline (with --baseline-src), in-database",
     )
     parser.add_argument("--deadline-s", type=float, default=300.0)
     parser.add_argument(
@@ -447,15 +440,12 @@ def main() -> None:
         if "baseline" in parts and args.baseline_src:
             print("tarry baseline ...", file=sys.stderr)
             results["baseline"] = run_tarry(args, args.baseline_src, Path(tmp) / "baseline")
-        if "in-memory" in parts:
-            print("tarry, local queues in memory (a probe) ...", file=sys.stderr)
-            results["in_memory"] = run_tarry(args, None, Path(tmp) / "in-memory", in_memory=True)
-        if "in-memory-retained" in parts:
-            print("tarry, local queues in memory, finished rows kept ...", file=sys.stderr)
-            results["in_memory_retained"] = run_tarry(
-                args, None, Path(tmp) / "in-memory-retained", in_memory=True, retained=True
+        if "in-database" in parts:
+            print("tarry, local queues in the queue database ...", file=sys.stderr)
+            results["in_database"] = run_tarry(
+                args, None, Path(tmp) / "in-database", in_database=True
             )
-    for other in ("redis", "baseline", "in_memory", "in_memory_retained"):
+    for other in ("redis", "baseline", "in_database"):
         if other in results and "tarry" in results:
             mine, theirs = results["tarry"], results[other]
             results[f"ratio_to_{other}"] = {

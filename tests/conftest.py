@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -224,15 +224,11 @@ class ServerProcess:
         config: Path | None,
         env: dict[str, str] | None,
         args: list[str],
-        program: Sequence[str] | None = None,
     ) -> None:
-        """``program``: what runs tarry's command line (default ``python -m tarry.cli.main``),
-        e.g. a bench probe that changes the server first."""
         self.data_dir = data_dir
         self.config = config
         self.env = env
         self.args = args
-        self.program = program or (sys.executable, "-m", "tarry.cli.main")
         self.url = ""
         self.process: subprocess.Popen[str] | None = None
         self.stderr_lines: list[str] = []
@@ -240,7 +236,9 @@ class ServerProcess:
 
     def start(self) -> None:
         command = [
-            *self.program,
+            sys.executable,
+            "-m",
+            "tarry.cli.main",
             "serve",
             "--port",
             "0",
@@ -312,7 +310,6 @@ def make_server(
         data_dir: Path | None = None,
         env: dict[str, str] | None = None,
         args: list[str] | None = None,
-        program: Sequence[str] | None = None,
     ) -> ServerProcess:
         config = None
         if config_toml is not None:
@@ -323,7 +320,6 @@ def make_server(
             config=config,
             env=env,
             args=args or [],
-            program=program,
         )
         servers.append(server)
         return server
