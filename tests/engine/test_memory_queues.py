@@ -229,3 +229,22 @@ async def test_rows_written_out_are_the_rows_the_database_path_writes(make_engin
     assert shape(later, held_here.message.id) == shape(later, direct[1].id)
     assert shape(later, kept[0].id)["state"] == "acked"
     assert shape(later, held_here.message.id)["state"] == "delivered"
+
+
+async def test_a_write_out_whose_caller_is_cancelled_still_moves_each_row_once(
+    make_engine, clock
+) -> None:
+    """A read whose client went away while the rows held in memory were written out first:
+    the transaction commits all the same, so the rows must not go back into memory."""
+    import asyncio
+
+    engine = await make_engine()
+    ids = await _released(engine, clock, "q", 3)
+    reading = asyncio.create_task(engine.queue_info("q"))
+    await asyncio.sleep(0)  # inside the write-out's transaction
+    reading.cancel()
+    await asyncio.gather(reading, return_exceptions=True)
+    await asyncio.sleep(0.1)
+    taken = await engine.receive("q", max_messages=10)
+    assert sorted(d.message.id for d in taken) == sorted(ids)
+    assert await engine.receive("q", max_messages=10) == []

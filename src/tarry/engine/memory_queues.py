@@ -55,7 +55,7 @@ from tarry.model.state import MessageState
 from tarry.model.time import Clock
 from tarry.queues.catalog import Catalog
 from tarry.queues.lag import QueueHead
-from tarry.queues.memory import QueueMemory, WriteOut
+from tarry.queues.memory import InFlight, QueueMemory, WriteOut
 from tarry.queues.memory_writes import write_out
 from tarry.queues.release_columns import plain_release
 from tarry.queues.row_messages import ReceivedRows, RowMessages
@@ -221,6 +221,11 @@ class MemoryQueues:
         flights, unknown = self.memory.settle(queue, receipts)
         if not flights:
             return 0, unknown
+        # Shielded: once let go of here, the rows' end runs its course whoever waits for it.
+        await asyncio.shield(self._acked(queue, flights))
+        return len(flights), unknown
+
+    async def _acked(self, queue: str, flights: list[InFlight]) -> None:
         now = self._clock.now_ms()
         # Should the marker fail, the store has them due again (released again): not acked.
         await self._store.finish_left(
@@ -232,11 +237,9 @@ class MemoryQueues:
         self.memory.finish(flights, acked_at_ms=now)
         rows = [flight.row for flight in flights]
         received_at = [flight.received_at_ms for flight in flights]
-        self._emit(
-            EventRun("acked", RowMessages(rows, received_at, MessageState.ACKED), now, queue)
-        )
+        acked = RowMessages(rows, received_at, MessageState.ACKED)
+        self._emit(EventRun("acked", acked, now, queue))
         self._tick()
-        return len(flights), unknown
 
     def with_head(self, queue: str, head: QueueHead) -> QueueHead:
         """``head`` (the queue database's, ``queues.lag``) with the ready rows held here: the
@@ -259,6 +262,11 @@ class MemoryQueues:
         await self._write_out(lambda: self.memory.older(before))
 
     async def _write_out(self, taking: Callable[[], WriteOut]) -> None:
+        # Shielded: a caller cancelled (a client gone) must not put rows back into memory
+        # while their transaction commits anyway; they would then be in both.
+        await asyncio.shield(self._write_out_now(taking))
+
+    async def _write_out_now(self, taking: Callable[[], WriteOut]) -> None:
         async with self._writing:
             out = taking()
             if not out:

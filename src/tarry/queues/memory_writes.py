@@ -27,8 +27,10 @@ _CHUNK = 256
 
 #: What an acked row of the memory (a plain release's, acked once) differs in from another,
 #: bound per row; the rest is written into the statement (binding is most of a row's cost).
-_ACKED_VARYING = ("id", "destination", "queue", "sent_at_ms", "deliver_at_ms", "correlation_id")
-_ACKED_VARYING += ("seq", "enqueued_at_ms", "visible_at_ms", "updated_at_ms")
+_ACKED_VARYING = (
+    *("id", "destination", "queue", "sent_at_ms", "deliver_at_ms", "correlation_id"),
+    *("seq", "enqueued_at_ms", "visible_at_ms", "updated_at_ms"),
+)
 _ACKED_FIXED = {
     "state": "'acked'",
     "headers": "'{}'",
