@@ -261,12 +261,14 @@ async def test_an_ingress_that_cannot_reach_rabbitmq_shows_in_health_and_keeps_t
 async def test_while_releases_are_behind_the_ingress_requeues_and_stores_once_caught_up(
     broker: Broker, make_engine
 ) -> None:
-    # Given a server far behind on releases: thousands due at once, released five a round
+    # Given a server far behind on releases: thousands due at once, released five a round, each
+    # round a queue-database transaction (into the queues kept in memory it catches up at once)
     engine = await make_engine(
         {
             "rabbitmq": {"url": broker.url, "ingress": True},
             "queues": {"orders": {}},
             "dispatch": {"batch_size": 5, "overload_lag_ms": 100},
+            "store": {"queues_in_memory": False},
         }
     )
     await asyncio.wait_for(engine.ingress.ready.wait(), 10)
