@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from tarry.model.state import MessageState
+from tarry.queues.lag import read_head
+from tarry.server.metrics import Metrics
 
 
 @pytest.fixture
@@ -24,7 +26,7 @@ async def _released(engine: Any, clock: Any, queue: str, count: int) -> list[str
     )
     clock.advance(1000)
     assert await engine.dispatcher.run_once()
-    assert engine.memory.memory.ready_in(queue) == count
+    assert engine.memory.ready_in(queue) == count
     return [r.id for r in results]
 
 
@@ -248,3 +250,35 @@ async def test_a_write_out_whose_caller_is_cancelled_still_moves_each_row_once(
     taken = await engine.receive("q", max_messages=10)
     assert sorted(d.message.id for d in taken) == sorted(ids)
     assert await engine.receive("q", max_messages=10) == []
+
+
+async def test_the_lag_sampler_counts_rows_held_in_memory_up_to_its_cap(make_engine, clock) -> None:
+    # Given 2 ready rows written out to the queue database, and 5 after them held in memory
+    engine = await make_engine()
+    first, _ = await _released(engine, clock, "q", 2)
+    await engine.memory.write_out_all()
+    await _released(engine, clock, "q", 5)
+    # When the sampler reads the database's head (without the barrier) and adds memory's
+    head = await engine.memory.database.read(lambda conn: read_head(conn, "q", 100))
+    assert head.ready == 2
+    counted, capped, uncounted = (engine.memory.with_head("q", head, cap) for cap in (100, 4, 0))
+    # Then its head is the oldest of both, and its count both up to the cap (0: none counted)
+    first_due = (await engine.get_message(first)).deliver_at_ms
+    assert counted.oldest_due_ms == capped.oldest_due_ms == first_due
+    assert (counted.ready, capped.ready, uncounted.ready) == (7, 4, 0)
+
+
+async def test_health_and_metrics_count_the_rows_held_in_memory_by_kind(make_engine, clock) -> None:
+    # Given 4 rows released into memory, 2 received and 1 of those acked
+    engine = await make_engine()
+    await _released(engine, clock, "q", 4)
+    first, _ = await engine.receive("q", max_messages=2)
+    await engine.ack("q", [first.receipt])
+    held = {"ready": 2, "in_flight": 1, "acked": 1}
+    # Then /healthz counts them by kind, and so does /metrics (taken before its stats, whose
+    # read writes them out)
+    assert engine.health()["queue_rows_in_memory"] == held
+    text = (await Metrics().render(engine))[0].decode()
+    for kind, rows in held.items():
+        assert f'tarry_queue_rows_in_memory{{kind="{kind}"}} {float(rows)}' in text
+    assert engine.health()["queue_rows_in_memory"] == dict.fromkeys(held, 0)

@@ -129,5 +129,6 @@ async def sample_delivery_lag(ctx: EngineContext) -> None:
             await asyncio.sleep(1.0)
             continue
         if ctx.memory is not None:
-            heads = [(queue, ctx.memory.with_head(queue, head)) for queue, head in heads]
+            memory = ctx.memory
+            heads = [(queue, memory.with_head(queue, head, wanted[queue])) for queue, head in heads]
         lag.sampled(ctx.clock.now_ms(), heads, limit_ms=dispatch.overload_lag_ms)

@@ -189,6 +189,14 @@ class MemoryQueues:
         self._tick()
         return True
 
+    def sizes(self) -> dict[str, int]:
+        """Rows held by kind (``QueueMemory.sizes``)."""
+        return self.memory.sizes()
+
+    def ready_in(self, queue: str) -> int:
+        """Ready rows of ``queue`` held here."""
+        return self.memory.ready_in(queue)
+
     def takes(self, queue: str, *, visibility_ms: int) -> bool:
         """Whether a receive may take ``queue``'s rows from memory (a visibility timeout
         shorter than ``MIN_VISIBILITY_MS`` could end before its rows are written out)."""
@@ -241,14 +249,16 @@ class MemoryQueues:
         self._emit(EventRun("acked", acked, now, queue))
         self._tick()
 
-    def with_head(self, queue: str, head: QueueHead) -> QueueHead:
-        """``head`` (the queue database's, ``queues.lag``) with the ready rows held here: the
-        oldest due of both, and both counted."""
+    def with_head(self, queue: str, head: QueueHead, count_cap: int) -> QueueHead:
+        """``head`` (the queue database's, ``queues.lag.read_head`` with ``count_cap``) with
+        the ready rows held here: the oldest due of both, and both counted up to the cap (0:
+        not counted)."""
         due = self.memory.oldest_due_ms(queue)
         if due is None:
             return head
         oldest = due if head.oldest_due_ms is None else min(due, head.oldest_due_ms)
-        return QueueHead(oldest, head.ready + self.memory.ready_in(queue))
+        ready = min(count_cap, head.ready + self.memory.ready_in(queue))
+        return QueueHead(oldest, ready)
 
     # --- write-outs ---------------------------------------------------------------------------
     async def write_out_all(self) -> None:

@@ -41,6 +41,8 @@ def health(
         "release_lag_ms": lag_ms,
         "delivery_lag_ms": ctx.waiters.lag.worst_ms(),
         "queues_behind": len(behind),
+        # Rows of local queues kept in memory, not yet written to the queue database.
+        "queue_rows_in_memory": {} if ctx.memory is None else ctx.memory.sizes(),
     }
 
 

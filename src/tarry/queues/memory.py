@@ -86,8 +86,15 @@ class QueueMemory:
 
     def __len__(self) -> int:
         """Rows held, of every kind."""
-        ready = sum(len(rows) for rows in self._ready.values())
-        return ready + len(self._in_flight) + len(self._finished)
+        return sum(self.sizes().values())
+
+    def sizes(self) -> dict[str, int]:
+        """Rows held by kind: ready, in flight, acked (not yet written out)."""
+        return {
+            "ready": sum(len(rows) for rows in self._ready.values()),
+            "in_flight": len(self._in_flight),
+            "acked": len(self._finished),
+        }
 
     # --- release, receive, ack --------------------------------------------------------------
     def put(self, queue: str, rows: Iterable[Row]) -> None:

@@ -59,6 +59,13 @@ class Metrics:
             "Queues whose sends are refused because their consumers are behind",
             registry=self.registry,
         )
+        self.rows_in_memory = Gauge(
+            "tarry_queue_rows_in_memory",
+            "Rows of local queues kept in memory, not yet written to the queue database "
+            "(ready, in_flight, acked)",
+            ["kind"],
+            registry=self.registry,
+        )
         self.damaged = Gauge(
             "tarry_store_damaged",
             "Damaged records and files the store knows of (each named in /healthz)",
@@ -94,16 +101,19 @@ class Metrics:
         counts, self._counts = self._counts, {}
         for event, count in counts.items():
             self.events.labels(event).inc(count)
+        # Health first: the stats write the rows kept in memory out (a read's barrier).
+        health = engine.health()
         stats: dict[str, Any] = await engine.stats()
         for state, count in stats["messages"].items():
             self.by_state.labels(state).set(count)
-        health = engine.health()
         for name, state in health["breakers"].items():
             self.breaker_open.labels(name).set(1 if state == "triggered" else 0)
         self.damaged.set(len(health["damaged"]))
         self.release_lag.set(health["release_lag_ms"] / 1000)
         self.delivery_lag.set(health["delivery_lag_ms"] / 1000)
         self.queues_behind.set(health["queues_behind"])
+        for kind, rows in health["queue_rows_in_memory"].items():
+            self.rows_in_memory.labels(kind).set(rows)
         self.write_path.figures = stats.get("store_write_path")
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 

@@ -318,6 +318,7 @@ class Health(BaseModel):
     )
     delivery_lag_ms: int = Field(0, description="the worst queue's delivery lag (README)")
     queues_behind: int = Field(0, description="queues refusing sends: consumers behind")
+    queue_rows_in_memory: dict[str, int] = Field({}, description="queue rows in memory, by kind")
 
 
 class RouteInfo(BaseModel):

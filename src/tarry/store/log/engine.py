@@ -63,7 +63,7 @@ from tarry.store.log.record_columns import encode_plain_columns
 from tarry.store.log.recovery import Recovered
 from tarry.store.log.scrub import scrub_all
 from tarry.store.log.segment import SegmentFiles
-from tarry.store.log.table import PartitionTable
+from tarry.store.log.table import PartitionTable, by_destination
 from tarry.store.log.wal import WalLog
 from tarry.store.log.writer import GroupWriter
 from tarry.store.sqlite.rows import queue_dedupe_key
@@ -414,9 +414,7 @@ class LogStore:
         taken = leaving.left(self.table, ids)
         if not taken:
             return 0
-        counts: dict[str, int] = {}
-        for _, held in taken:
-            counts[held.destination] = counts.get(held.destination, 0) + 1
+        counts = by_destination(taken)
         try:
             await self.writer.append(
                 leaving.markers(self.table, taken, state),

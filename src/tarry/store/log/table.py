@@ -23,7 +23,7 @@ from tarry.store.log.recovery import Recovered
 if TYPE_CHECKING:
     from tarry.store.log.indexing import IndexBuild
 
-__all__ = ["RECENT_MAX", "PartitionTable"]
+__all__ = ["RECENT_MAX", "PartitionTable", "by_destination"]
 
 RECENT_MAX = 200_000
 
@@ -185,9 +185,7 @@ class PartitionTable:
         """Released into local queues, their markers deferred (``deferred``); returns their
         count by destination, for ``deferred_done``. Plain dicts, as in ``finished``: a
         ``Counter`` built and added costs more than the pass at a round's few messages."""
-        counts: dict[str, int] = {}
-        for _, held in taken:
-            counts[held.destination] = counts.get(held.destination, 0) + 1
+        counts = by_destination(taken)
         deferred = self.deferred
         for destination, count in counts.items():
             deferred[destination] += count
@@ -221,3 +219,11 @@ class PartitionTable:
             if self.leaving.pop(message_id, None) is not None:
                 self.wait(message_id, held, held.due)
                 self.came_back.add(message_id)
+
+
+def by_destination(taken: Sequence[tuple[str, Held]]) -> dict[str, int]:
+    """How many of ``taken`` each destination has (what ``deferred_done`` takes back)."""
+    counts: dict[str, int] = {}
+    for _, held in taken:
+        counts[held.destination] = counts.get(held.destination, 0) + 1
+    return counts
