@@ -341,6 +341,47 @@ async def test_a_local_release_gives_back_its_place_in_flight_however_it_ends(
     assert await h.store.count_scheduled() == (3 if outcome == "store failed" else 0)
 
 
+@pytest.mark.parametrize("at_once", ["released", "declined", "raised"])
+async def test_a_release_at_once_happens_in_the_round_and_anything_else_takes_a_task(
+    at_once: str,
+) -> None:
+    """Local queues kept in memory release in the round itself (``release_at_once``), with no
+    task and nothing left in flight; a batch they decline takes ``release_local`` in a task,
+    and one whose release at once raised is handled as a failed release (claims given back,
+    the store breaker told)."""
+    h = Harness()
+    h.dispatcher._is_local = lambda name: True
+    in_task: list[str] = []
+
+    def release_at_once(batch: Sequence[Message]) -> bool:
+        if at_once == "raised":
+            raise Unavailable("the log store is closed")
+        return at_once == "released"
+
+    async def release(batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
+        in_task.extend(m.id for m in batch)
+        await h.store.remove([m.id for m in batch], state=MessageState.READY, now_ms=0)
+        return []
+
+    h.dispatcher._release_at_once = release_at_once
+    h.dispatcher._release_local = release
+    due = [(await h.schedule()).id for _ in range(3)]
+    assert await h.dispatcher._round() == 3
+    if at_once == "released":
+        assert not h.dispatcher._releasing and h.dispatcher._inflight_messages == 0
+    else:
+        assert len(h.dispatcher._releasing) == 1
+    await h.dispatcher._released()
+    assert in_task == (due if at_once == "declined" else [])
+    assert h.dispatcher.stats.released == (0 if at_once == "raised" else 3)
+    assert h.dispatcher._inflight_messages == 0 and not h.dispatcher.lag._under_way
+    if at_once == "raised":  # the claims given back (due again), the breaker armed
+        assert h.breakers.store.armed_since_ms is not None
+        assert sorted(
+            m.id for m in await h.store.fetch_due(h.clock.now_ms(), limit=10, lease_ms=1000)
+        ) == sorted(due)
+
+
 async def test_run_once_returns_once_its_local_release_is_done() -> None:
     h = Harness()
     h.dispatcher._is_local = lambda name: True

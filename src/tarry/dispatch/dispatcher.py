@@ -110,11 +110,14 @@ class Dispatcher:
         policy_for: Callable[[str], RoutePolicy | None] | None = None,
         report_failure: ReportFailure | None = None,
         release_due: ReleaseDue | None = None,
+        release_at_once: Callable[[Sequence[Message]], bool] | None = None,
         random_unit: Callable[[], float] = random.random,
     ) -> None:
         """``release_due``: where the store can fetch due messages and release the local ones
         in one transaction (PostgreSQL shared by nodes), that transaction; the round uses it
-        instead of ``fetch_due`` and ``release_local``."""
+        instead of ``fetch_due`` and ``release_local``. ``release_at_once``: a release with
+        nothing to wait for (local queues kept in memory), tried in the round before
+        ``release_local`` runs in a task of its own."""
         self._store = store
         self._config = config
         self._clock = clock
@@ -122,6 +125,7 @@ class Dispatcher:
         self._is_local = is_local
         self._transport_for = transport_for
         self._release_local = release_local
+        self._release_at_once = release_at_once
         self._give_up = give_up
         self._notify = notify
         self._policy_for = policy_for or (lambda name: None)
@@ -308,15 +312,15 @@ class Dispatcher:
                 return 0
             self.stats.rounds += 1
             local, external = self._split(due)
-            if local:
+            if local and not self._released_at_once(local):
                 self._spawn_release(local)
-                if found >= self._config.batch_size:
-                    # Let the release start (hand its transaction to the database thread)
-                    # before the next fetch, which a full round makes at once: a round does not
-                    # otherwise give the loop a turn, and two releases would wait and commit
-                    # together, the thread idle while we fetch. A round that found less sleeps
-                    # next, which gives the release its turn.
-                    await asyncio.sleep(0)
+            if found >= self._config.batch_size:
+                # A turn for the loop before the next fetch, which a full round makes at once
+                # (a round does not otherwise give one): a release in a task starts (hands its
+                # transaction to the database thread; two would wait and commit together, the
+                # thread idle while we fetch), and a backlog released at once does not hold
+                # the loop from requests round after round. A round that found less sleeps.
+                await asyncio.sleep(0)
         batched: dict[str, list[Message]] = {}
         held_before, laned = self.stats.held, 0
         for message in external:
@@ -363,11 +367,25 @@ class Dispatcher:
         local = [m for m in due if is_local[m.destination]]
         return local, [m for m in due if not is_local[m.destination]]
 
-    def _spawn_release(self, batch: Sequence[Message]) -> None:
+    def _released_at_once(self, batch: Sequence[Message]) -> bool:
+        """``batch`` released in this step (``release_at_once``), or False for a task to."""
+        if self._release_at_once is None:
+            return False
+        try:
+            if not self._release_at_once(batch):
+                return False
+        except Exception as exc:  # the task's failure handling: breaker, claims given back
+            self._spawn_release(batch, failed=exc)
+            return True
+        self._breakers.store.success()
+        self.stats.released += len(batch)
+        return True
+
+    def _spawn_release(self, batch: Sequence[Message], failed: Exception | None = None) -> None:
         # The release keeps its own books as it ends (``_hand_local``), not in a done callback:
         # a task's done callbacks run in a loop iteration of their own, one more every round.
         token = self._track(batch)
-        task = asyncio.get_running_loop().create_task(self._hand_local(batch, token))
+        task = asyncio.get_running_loop().create_task(self._hand_local(batch, token, failed))
         self._inflight.add(task)
         self._releasing.add(task)
 
@@ -411,11 +429,16 @@ class Dispatcher:
         if delivered:
             await self._delivered(delivered)
 
-    async def _hand_local(self, batch: Sequence[Message], token: int) -> None:
-        """A local release (``_spawn_release``), its books kept as it ends. A task cancelled
-        before its first step would skip them: only the loop's shutdown cancels these."""
+    async def _hand_local(
+        self, batch: Sequence[Message], token: int, failed: Exception | None = None
+    ) -> None:
+        """A local release (``_spawn_release``), its books kept as it ends; ``failed``: what a
+        release at once raised, handled as a failed release. A task cancelled before its first
+        step would skip them: only the loop's shutdown cancels these."""
         try:
             try:
+                if failed is not None:
+                    raise failed
                 refused = await self._release_local(batch)
             except Exception as exc:
                 # The store could not commit: the claims lapse and the batch is tried again.

@@ -59,8 +59,7 @@ class Engine:
         clock: Clock | None = None,
         transports: Mapping[str, Transport] | None = None,
     ) -> None:
-        """``queues`` is the queue database when the store does not share one (see
-        ``tarry.store.base``); a store that shares it is its own queue database."""
+        """``queues``: the queue database, unless the store is its own (``tarry.store.base``)."""
         self.config = config
         self.store = store
         #: True: release is one queue-database transaction (``release_path``).
@@ -121,6 +120,7 @@ class Engine:
             is_local=lambda name: name not in self.transports,
             transport_for=self.transports.get,
             release_local=self.path.release,
+            release_at_once=self.path.release_at_once,
             give_up=self.path.give_up,
             notify=self._emit_all,
             policy_for=self.routes.policy_for,

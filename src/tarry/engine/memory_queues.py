@@ -44,11 +44,11 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from tarry.engine.waiters import Waiters
 from tarry.errors import TarryError
-from tarry.model.due import DueColumns
+from tarry.model.due import DueColumns, ReadyColumns
 from tarry.model.events import Event, EventRun
 from tarry.model.message import Message
 from tarry.model.state import MessageState
@@ -57,13 +57,12 @@ from tarry.queues.catalog import Catalog
 from tarry.queues.lag import QueueHead
 from tarry.queues.memory import InFlight, QueueMemory, WriteOut
 from tarry.queues.memory_writes import write_out
-from tarry.queues.release_columns import plain_release
 from tarry.queues.row_messages import ReceivedRows, RowMessages
 from tarry.queues.sequence import Sequencer
 from tarry.store.base import LeavingStore, QueueDatabase
 from tarry.store.sql import QueueConnection
 from tarry.store.sqlite.pending_receives import MIN_VISIBILITY_MS
-from tarry.store.sqlite.rows import released_row
+from tarry.store.sqlite.rows import plain_released_rows
 
 __all__ = ["WRITE_AFTER_S", "MemoryQueues"]
 
@@ -163,31 +162,54 @@ class MemoryQueues:
         take the queue database's path."""
         if not isinstance(batch, DueColumns) or batch.message_id is not None:
             return False
-        if min(batch.deliver_at_ms) <= self.started_at_ms or any(
-            e is not None for e in batch.expires_at_ms
-        ):
+        due_at = batch.deliver_at_ms
+        if min(due_at) <= self.started_at_ms or any(e is not None for e in batch.expires_at_ms):
             return False
         # Sent without a delay: its send released it through the database, or is doing so.
-        if any(map(operator.le, batch.deliver_at_ms, batch.sent_at_ms)):
+        if any(map(operator.le, due_at, batch.sent_at_ms)):
             return False
         if not self._store.may_leave(batch.ids):
             return False
         if self._via_db and not self._via_db.isdisjoint(batch.ids):
             self._via_db.difference_update(batch.ids)
             return False
+        by_queue = self._plain_queues(batch.destination)
+        if by_queue is None:
+            return False
         now = self._clock.now_ms()
-        planned = plain_release(batch, self._catalog, now_ms=now, seq=self._seq)
-        if planned is None or any(
-            e is not None for ready, _ in planned for e in ready.queue_expires_at_ms
-        ):
-            return False  # a queue's TTL: the database sweeps what expires
         self._store.leave(batch.ids)
-        for ready, rows in planned:
-            self.memory.put(ready.queue, [released_row(ready.queue, now, r) for r in rows])
-            self._emit(EventRun("released", ready, now, ready.queue))
-        self._waiters.wake({ready.queue for ready, _ in planned}, in_memory=True)
+        columns = (batch.ids, batch.body, batch.sent_at_ms, due_at, batch.correlation_ids())
+        for queue, rows in by_queue.items():
+            part = columns if len(rows) == len(due_at) else _at(columns, rows)
+            seqs = self._seq.next_many(len(rows))
+            self.memory.put(queue, plain_released_rows(queue, now, part, seqs))
+            ready = ReadyColumns(batch, rows, queue, now, [None] * len(rows))
+            self._emit(EventRun("released", ready, now, queue))
+        self._waiters.wake(set(by_queue), in_memory=True)
         self._tick()
         return True
+
+    def _plain_queues(self, destinations: list[str]) -> dict[str, list[int]] | None:
+        """The rows of ``destinations`` by queue, when each queue takes them as they come;
+        None where one is missing, put-disabled, limited in length or has a TTL (the queue
+        database's path refuses, drops or sweeps them)."""
+        first = destinations[0]
+        if destinations.count(first) == len(destinations):  # nearly every round
+            by_queue = {first: list(range(len(destinations)))}
+        else:
+            by_queue = {}
+            for row, queue in enumerate(destinations):
+                by_queue.setdefault(queue, []).append(row)
+        for queue in by_queue:
+            args = self._catalog.effective(queue)
+            if (
+                args is None
+                or not args.put_enabled
+                or args.max_length is not None
+                or args.message_ttl_ms is not None
+            ):
+                return None
+        return by_queue
 
     def sizes(self) -> dict[str, int]:
         """Rows held by kind (``QueueMemory.sizes``)."""
@@ -323,3 +345,11 @@ class MemoryQueues:
 
 def _write(conn: QueueConnection, *, out: WriteOut) -> None:
     write_out(conn, out)
+
+
+C = TypeVar("C", bound=tuple[list[Any], ...])
+
+
+def _at(columns: C, rows: list[int]) -> C:
+    """``columns`` at ``rows``."""
+    return cast(C, tuple([column[row] for row in rows] for column in columns))

@@ -140,10 +140,8 @@ async def release(
     the markers: the messages are theirs from then on, and the marker's append may wait
     behind a producer's fsync in the log store's group commit.
 
-    Where local queues are kept in memory, plain messages go there instead, with nothing
-    written (``tarry.engine.memory_queues``)."""
-    if ctx.memory is not None and ctx.memory.release(batch):
-        return []
+    Where local queues are kept in memory, the dispatcher has offered the batch to them first
+    (``ReleasePath.release_at_once``)."""
     refused, _ = await _release(ctx, batch, claimed=True, committed=ctx.after)
     return refused
 

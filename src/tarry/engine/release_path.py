@@ -55,6 +55,11 @@ class ReleasePath(Protocol):
         queue refused (still claimed by the dispatcher's round)."""
         ...
 
+    def release_at_once(self, batch: Sequence[Message]) -> bool:
+        """Release claimed messages into local queues kept in memory, with nothing to wait
+        for; False, with nothing done, where they take ``release``."""
+        ...
+
     async def give_up(self, message: Message, error: DeliveryFailed) -> None:
         """Dead-letter (or discard) a claimed message that cannot be delivered."""
         ...
@@ -95,6 +100,9 @@ class SharedPath:
     async def release(self, batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
         return await shared_release.release(self._ctx, batch, self._still_held)
 
+    def release_at_once(self, batch: Sequence[Message]) -> bool:
+        return False  # the release is the store's transaction
+
     async def give_up(self, message: Message, error: DeliveryFailed) -> None:
         await shared_release.give_up(self._ctx, message, error)
 
@@ -128,6 +136,10 @@ class SeparatePath:
 
     async def release(self, batch: Sequence[Message]) -> list[tuple[Message, DeliveryFailed]]:
         return await release.release(self._ctx, batch)
+
+    def release_at_once(self, batch: Sequence[Message]) -> bool:
+        memory = self._ctx.memory
+        return memory is not None and memory.release(batch)
 
     async def give_up(self, message: Message, error: DeliveryFailed) -> None:
         await release.give_up(self._ctx, message, error)
