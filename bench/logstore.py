@@ -187,18 +187,25 @@ def part_http(tmp: Path, scale: float) -> dict[str, Any]:
 
 
 async def _bench_engine(
-    data_dir: Path, store: str, *, listeners: bool = False, tick_ms: int | None = None
+    data_dir: Path,
+    store: str,
+    *,
+    listeners: bool = False,
+    tick_ms: int | None = None,
+    queues_in_memory: bool = True,
+    batch_size: int | None = None,
 ) -> Engine:
     """A started in-process engine on ``store`` with the queue ``bench``. With ``listeners``
     it has the event listeners ``tarry serve`` gives it by default (the metrics, and the
     journal, flushed as the server flushes it); without, neither (journal off)."""
+    dispatch = {"tick_ms": tick_ms, "batch_size": batch_size}
     config = load_config(
         None,
         {
             "server": {"data_dir": str(data_dir)},
-            "store": {"engine": store},
+            "store": {"engine": store, "queues_in_memory": queues_in_memory},
             "journal": {"enabled": listeners},
-            "dispatch": {} if tick_ms is None else {"tick_ms": tick_ms},
+            "dispatch": {key: value for key, value in dispatch.items() if value is not None},
         },
     )
     engine = Engine.from_config(config)

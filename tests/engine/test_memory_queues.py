@@ -4,10 +4,12 @@ written out first; a message is never released twice, across a restart included.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
+from tarry.engine import memory_queues
 from tarry.model.state import MessageState
 from tarry.queues.lag import read_head
 from tarry.server.metrics import Metrics
@@ -238,8 +240,6 @@ async def test_a_write_out_whose_caller_is_cancelled_still_moves_each_row_once(
 ) -> None:
     """A read whose client went away while the rows held in memory were written out first:
     the transaction commits all the same, so the rows must not go back into memory."""
-    import asyncio
-
     engine = await make_engine()
     ids = await _released(engine, clock, "q", 3)
     reading = asyncio.create_task(engine.queue_info("q"))
@@ -282,3 +282,39 @@ async def test_health_and_metrics_count_the_rows_held_in_memory_by_kind(make_eng
     for kind, rows in held.items():
         assert f'tarry_queue_rows_in_memory{{kind="{kind}"}} {float(rows)}' in text
     assert engine.health()["queue_rows_in_memory"] == dict.fromkeys(held, 0)
+
+
+async def _until(condition: Any, timeout_s: float = 3.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_ready_rows_wait_in_memory_longer_than_rows_in_flight(
+    make_engine, clock, monkeypatch
+) -> None:
+    # Given ready rows kept 1 s for a receive, rows in flight 0.1 s
+    monkeypatch.setattr(memory_queues, "READY_WRITE_AFTER_S", 1.0)
+    monkeypatch.setattr(memory_queues, "WRITE_AFTER_S", 0.1)
+    engine = await make_engine()
+    ids = await _released(engine, clock, "q", 3)
+    [held] = await engine.receive("q", max_messages=1)
+    # When the row in flight is written out, the ready ones are still in memory
+    await _until(lambda: engine.memory.sizes()["in_flight"] == 0)
+    assert engine.memory.sizes()["ready"] == 2
+    # Then they go once nobody took them for a second, and each is received once, in order
+    await _until(lambda: engine.memory.sizes()["ready"] == 0)
+    assert [d.message.id for d in await engine.receive("q", max_messages=10)] == ids[1:]
+    assert (await engine.ack("q", [held.receipt]))["acked"] == 1
+
+
+async def test_past_max_ready_rows_every_ready_row_is_written_out(
+    make_engine, clock, monkeypatch
+) -> None:
+    monkeypatch.setattr(memory_queues, "READY_WRITE_AFTER_S", 60.0)
+    monkeypatch.setattr(memory_queues, "MAX_READY_ROWS", 2)
+    engine = await make_engine()
+    ids = await _released(engine, clock, "q", 3)
+    await _until(lambda: engine.memory.sizes()["ready"] == 0, timeout_s=1.0)
+    assert [d.message.id for d in await engine.receive("q", max_messages=10)] == ids

@@ -14,15 +14,18 @@ a receive and an ack of a plain message without a transaction of the queue datab
   ``fsync`` policy does: what an ack's commit in the queue database promised). Only its
   finished row, its record for ``retention_ms``, waits in memory: a crash can lose that
   record, never the ack.
-- **Write-outs** (``write_out``): every ``WRITE_AFTER_S`` the rows that old (ready rows
-  nobody took, rows in flight, so that the queue database keeps their visibility timeout)
+- **Write-outs** (``write_out``): rows in flight ``WRITE_AFTER_S`` (so that the queue
+  database keeps their visibility timeout), ready rows nobody took for ``READY_WRITE_AFTER_S``
+  (a queue whose consumers are away; or all of them once more than ``MAX_READY_ROWS`` wait)
   and every acked row go to the queue database in one transaction, then the markers of the
-  ready and in-flight ones are appended (deferred). Before anything else reads or writes the
-  queue database (counts, the console, a nack, redrive, a queue's arguments or a policy
-  changing), every row is written out: this class is the engine's ``QueueDatabase``, and
-  only a release, a receive and an ack (``claims_aware`` writes, and the reads they make
-  through ``database``) pass without it. So the queue database is the truth for everything else,
-  a moment behind.
+  ready and in-flight ones are appended (deferred). Ready rows wait longer than rows in
+  flight: a consumer a second behind still takes them from memory, instead of each message
+  being written out and then received and acked in the database.
+  Before anything else reads or writes the queue database (counts, the console, a nack,
+  redrive, a queue's arguments or a policy changing), every row is written out: this class
+  is the engine's ``QueueDatabase``, and only a release, a receive and an ack
+  (``claims_aware`` writes, and the reads they make through ``database``) pass without it.
+  So the queue database is the truth for everything else, a moment behind.
 
 Why a message is never released twice: a message due after this process started
 (``started_at_ms``) cannot have been released by an earlier one, so only such messages go
@@ -64,13 +67,19 @@ from tarry.store.sql import QueueConnection
 from tarry.store.sqlite.pending_receives import MIN_VISIBILITY_MS
 from tarry.store.sqlite.rows import plain_released_rows
 
-__all__ = ["WRITE_AFTER_S", "MemoryQueues"]
+__all__ = ["MAX_READY_ROWS", "READY_WRITE_AFTER_S", "WRITE_AFTER_S", "MemoryQueues"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: How long a row stays in memory unless taken (ready) or acked (in flight).
 WRITE_AFTER_S = 0.2
+#: How long a ready row waits in memory for a receive before it is written out; a crash
+#: before then releases it again from the log store (it was never received).
+READY_WRITE_AFTER_S = 2.0
+#: Ready rows held past which every one is written out at the next write-out (memory's bound
+#: when consumers fall far behind: ~1 KB a row).
+MAX_READY_ROWS = 100_000
 
 
 class MemoryQueues:
@@ -289,9 +298,13 @@ class MemoryQueues:
             await self._write_out(self.memory.everything)
 
     async def write_out_older(self) -> None:
-        """The rows ``WRITE_AFTER_S`` old, and every acked row, written out."""
-        before = time.monotonic() - WRITE_AFTER_S
-        await self._write_out(lambda: self.memory.older(before))
+        """Ready rows ``READY_WRITE_AFTER_S`` old (all, past ``MAX_READY_ROWS``), rows in
+        flight ``WRITE_AFTER_S``, and every acked row, written out."""
+        now = time.monotonic()
+        ready_before = (
+            now if self.memory.sizes()["ready"] > MAX_READY_ROWS else now - READY_WRITE_AFTER_S
+        )
+        await self._write_out(lambda: self.memory.older(ready_before, now - WRITE_AFTER_S))
 
     async def _write_out(self, taking: Callable[[], WriteOut]) -> None:
         # Shielded: a caller cancelled (a client gone) must not put rows back into memory
@@ -322,6 +335,20 @@ class MemoryQueues:
             except TarryError as exc:  # due again: ``may_leave`` sends them the database's way
                 log.warning("released messages will be released again (no-ops): %s", exc)
 
+    def _next_write_out_in(self) -> float:
+        """Seconds until ``write_out_older`` takes a ready row or a row in flight (at most
+        ``WRITE_AFTER_S``: acked rows go every tick, and a row handed out meanwhile may be
+        due before the oldest ready one)."""
+        now = time.monotonic()
+        ready, handed_out = self.memory.oldest_since()
+        due = [now + WRITE_AFTER_S]
+        if handed_out is not None:
+            due.append(handed_out + WRITE_AFTER_S)
+        if ready is not None:
+            too_many = self.memory.sizes()["ready"] > MAX_READY_ROWS
+            due.append(now if too_many else ready + READY_WRITE_AFTER_S)
+        return min(due) - now
+
     def _tick(self) -> None:
         if self._ticker is None:
             self._ticker = asyncio.get_running_loop().create_task(self._write_out_while_held())
@@ -329,11 +356,7 @@ class MemoryQueues:
     async def _write_out_while_held(self) -> None:
         try:
             while len(self.memory):
-                oldest = self.memory.oldest_since()
-                wait = (
-                    WRITE_AFTER_S if oldest is None else oldest + WRITE_AFTER_S - time.monotonic()
-                )
-                await asyncio.sleep(max(wait, WRITE_AFTER_S / 4))
+                await asyncio.sleep(max(self._next_write_out_in(), WRITE_AFTER_S / 4))
                 try:
                     await self.write_out_older()
                 except TarryError as exc:  # held still: the next round tries again

@@ -159,20 +159,20 @@ class QueueMemory:
         self._finished.extend(Finished(flight, acked_at_ms) for flight in flights)
 
     # --- write-outs ---------------------------------------------------------------------------
-    def older(self, before: float) -> WriteOut:
-        """Taken out: ready rows that came before ``before`` and rows handed out before it
-        (``time.monotonic``), and every acked row."""
+    def older(self, ready_before: float, handed_out_before: float) -> WriteOut:
+        """Taken out: ready rows that came before ``ready_before``, rows handed out before
+        ``handed_out_before`` (``time.monotonic``), and every acked row."""
         out = WriteOut()
         for queue, rows in list(self._ready.items()):
             old: list[Row] = []
-            while rows and rows[0].since <= before:
+            while rows and rows[0].since <= ready_before:
                 old.append(rows.popleft().row)
             if old:
                 out.ready[queue] = old
             if not rows:
                 del self._ready[queue]
         for receipt, flight in list(self._in_flight.items()):
-            if flight.since > before:
+            if flight.since > handed_out_before:
                 break  # handed out in order: the rest are younger
             del self._in_flight[receipt]
             out.in_flight.append(flight)
@@ -181,7 +181,7 @@ class QueueMemory:
 
     def everything(self) -> WriteOut:
         """Taken out: every row held."""
-        return self.older(float("inf"))
+        return self.older(float("inf"), float("inf"))
 
     def put_back(self, out: WriteOut) -> None:
         """A write-out that failed: its rows held again, where they were."""
@@ -193,9 +193,9 @@ class QueueMemory:
         self._in_flight = in_flight
         self._finished[:0] = out.finished
 
-    def oldest_since(self) -> float | None:
-        """When the oldest row held came or was handed out (None: no row but acked ones)."""
+    def oldest_since(self) -> tuple[float | None, float | None]:
+        """When the oldest ready row came, and when the oldest row in flight was handed out
+        (None: none)."""
         firsts = [rows[0].since for rows in self._ready.values() if rows]
-        if self._in_flight:
-            firsts.append(next(iter(self._in_flight.values())).since)
-        return min(firsts) if firsts else None
+        handed_out = next(iter(self._in_flight.values())).since if self._in_flight else None
+        return (min(firsts) if firsts else None), handed_out
