@@ -72,7 +72,7 @@ __all__ = ["MAX_READY_ROWS", "READY_WRITE_AFTER_S", "WRITE_AFTER_S", "MemoryQueu
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: How long a row stays in memory unless taken (ready) or acked (in flight).
+#: How long a row in flight stays in memory unless acked; acked rows go at least this often.
 WRITE_AFTER_S = 0.2
 #: How long a ready row waits in memory for a receive before it is written out; a crash
 #: before then releases it again from the log store (it was never received).
