@@ -318,3 +318,19 @@ async def test_past_max_ready_rows_every_ready_row_is_written_out(
     ids = await _released(engine, clock, "q", 3)
     await _until(lambda: engine.memory.sizes()["ready"] == 0, timeout_s=1.0)
     assert [d.message.id for d in await engine.receive("q", max_messages=10)] == ids
+
+
+async def test_a_receive_too_short_for_memory_writes_out_its_own_queue_only(
+    make_engine, clock
+) -> None:
+    # Given rows held in memory for two queues
+    engine = await make_engine()
+    in_a = await _released(engine, clock, "a", 3)
+    in_b = await _released(engine, clock, "b", 2)
+    # When a consumer of "a" receives with a visibility timeout under a second
+    taken = await engine.receive("a", max_messages=10, visibility_ms=500)
+    # Then "a"'s rows came from the queue database, in order, and "b"'s stay in memory
+    assert [d.message.id for d in taken] == in_a
+    assert all("." in d.receipt for d in taken)
+    assert engine.memory.sizes()["ready"] == 2
+    assert [d.message.id for d in await engine.receive("b", max_messages=10)] == in_b

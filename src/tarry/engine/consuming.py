@@ -70,8 +70,8 @@ async def receive(
             now = ctx.clock.now_ms()
             entry.last_used_ms = now
             from_memory = memory is not None and memory.takes(queue, visibility_ms=visibility)
-            if memory is not None and not from_memory and memory.ready_in(queue):
-                await memory.write_out_all()  # too short a visibility timeout for memory
+            if memory is not None and not from_memory:
+                await memory.write_out_ready(queue)  # too short a visibility timeout for memory
             if from_memory and not to_ack and ctx.waiters.nothing_takeable(queue, now_ms=now):
                 taken = ReceivedRows([], [], now)
             else:

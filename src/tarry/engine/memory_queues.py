@@ -297,6 +297,12 @@ class MemoryQueues:
         if len(self.memory):
             await self._write_out(self.memory.everything)
 
+    async def write_out_ready(self, queue: str) -> None:
+        """``queue``'s ready rows written out (a receive that takes from the queue database
+        only: its visibility timeout is too short for memory)."""
+        if self.memory.ready_in(queue):
+            await self._write_out(partial(self.memory.ready_of, queue))
+
     async def write_out_older(self) -> None:
         """Ready rows ``READY_WRITE_AFTER_S`` old (all, past ``MAX_READY_ROWS``), rows in
         flight ``WRITE_AFTER_S``, and every acked row, written out."""

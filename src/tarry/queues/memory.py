@@ -179,6 +179,14 @@ class QueueMemory:
         out.finished, self._finished = self._finished, []
         return out
 
+    def ready_of(self, queue: str) -> WriteOut:
+        """Taken out: the ready rows of ``queue``."""
+        out = WriteOut()
+        rows = self._ready.pop(queue, None)
+        if rows:
+            out.ready[queue] = [ready.row for ready in rows]
+        return out
+
     def everything(self) -> WriteOut:
         """Taken out: every row held."""
         return self.older(float("inf"), float("inf"))
