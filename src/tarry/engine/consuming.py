@@ -56,10 +56,9 @@ async def receive(
     to_ack = () if ack is None else check_receipts(ack, "ack")
     settled = None if ack is None else _answer((0, []), ack=True)
     memory, db = ctx.memory, ctx.queue_db
-    if memory is not None and to_ack:
-        here, to_ack = memory.split(to_ack)
-        if here:  # acked before the take, as the database's path does
-            settled = _answer(await memory.ack(queue, here), ack=True)
+    if to_ack:  # those held in memory acked before the take, as the database's path does
+        settled_here, to_ack = await _ack_in_memory(ctx, queue, to_ack)
+        settled = settled_here or settled
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     if wait_ms:
@@ -70,7 +69,7 @@ async def receive(
             now = ctx.clock.now_ms()
             entry.last_used_ms = now
             from_memory = memory is not None and memory.takes(queue, visibility_ms=visibility)
-            if memory is not None and not from_memory:
+            if memory is not None and not from_memory and memory.ready_in(queue):
                 await memory.write_out_ready(queue)  # too short a visibility timeout for memory
             if from_memory and not to_ack and ctx.waiters.nothing_takeable(queue, now_ms=now):
                 taken = ReceivedRows([], [], now)
@@ -153,6 +152,20 @@ def _joined(first: ReceivedRows, then: ReceivedRows) -> ReceivedRows:
     return joined
 
 
+async def _ack_in_memory(
+    ctx: EngineContext, queue: str, receipts: Sequence[str]
+) -> tuple[dict[str, Any] | None, Sequence[str]]:
+    """The ack of the receipts of rows in flight in memory (None: none there), and the other
+    receipts, for the queue database."""
+    memory = ctx.memory
+    if memory is None:
+        return None, receipts
+    here, elsewhere = memory.split(receipts)
+    if not here:
+        return None, elsewhere
+    return _answer(await memory.ack(queue, here), ack=True), elsewhere
+
+
 def _merged(settled: dict[str, Any] | None, acked: tuple[int, list[str]]) -> dict[str, Any]:
     """What the ack of the receipts held in memory (``settled``) and of the others came to."""
     done = _answer(acked, ack=True)
@@ -179,14 +192,11 @@ async def settle(
     if queue not in ctx.catalog.queues:
         raise NotFound(f"no queue named {queue!r}")
     checked = check_receipts(receipts)
-    memory = ctx.memory
     settled_here: dict[str, Any] | None = None
-    if memory is not None and ack:
-        here, checked = memory.split(checked)
-        if here:
-            settled_here = _answer(await memory.ack(queue, here), ack=True)
-            if not checked:
-                return settled_here
+    if ack:
+        settled_here, checked = await _ack_in_memory(ctx, queue, checked)
+        if settled_here is not None and not checked:
+            return settled_here
     now = ctx.clock.now_ms()
 
     def work(conn: QueueConnection) -> tuple[QueueTxn, tuple[int, list[str]]]:

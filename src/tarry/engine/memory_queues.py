@@ -60,6 +60,7 @@ from tarry.queues.catalog import Catalog
 from tarry.queues.lag import QueueHead
 from tarry.queues.memory import InFlight, QueueMemory, WriteOut
 from tarry.queues.memory_writes import write_out
+from tarry.queues.release_columns import rows_by_queue, takes_as_they_come
 from tarry.queues.row_messages import ReceivedRows, RowMessages
 from tarry.queues.sequence import Sequencer
 from tarry.store.base import LeavingStore, QueueDatabase
@@ -202,21 +203,10 @@ class MemoryQueues:
         """The rows of ``destinations`` by queue, when each queue takes them as they come;
         None where one is missing, put-disabled, limited in length or has a TTL (the queue
         database's path refuses, drops or sweeps them)."""
-        first = destinations[0]
-        if destinations.count(first) == len(destinations):  # nearly every round
-            by_queue = {first: list(range(len(destinations)))}
-        else:
-            by_queue = {}
-            for row, queue in enumerate(destinations):
-                by_queue.setdefault(queue, []).append(row)
+        by_queue = rows_by_queue(destinations)
         for queue in by_queue:
             args = self._catalog.effective(queue)
-            if (
-                args is None
-                or not args.put_enabled
-                or args.max_length is not None
-                or args.message_ttl_ms is not None
-            ):
+            if args is None or not takes_as_they_come(args) or args.message_ttl_ms is not None:
                 return None
         return by_queue
 
@@ -300,8 +290,7 @@ class MemoryQueues:
     async def write_out_ready(self, queue: str) -> None:
         """``queue``'s ready rows written out (a receive that takes from the queue database
         only: its visibility timeout is too short for memory)."""
-        if self.memory.ready_in(queue):
-            await self._write_out(partial(self.memory.ready_of, queue))
+        await self._write_out(partial(self.memory.ready_of, queue))
 
     async def write_out_older(self) -> None:
         """Ready rows ``READY_WRITE_AFTER_S`` old (all, past ``MAX_READY_ROWS``), rows in

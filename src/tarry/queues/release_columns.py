@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from tarry.model.due import DueColumns, ReadyColumns
 from tarry.model.expiry import is_expired, queue_expiries_ms
+from tarry.model.queue_args import EffectiveQueueArgs
 from tarry.queues.catalog import Catalog
 from tarry.queues.sequence import Sequencer
 from tarry.store.sqlite.rows import Released, queue_dedupe_key
 
-__all__ = ["plain_release"]
+__all__ = ["plain_release", "rows_by_queue", "takes_as_they_come"]
 
 
 def plain_release(
@@ -23,14 +24,12 @@ def plain_release(
     """Per queue, in the order the batch first names it: what it takes of ``due`` and the rows
     to write. None (no arrival number taken) when some queue or message needs the general
     path."""
-    by_queue: dict[str, list[int]] = {}
-    for row, queue in enumerate(due.destination):
-        by_queue.setdefault(queue, []).append(row)
+    by_queue = rows_by_queue(due.destination)
     expires_at = due.expires_at_ms
     planned: list[tuple[str, list[int], list[int | None]]] = []
     for queue, rows in by_queue.items():
         args = catalog.effective(queue)
-        if args is None or not args.put_enabled or args.max_length is not None:
+        if args is None or not takes_as_they_come(args):
             return None
         expiries = queue_expiries_ms(
             [expires_at[row] for row in rows] if len(rows) < len(due) else expires_at,
@@ -63,3 +62,20 @@ def plain_release(
         ]
         out.append((ReadyColumns(due, rows, queue, now_ms, expiries), released))
     return out
+
+
+def rows_by_queue(destinations: list[str]) -> dict[str, list[int]]:
+    """The rows of a batch by the queue each names, in the order the batch first names it."""
+    first = destinations[0]
+    if destinations.count(first) == len(destinations):  # nearly every round
+        return {first: list(range(len(destinations)))}
+    by_queue: dict[str, list[int]] = {}
+    for row, queue in enumerate(destinations):
+        by_queue.setdefault(queue, []).append(row)
+    return by_queue
+
+
+def takes_as_they_come(args: EffectiveQueueArgs) -> bool:
+    """Whether a queue takes released messages column-wise as they come: it takes puts and
+    has no length limit (one that has drops or refuses, message by message)."""
+    return args.put_enabled and args.max_length is None

@@ -66,9 +66,7 @@ def markers(
 def refuse_claimed(table: PartitionTable, message_id: str) -> None:
     """Raises ``not_cancellable`` for a message being released (claimed, or leaving)."""
     if message_id in table.claims or message_id in table.leaving:
-        raise NotCancellable(
-            f"message {message_id} is being delivered right now; it can no longer be changed"
-        )
+        raise _being_delivered(message_id)
 
 
 def take_located(table: PartitionTable, found: Located) -> Held:
@@ -82,9 +80,13 @@ def take_located(table: PartitionTable, found: Located) -> Held:
         index = found.partition.index
         if index is not None and not index.discard(found.due, found.pos):
             # Not indexed any more and not held: another path finished it meanwhile.
-            raise NotCancellable(
-                f"message {message.id} is being delivered right now; it can no longer be changed"
-            )
+            raise _being_delivered(message.id)
     held.destination = message.destination
     table.leaving[message.id] = held
     return held
+
+
+def _being_delivered(message_id: str) -> NotCancellable:
+    return NotCancellable(
+        f"message {message_id} is being delivered right now; it can no longer be changed"
+    )
