@@ -5,13 +5,15 @@ for the two that share the queue database, what they do inside the engine's queu
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from tests.store.test_log_recovery import crash as crash_log_store
 
 from tarry.errors import NotCancellable, NotFound, PreconditionFailed
 from tarry.model.accepted import AcceptedColumns
@@ -19,7 +21,7 @@ from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.query import MessageQuery
 from tarry.model.state import MessageState
-from tarry.store.base import ColumnStore, SharedDelayedStore
+from tarry.store.base import ColumnStore, LeavingStore, SharedDelayedStore
 from tarry.store.log import LogStore
 from tarry.store.memory import MemoryStore
 from tarry.store.sqlite import SQLiteStore
@@ -362,3 +364,68 @@ async def test_the_log_store_keeps_columns_without_messages_and_the_others_take_
 ) -> None:
     # The engine picks the column path once, by this check (``engine/sending.py``).
     assert isinstance(store, ColumnStore) is isinstance(store, LogStore)
+
+
+@dataclass
+class Restartable:
+    """A store that can keep a released message out of circulation unended (``LeavingStore``,
+    what local queues kept in memory need): opened on the same files each time, and stopped
+    as kill -9 stops it."""
+
+    open: Callable[[], Awaitable[Any]]
+    crash: Callable[[Any], Awaitable[None]]
+
+
+@pytest.fixture(params=["log"])
+def restartable(request: pytest.FixtureRequest, tmp_path: Path) -> Restartable:
+    assert request.param == "log"
+
+    async def open_store() -> Any:
+        store = LogStore(tmp_path / "log", granularity_ms=60_000)
+        await store.open()
+        assert isinstance(store, LeavingStore)
+        return store
+
+    return Restartable(open_store, crash_log_store)
+
+
+async def test_a_message_left_is_out_of_circulation_until_ended_and_ended_for_good(
+    restartable,
+) -> None:
+    store = await restartable.open()
+    # Given two due messages claimed, one of which may leave and does
+    kept, other = message(0), message(0)
+    await store.store([kept, other])
+    assert not store.may_leave([kept.id])  # not claimed yet
+    await store.fetch_due(NOW, limit=10, lease_ms=1000)
+    assert store.may_leave([kept.id, other.id])
+    store.leave([kept.id])
+    store.release_claims([other.id])
+    # Then it is neither scheduled nor fetched again, however long after its lease
+    assert not store.may_leave([kept.id])
+    assert await store.count_scheduled() == 1
+    later = await store.fetch_due(NOW + 60_000, limit=10, lease_ms=1000)
+    assert [m.id for m in later] == [other.id]
+    # And once ended (once), not even a crash brings it back
+    end = {"state": MessageState.ACKED, "now_ms": NOW, "durable": True}
+    assert await store.finish_left([kept.id], **end) == 1
+    assert await store.finish_left([kept.id], **end) == 0
+    await restartable.crash(store)
+    store = await restartable.open()
+    due = await store.fetch_due(NOW + 120_000, limit=10, lease_ms=1000)
+    assert [m.id for m in due] == [other.id]
+    assert await store.check() == []
+    await store.close()
+
+
+async def test_a_message_left_and_never_ended_is_due_again_after_a_crash(restartable) -> None:
+    store = await restartable.open()
+    m = message(0)
+    await store.store([m])
+    await store.fetch_due(NOW, limit=10, lease_ms=1000)
+    store.leave([m.id])
+    await restartable.crash(store)
+    store = await restartable.open()
+    assert [d.id for d in await store.fetch_due(NOW, limit=10, lease_ms=1000)] == [m.id]
+    assert await store.check() == []
+    await store.close()
