@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tarry.engine import memory_queues
+from tarry.model.batch import COLUMN_MIN
 from tarry.model.state import MessageState
 from tarry.queues.lag import read_head
 from tarry.server.metrics import Metrics
@@ -334,3 +335,31 @@ async def test_a_receive_too_short_for_memory_writes_out_its_own_queue_only(
     assert all("." in d.receipt for d in taken)
     assert engine.memory.sizes()["ready"] == 2
     assert [d.message.id for d in await engine.receive("b", max_messages=10)] == in_b
+
+
+async def test_reads_of_no_queue_row_leave_the_rows_held_in_memory_there(
+    make_engine, clock
+) -> None:
+    # Schedules keep their rows in the queue database beside the queues, never in memory: a
+    # top-up (once a second) must not write out every row held, as a read of queue rows does.
+    # Once it did, and every second's backlog then took both paths.
+    engine = await make_engine()
+    await engine.declare_queue("ticks", {})
+    await engine.declare_queue("capped", {"max_length": 5, "overflow": "reject_publish"})
+    await engine.put_schedule("yearly", {"cron": "0 0 1 1 *", "destination": "ticks"})
+    ids = await _released(engine, clock, "q", 3)
+    assert await engine.schedules.top_up_due() == 0  # its next occurrence is stored
+    assert engine.memory.ready_in("q") == 3
+    # Nor does an idempotent producer's send: rows kept in memory carry no key.
+    keyed = [
+        {"destination": "ticks", "body": "k", "message_id": f"k{i}", "delay_ms": 1000}
+        for i in range(COLUMN_MIN)  # a batch big enough to be checked as columns
+    ]
+    assert all(r.id for r in await engine.send_batch(keyed))
+    assert engine.memory.ready_in("q") == 3
+    # Nor a send to a queue with a length limit, which never has rows in memory.
+    assert (await engine.send({"destination": "capped", "body": "c"})).id
+    assert engine.memory.ready_in("q") == 3
+    taken = await engine.receive("q", max_messages=10)
+    assert [d.message.id for d in taken] == ids
+    assert all("." not in d.receipt for d in taken)  # from memory

@@ -131,7 +131,7 @@ class Engine:
         self.schedules = Schedules(
             config=config.schedules,
             clock=self.clock,
-            qdb=self.qdb,
+            qdb=self.ctx.queue_db,  # schedules hold no queue rows: no write-out barrier
             # One process owns an embedded store (its lock file): a restart is the same node.
             node=getattr(store, "node", None) or "local",
             send_many=lambda items: self.sender.send_many(items, None, internal=True),

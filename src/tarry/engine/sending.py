@@ -288,7 +288,8 @@ class Sender:
             for key in map(queue_dedupe_key, accepted.destination, accepted.message_id)
             if key is not None
         }
-        return bool(await self.ctx.qdb.read(lambda conn: kept_by_dedupe_key(conn, keys)))
+        # Rows kept in memory carry no key (plain sends only): no write-out barrier.
+        return bool(await self.ctx.queue_db.read(lambda conn: kept_by_dedupe_key(conn, keys)))
 
     def _answer(
         self,
@@ -359,7 +360,10 @@ class Sender:
         full = False
         if args.max_length is not None and args.overflow is Overflow.REJECT_PUBLISH:
             now = self.ctx.clock.now_ms()
-            ready = await self.ctx.qdb.read(lambda conn: self.ctx.txn(conn, now).ready_count(queue))
+            # A queue with a length limit has no rows in memory: no write-out barrier.
+            ready = await self.ctx.queue_db.read(
+                lambda conn: self.ctx.txn(conn, now).ready_count(queue)
+            )
             full = ready >= args.max_length
         return TargetView(
             queue,
