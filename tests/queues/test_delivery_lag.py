@@ -13,6 +13,7 @@ from tarry.model.message import Message, SendRequest
 from tarry.model.rules import BEHIND_HORIZON_MS
 from tarry.model.validate import DestinationView, TargetView, validate_send
 from tarry.queues.lag import (
+    FULL_PACE_KEPT_MS,
     RATE_MIN_SPAN_MS,
     DeliveryLag,
     QueueHead,
@@ -155,6 +156,77 @@ def test_a_burst_for_consumers_with_room_is_not_refused_on_a_forecast() -> None:
     # The head's age still counts: a message ready and untaken for 2 s is 2 s late.
     lag.sampled(now, [("q", QueueHead(now - 2_000, 1))], limit_ms=LIMIT)
     assert lag.lag_ms("q") == 2_000
+
+
+def test_an_emptied_queue_still_forecasts_what_falls_due_at_its_last_full_pace() -> None:
+    lag = DeliveryLag()
+    # Given consumers seen taking all they asked for at 100 a second (a sample measured it)
+    now = _consumed_at_pace(lag, "q", per_s=100, full=True)
+    lag.sampled(now, [("q", QueueHead(now - 10, 50))], limit_ms=LIMIT)
+    # And 200 accepted for the queue, due within the next second
+    due = [now + 100 * k + 50 for k in range(10)]
+    lag.accepted([_message("q", at) for at in due for _ in range(20)], now)
+    # When a receive finds the queue empty
+    lag.received("q", taken=0, emptied=True, now_ms=now)
+    # Then nothing is ready, yet the last of the 200 is taken a second after it falls due
+    assert lag.lag_ms("q") == 1_000
+    # And so while the consumer waits on the empty queue, and at a sample
+    assert lag.to_sample(now, window_ms=10_000, waiting={"q": 1}, limit_ms=LIMIT) == {}
+    assert lag.lag_ms("q") == 1_000
+    lag.sampled(now, [("q", QueueHead(None, 0))], limit_ms=LIMIT)
+    assert lag.lag_ms("q") == 1_000
+    with pytest.raises(Overloaded):
+        lag.refuse_if_all_behind(["q"], refusal_limit_ms(LIMIT), queues_of=lambda n: (n,))
+
+
+def test_sends_accepted_between_samples_count_at_once() -> None:
+    lag = DeliveryLag()
+    now = _consumed_at_pace(lag, "q", per_s=100, full=True)
+    lag.sampled(now, [("q", QueueHead(now - 10, 20))], limit_ms=LIMIT)
+    assert lag.lag_ms("q") == 200  # 20 ready, at 100 a second
+    # 40 accepted, due within the forecast (in a batch for a queue nobody reads too): at
+    # most 400 ms more, counted before the next sample, so the next send is refused
+    lag.accepted([_message(q, now + 300) for q in ["q", "archive"] * 40], now)
+    assert lag.lag_ms("q") == 600
+    with pytest.raises(Overloaded):
+        lag.refuse_if_all_behind(["q"], refusal_limit_ms(LIMIT), queues_of=lambda n: (n,))
+    lag.accepted_due(["q"] * 20, np.full(20, now + 300, dtype=np.int64), now)
+    assert lag.lag_ms("q") == 800
+    # (a batch for one queue alone, read from columns, likewise)
+    alone = DeliveryLag()
+    _consumed_at_pace(alone, "q", per_s=100, full=True)
+    alone.sampled(now, [("q", QueueHead(now - 10, 20))], limit_ms=LIMIT)
+    alone.accepted_due(["q"] * 40, np.full(40, now + 300, dtype=np.int64), now)
+    with pytest.raises(Overloaded):
+        alone.refuse_if_all_behind(["q"], refusal_limit_ms(LIMIT), queues_of=lambda n: (n,))
+    # Due beyond the forecast's horizon: not counted yet
+    lag.accepted([_message("q", now + 5_000) for _ in range(100)], now)
+    assert lag.lag_ms("q") == 800
+    # The next sample counts them exactly: the last of the 80 is taken 800 ms from now,
+    # 400 ms after it fell due
+    lag.sampled(now, [("q", QueueHead(now - 10, 20))], limit_ms=LIMIT)
+    assert lag.lag_ms("q") == 400
+    # Consumers never seen full have no forecast to add to: a burst is no lag
+    lag.received("free", taken=1, emptied=True, now_ms=now)
+    lag.accepted([_message("free", now + 300) for _ in range(1_000)], now)
+    assert lag.lag_ms("free") == 0
+
+
+def test_a_full_pace_stands_for_what_consumers_can_take_only_for_a_while() -> None:
+    lag = DeliveryLag()
+    now = _consumed_at_pace(lag, "q", per_s=100, full=True)
+    lag.sampled(now, [("q", QueueHead(now - 10, 50))], limit_ms=LIMIT)
+    # Long after, more consumers may take more: the old measure no longer stands, and a
+    # burst for the emptied queue is no lag.
+    for at in range(now + 1_000, now + FULL_PACE_KEPT_MS, 1_000):
+        lag.received("q", taken=1, emptied=True, now_ms=at)  # consumed all along, all taken
+    soon = now + FULL_PACE_KEPT_MS - 100
+    lag.accepted([_message("q", soon + 500) for _ in range(1_000)], soon)
+    lag.received("q", taken=1, emptied=True, now_ms=soon)
+    assert lag.lag_ms("q") > 0  # still the measure: 1,000 at 100 a second
+    later = now + FULL_PACE_KEPT_MS + 1
+    lag.received("q", taken=1, emptied=True, now_ms=later)
+    assert lag.lag_ms("q") == 0
 
 
 def test_a_queue_not_received_from_within_the_window_is_forgotten() -> None:

@@ -12,11 +12,15 @@ the last. Per queue, the delivery lag is the longer of:
   taken, in arrival order, at the pace its consumers keep: for each time ``d`` ahead, (ready
   messages + messages accepted for it due by then) ÷ that pace − ``d``, the worst of them.
   The pace is what they received per second over the last ``RATE_WINDOW_MS``, once they have
-  received for ``RATE_MIN_SPAN_MS``. It counts only while their receives come back full:
-  consumers keeping up take what arrives, so their pace is the arrival rate, not what they
-  could take; a receive that emptied the queue (it came back with less than it asked for, or
-  with all there was) says they have room, and a burst for such a queue is not refused on a
-  forecast (only the head's age counts).
+  received for ``RATE_MIN_SPAN_MS``. It measures what they can take only while their receives
+  come back full: consumers keeping up take what arrives, so their pace is the arrival rate.
+  Once a receive emptied the queue (it came back with less than it asked for, or with all
+  there was), nothing is ready, but what was accepted for it still falls due: the forecast
+  then counts that at the pace last measured at full receives (within
+  ``FULL_PACE_KEPT_MS``; or the pace now, if higher). Without a full receive's measure, a
+  burst for such a queue is not refused on a forecast (only the head's age counts).
+  Without the first, an overloaded queue swung: a receive that emptied it opened the door to
+  everything offered until those messages fell due, up to a second later, and were late.
 
 Sends to a queue are refused when its delivery lag is over half of ``[dispatch]
 overload_lag_ms`` (``refusal_limit_ms``), so that what was accepted before the refusal began
@@ -31,9 +35,11 @@ queue being consumed, one indexed look at the head and a count of the ready mess
 stops at ``count_cap`` (twice what the consumers take in the refusal limit); the messages
 accepted for it are counted per ``_BUCKET_MS`` of their due time as they are stored
 (``accepted``; a cancelled one still counts until its time). A send reads the last sample
-(``lag_ms``), never the database. A receive that emptied the queue sets its lag to 0
-until the next sample (``received``): a sample taken while it was behind would otherwise
-refuse sends to a queue its consumers have just drained.
+(``lag_ms``), never the database; what is accepted after it adds, at once, the most it can
+add to the forecast (their count ÷ the pace; ``took_in``), so that a sample's 100 ms of
+sends at full speed do not all get in. A receive that emptied the queue sets its lag to the
+forecast of what still falls due (``received``): a sample taken while it was behind would
+otherwise refuse sends to a queue its consumers have just drained.
 """
 
 from __future__ import annotations
@@ -72,6 +78,9 @@ RATE_WINDOW_MS = 2_000
 #: span is mostly the first receive's size, not the consumers' pace).
 RATE_MIN_SPAN_MS = 1_000
 _BUCKET_MS = 100
+#: How long a pace measured at full receives stands for what the consumers can take once
+#: they emptied their queue (more of them may have come since).
+FULL_PACE_KEPT_MS = 10_000
 #: Ready messages counted when no refusal limit is set (the drain time is exact to there).
 _COUNT_CAP_FLOOR = 1_000
 
@@ -130,6 +139,35 @@ class _Consumed:
     #: Messages accepted for the queue, by due-time bucket (due ms // ``_BUCKET_MS``).
     due: dict[int, int] = field(default_factory=dict)
     lag_ms: int = 0
+    #: The pace last measured while receives came back full, and when: what the consumers
+    #: can take (0: not within ``FULL_PACE_KEPT_MS``).
+    full_pace_per_s: float = 0.0
+    full_pace_at_ms: int = 0
+    #: The last forecast and the pace it took (0: none made): each send accepted until the
+    #: next sample adds its share to it (``DeliveryLag.accepted_due``).
+    ahead_ms: float = 0.0
+    ahead_pace_per_s: float = 0.0
+
+    def emptied_lag_ms(self, now_ms: int, horizon_ms: int) -> int:
+        """The lag of a queue its consumers emptied: nothing is ready, but what was accepted
+        for it still falls due, and they take it no faster than they last could (or than
+        they take now, if more). Without that measure, a burst is no lag."""
+        if now_ms - self.full_pace_at_ms > FULL_PACE_KEPT_MS:
+            self.full_pace_per_s = 0.0
+        if not self.full_pace_per_s:
+            self.ahead_ms = self.ahead_pace_per_s = 0.0
+            return 0
+        pace = max(self.full_pace_per_s, self.pace_per_s(now_ms))
+        return max(0, self.forecast_ms(now_ms, 0, pace, horizon_ms))
+
+    def took_in(self, count: int) -> None:
+        """``count`` more messages were accepted for the queue, due within the forecast's
+        horizon: each is taken after all the others, so the worst lateness grows by at most
+        the time the consumers need for them. Counted at once, not at the next sample: a
+        sample's 100 ms of sends at full speed let in more than the consumers take in it."""
+        if self.ahead_pace_per_s:
+            self.ahead_ms += count * 1000 / self.ahead_pace_per_s
+            self.lag_ms = max(self.lag_ms, round(self.ahead_ms))
 
     def pace_per_s(self, now_ms: int) -> float:
         """Messages its consumers take per second (0: too short a span to tell)."""
@@ -151,6 +189,7 @@ class _Consumed:
         for bucket in sorted(b for b in self.due if b <= last):
             waiting += self.due[bucket]
             worst = max(worst, waiting * 1000 / pace - ((bucket + 1) * _BUCKET_MS - now_ms))
+        self.ahead_ms, self.ahead_pace_per_s = worst, pace
         return round(worst)
 
 
@@ -166,6 +205,7 @@ class DeliveryLag:
         #: At least the largest lag (set by each sample; a receive only lowers a lag): a send
         #: finds nothing behind without looking at every queue.
         self._worst_ms = 0
+        self._horizon_ms = 1_000
 
     # --- fed by consumers and the sampler -----------------------------------------------------
     def received(self, queue: str, *, taken: int, emptied: bool, now_ms: int) -> None:
@@ -176,14 +216,14 @@ class DeliveryLag:
             entry = self._queues[queue] = _Consumed(now_ms, now_ms)
         entry.last_received_ms = now_ms
         entry.emptied = emptied
-        if entry.emptied:
-            entry.lag_ms = 0  # it took everything ready: nothing waits now
         if taken:
             bucket = now_ms - now_ms % _BUCKET_MS
             if entry.buckets and entry.buckets[-1][0] == bucket:
                 entry.buckets[-1][1] += taken
             else:
                 entry.buckets.append([bucket, taken])
+        if emptied:  # it took everything ready: only what is still falling due waits
+            entry.lag_ms = entry.emptied_lag_ms(now_ms, self._horizon_ms)
 
     def accepted(self, messages: Iterable[Message], now_ms: int) -> None:
         """``messages`` were stored, each for the queue it names (``destination``)."""
@@ -202,7 +242,7 @@ class DeliveryLag:
         queues = self._queues
         if not queues or not len(destinations):
             return
-        until = now_ms + FORECAST_MS
+        until, soon = now_ms + FORECAST_MS, (now_ms + self._horizon_ms) // _BUCKET_MS
         first = destinations[0]
         if destinations.count(first) == len(destinations):  # one queue (the common case)
             entry = queues.get(first)
@@ -213,12 +253,17 @@ class DeliveryLag:
             into = entry.due
             for bucket, count in zip(buckets.tolist(), counts.tolist(), strict=True):
                 into[bucket] = into.get(bucket, 0) + count
+            entry.took_in(int(counts[buckets <= soon].sum()))
+            self._worst_ms = max(self._worst_ms, entry.lag_ms)
             return
         for destination, due_at in zip(destinations, _as_list(due_ms), strict=True):
             entry = queues.get(destination)
             if entry is not None and due_at <= until:
                 bucket = due_at // _BUCKET_MS
                 entry.due[bucket] = entry.due.get(bucket, 0) + 1
+                if bucket <= soon:
+                    entry.took_in(1)
+                    self._worst_ms = max(self._worst_ms, entry.lag_ms)
 
     def to_sample(
         self, now_ms: int, *, window_ms: int, waiting: Mapping[str, int], limit_ms: int
@@ -234,7 +279,7 @@ class DeliveryLag:
         for queue, entry in self._queues.items():
             pace = entry.pace_per_s(now_ms)
             if entry.emptied and waiting.get(queue):  # nothing ready, consumers have room
-                entry.lag_ms = 0
+                entry.lag_ms = entry.emptied_lag_ms(now_ms, self._horizon_ms)
                 continue
             # No pace yet: only the head's age counts, so nothing is counted.
             cap = max(math.ceil(pace * 2 * counted_ms / 1000), _COUNT_CAP_FLOOR) if pace else 0
@@ -247,7 +292,7 @@ class DeliveryLag:
     ) -> None:
         """What a sample read (``read_head`` per queue of ``to_sample``); the forecast looks
         ``limit_ms`` ahead (0: 1 s)."""
-        horizon_ms = limit_ms or 1_000
+        horizon_ms = self._horizon_ms = limit_ms or 1_000
         for queue, head in heads:
             entry = self._queues.get(queue)
             if entry is None:  # forgotten meanwhile
@@ -255,8 +300,11 @@ class DeliveryLag:
             age = 0 if head.oldest_due_ms is None else max(0, now_ms - head.oldest_due_ms)
             pace = entry.pace_per_s(now_ms)
             # A pace is a capacity only while receives come back full (the module docstring).
-            full = pace and not entry.emptied
-            ahead = entry.forecast_ms(now_ms, head.ready, pace, horizon_ms) if full else 0
+            if pace and not entry.emptied:
+                entry.full_pace_per_s, entry.full_pace_at_ms = pace, now_ms
+                ahead = entry.forecast_ms(now_ms, head.ready, pace, horizon_ms)
+            else:
+                ahead = entry.emptied_lag_ms(now_ms, horizon_ms)
             entry.lag_ms = max(age, ahead)
         self._worst_ms = self.worst_ms()
 
