@@ -276,13 +276,25 @@ async def test_health_and_metrics_count_the_rows_held_in_memory_by_kind(make_eng
     first, _ = await engine.receive("q", max_messages=2)
     await engine.ack("q", [first.receipt])
     held = {"ready": 2, "in_flight": 1, "acked": 1}
-    # Then /healthz counts them by kind, and so does /metrics (taken before its stats, whose
-    # read writes them out)
+    # And one more sent, still scheduled
+    await engine.send({"destination": "q", "body": "later", "delay_ms": 60_000})
+    # Then /healthz counts them by kind, and so does /metrics
     assert engine.health()["queue_rows_in_memory"] == held
     text = (await Metrics().render(engine))[0].decode()
     for kind, rows in held.items():
         assert f'tarry_queue_rows_in_memory{{kind="{kind}"}} {float(rows)}' in text
-    assert engine.health()["queue_rows_in_memory"] == dict.fromkeys(held, 0)
+    # And the counts by state count each message once, where it is, writing nothing out (a
+    # scrape must not send every row held down the queue database's path)
+    by_state = {"scheduled": 1, "ready": 2, "delivered": 1, "acked": 1}
+    for state, count in by_state.items():
+        assert f'tarry_messages_by_state{{state="{state}"}} {float(count)}' in text
+    assert (await engine.stats())["messages"] == {**dict.fromkeys(MessageState, 0), **by_state}
+    assert engine.health()["queue_rows_in_memory"] == held
+    # The same while they are being written out (each row is counted in one place), and after
+    counted = [(await engine.stats())["messages"] for _ in range(2)]
+    _, during = await asyncio.gather(engine.memory.write_out_all(), engine.stats())
+    counted += [during["messages"], (await engine.stats())["messages"]]
+    assert counted == [{**dict.fromkeys(MessageState, 0), **by_state}] * 4
 
 
 async def _until(condition: Any, timeout_s: float = 3.0) -> None:

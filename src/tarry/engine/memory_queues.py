@@ -56,6 +56,7 @@ from tarry.model.events import Event, EventRun
 from tarry.model.message import Message
 from tarry.model.state import MessageState
 from tarry.model.time import Clock
+from tarry.queues import counts
 from tarry.queues.catalog import Catalog
 from tarry.queues.lag import QueueHead
 from tarry.queues.memory import InFlight, QueueMemory, WriteOut
@@ -81,6 +82,12 @@ READY_WRITE_AFTER_S = 2.0
 #: Ready rows held past which every one is written out at the next write-out (memory's bound
 #: when consumers fall far behind: ~1 KB a row).
 MAX_READY_ROWS = 100_000
+#: The queue database's state of each kind of row held here (``QueueMemory.sizes``).
+_STATE_OF_KIND = {
+    "ready": MessageState.READY.value,
+    "in_flight": MessageState.DELIVERED.value,
+    "acked": MessageState.ACKED.value,
+}
 
 
 class MemoryQueues:
@@ -157,6 +164,17 @@ class MemoryQueues:
 
     async def purge_finished(self, *, before_ms: int, limit: int = 5000) -> int:
         return await self.database.purge_finished(before_ms=before_ms, limit=limit)
+
+    async def counts_by_state(self) -> dict[str, int]:
+        """Messages per state, of the queue database and held here, with nothing written out
+        (``/metrics`` reads this at every scrape). Each row is in one place, and only a
+        write-out moves rows between them: none runs while the count holds its lock."""
+        async with self._writing:
+            by_state = await self.database.read(counts.by_state)
+            for kind, rows in self.memory.sizes().items():
+                state = _STATE_OF_KIND[kind]
+                by_state[state] = by_state.get(state, 0) + rows
+        return by_state
 
     async def check(self) -> list[str]:
         return await self.database.check()

@@ -101,7 +101,6 @@ class Metrics:
         counts, self._counts = self._counts, {}
         for event, count in counts.items():
             self.events.labels(event).inc(count)
-        # Health first: the stats write the rows kept in memory out (a read's barrier).
         health = engine.health()
         stats: dict[str, Any] = await engine.stats()
         for state, count in stats["messages"].items():
