@@ -63,8 +63,11 @@ async def test_counts_and_lists_see_the_rows_held_in_memory(make_engine, clock) 
     [first] = await engine.receive("q", max_messages=1)
     info = await engine.queue_info("q")
     assert (info.ready, info.in_flight) == (3, 1)
-    # Written out: the rest is received from the queue database, in order, each once.
+    # Counted where they are (the console polls this), nothing written out: the rest is
+    # received from memory, in order, each once.
+    assert engine.memory.sizes() == {"ready": 3, "in_flight": 1, "acked": 0}
     rest = await engine.receive("q", max_messages=10)
+    assert all("." not in d.receipt for d in rest)
     assert [d.message.id for d in rest] == ids[1:]
     assert await engine.ack("q", [first.receipt, *(d.receipt for d in rest)]) == {
         "acked": 4,
@@ -375,3 +378,40 @@ async def test_reads_of_no_queue_row_leave_the_rows_held_in_memory_there(
     taken = await engine.receive("q", max_messages=10)
     assert [d.message.id for d in taken] == ids
     assert all("." not in d.receipt for d in taken)  # from memory
+
+
+async def test_dead_letter_groups_count_the_rows_held_in_memory_as_never_died(
+    make_engine, clock
+) -> None:
+    # Given a dead-letter queue holding one message that died and plain messages sent to it
+    # directly: 2 in memory (1 of them received), 1 in the queue database
+    engine = await make_engine()
+    await engine.declare_queue("dlq", {})
+    await engine.declare_queue("q", {"dead_letter_to": "dlq"})
+    await engine.send({"destination": "q", "body": "bad"})
+    [bad] = await engine.receive("q")
+    await engine.nack("q", [bad.receipt], requeue=False)
+    [died] = await engine.receive("dlq")
+    await engine.nack("dlq", [died.receipt], requeue=True)
+    await _released(engine, clock, "dlq", 2)
+    await engine.receive("dlq", max_messages=2)  # the one that died first, then one of these
+    await engine.send({"destination": "dlq", "body": "now"})  # no delay: the database's path
+    # Then the console's dead-letter view counts each where it is, writing nothing out
+    expected = [
+        {"reason": "", "original_destination": "", "count": 3, "oldest": 0, "newest": 0},
+        {"reason": "rejected", "original_destination": "q", "count": 1},
+    ]
+
+    def shown(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {k: v for k, v in g.items() if g["reason"] == "" or k not in ("oldest", "newest")}
+            for g in groups
+        ]
+
+    [view] = [v for v in await engine.dead_letters() if v["queue"] == "dlq"]
+    assert shown(view["groups"]) == expected
+    assert engine.memory.sizes() == {"ready": 1, "in_flight": 1, "acked": 0}
+    # And as the queue database shows them once written out
+    await engine.memory.write_out_all()
+    [after] = [v for v in await engine.dead_letters() if v["queue"] == "dlq"]
+    assert after["groups"] == view["groups"]

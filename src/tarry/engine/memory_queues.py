@@ -165,6 +165,16 @@ class MemoryQueues:
     async def purge_finished(self, *, before_ms: int, limit: int = 5000) -> int:
         return await self.database.purge_finished(before_ms=before_ms, limit=limit)
 
+    async def read_beside(
+        self, queue: str, work: Callable[[QueueConnection], T]
+    ) -> tuple[T, int, int]:
+        """``work``'s answer from the queue database alone, with the ready and in-flight rows
+        of ``queue`` held here, nothing written out (a count the console polls). As in
+        ``counts_by_state``, no write-out moves rows meanwhile."""
+        async with self._writing:
+            answer = await self.database.read(work)
+            return answer, self.memory.ready_in(queue), self.memory.in_flight_in(queue)
+
     async def counts_by_state(self) -> dict[str, int]:
         """Messages per state, of the queue database and held here, with nothing written out
         (``/metrics`` reads this at every scrape). Each row is in one place, and only a

@@ -10,8 +10,9 @@ from functools import partial
 from typing import Any
 
 from tarry.engine.context import EngineContext
-from tarry.queues.counts import death_groups
-from tarry.store.base import DelayedStore, QueueDatabase
+from tarry.queues.counts import death_groups, with_never_died
+from tarry.store.base import DelayedStore
+from tarry.store.sql import QueueConnection
 
 __all__ = ["FORECAST_SERIES", "ForecastCache", "dead_letter_groups", "dead_letters"]
 
@@ -93,11 +94,19 @@ async def _count(store: DelayedStore, now_ms: int, width_ms: int, windows: int) 
     return {"start": start, "width_ms": width_ms, "counts": counts, "computed_at": now_ms}
 
 
-async def dead_letter_groups(qdb: QueueDatabase, queue: str) -> list[dict[str, Any]]:
+async def dead_letter_groups(ctx: EngineContext, queue: str) -> list[dict[str, Any]]:
     """The messages waiting in ``queue`` (ready or in flight) by the reason and the original
     destination of their first death (``deaths[0]``, what redrive sends them back to); a
     message that never died counts under empty strings. Reads the queue's rows once."""
-    return await qdb.read(lambda conn: death_groups(conn, queue))
+
+    def work(conn: QueueConnection) -> list[dict[str, Any]]:
+        return death_groups(conn, queue)
+
+    if ctx.memory is None:
+        return await ctx.qdb.read(work)
+    # Counted where they are, not written out first (the console polls this).
+    groups, ready, in_flight = await ctx.memory.read_beside(queue, work)
+    return with_never_died(groups, ready + in_flight)
 
 
 async def dead_letters(ctx: EngineContext) -> list[dict[str, Any]]:
@@ -113,7 +122,7 @@ async def dead_letters(ctx: EngineContext) -> list[dict[str, Any]]:
         if policy is not None and policy.dead_letter_to is not None:
             targets.add(policy.dead_letter_to)
     return [
-        {"queue": name, "groups": await dead_letter_groups(ctx.qdb, name)}
+        {"queue": name, "groups": await dead_letter_groups(ctx, name)}
         for name in sorted(targets)
         if name in ctx.catalog.queues
     ]

@@ -12,7 +12,7 @@ import orjson
 from tarry.queues.txn import QUEUED_STATES
 from tarry.store.sql import SqlConnection
 
-__all__ = ["by_state", "death_groups", "ready_and_in_flight"]
+__all__ = ["by_state", "death_groups", "ready_and_in_flight", "with_never_died"]
 
 
 def by_state(conn: SqlConnection) -> dict[str, int]:
@@ -32,6 +32,17 @@ def ready_and_in_flight(conn: SqlConnection, queue: str, now_ms: int) -> tuple[i
         ).fetchone()
         ready, in_flight = ready + int(visible), in_flight + int(hidden)
     return ready, in_flight
+
+
+def with_never_died(groups: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """``death_groups`` with ``count`` more messages that never died (rows held elsewhere:
+    the local queues kept in memory hold only such), in the group of empty strings."""
+    if not count:
+        return groups
+    if groups and (groups[0]["reason"], groups[0]["original_destination"]) == ("", ""):
+        return [{**groups[0], "count": groups[0]["count"] + count}, *groups[1:]]
+    never = {"reason": "", "original_destination": "", "count": count, "oldest": 0, "newest": 0}
+    return [never, *groups]
 
 
 def death_groups(conn: SqlConnection, queue: str) -> list[dict[str, Any]]:

@@ -202,8 +202,8 @@ class DeliveryLag:
 
     def __init__(self) -> None:
         self._queues: dict[str, _Consumed] = {}
-        #: At least the largest lag (set by each sample; a receive only lowers a lag): a send
-        #: finds nothing behind without looking at every queue.
+        #: At least the largest lag (set by each sample, raised by what raises a lag between
+        #: two): a send finds nothing behind without looking at every queue.
         self._worst_ms = 0
         self._horizon_ms = 1_000
 
@@ -224,6 +224,7 @@ class DeliveryLag:
                 entry.buckets.append([bucket, taken])
         if emptied:  # it took everything ready: only what is still falling due waits
             entry.lag_ms = entry.emptied_lag_ms(now_ms, self._horizon_ms)
+            self._worst_ms = max(self._worst_ms, entry.lag_ms)
 
     def accepted(self, messages: Iterable[Message], now_ms: int) -> None:
         """``messages`` were stored, each for the queue it names (``destination``)."""

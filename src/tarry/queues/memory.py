@@ -106,6 +106,9 @@ class QueueMemory:
         rows = self._ready.get(queue)
         return len(rows) if rows else 0
 
+    def in_flight_in(self, queue: str) -> int:
+        return sum(1 for flight in self._in_flight.values() if flight.queue == queue)
+
     def oldest_due_ms(self, queue: str) -> int | None:
         """The due time of the next ready row of ``queue`` (None: none)."""
         rows = self._ready.get(queue)
