@@ -17,6 +17,9 @@ process long-polls ``receive`` for up to 1,000 and acks each batch:
 ``--rate`` offers that many messages a second in the overload phase instead, and skips the
 capacity phase (on a busy machine the capacity phase's figure swings from run to run).
 
+``--operator-s N`` has an operator watch each overload phase: every N seconds, what a
+Prometheus scrape and the console read (``/metrics``, ``GET /v1/queues``, ``/v1/dead-letters``).
+
 With ``--baseline-src`` (another source tree's ``src/``, e.g. main's) the overload phase runs
 for that tree's server too, first, at the same offered rate (``baseline_overload``).
 
@@ -38,6 +41,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -137,6 +141,17 @@ def consume(url: str, until: Any, out: Any) -> None:
     out.put(got)
 
 
+def watch(url: str, every_s: float, stop: threading.Event) -> int:
+    """An operator's reads every ``every_s`` until ``stop``; returns how many rounds."""
+    rounds = 0
+    with httpx.Client(base_url=url, timeout=60) as client:
+        while not stop.wait(every_s):
+            for path in ("/metrics", "/v1/queues", "/v1/dead-letters"):
+                client.get(path).raise_for_status()
+            rounds += 1
+    return rounds
+
+
 def phase(
     store: str,
     threshold_ms: int,
@@ -171,7 +186,17 @@ def phase(
         ]
         for producer in producers:
             producer.start()
+        stop_watching = threading.Event()
+        watched: list[int] = []
+        watcher = threading.Thread(
+            target=lambda: watched.append(watch(url, args.operator_s, stop_watching))
+        )
+        if args.operator_s and threshold_ms:
+            watcher.start()
         parts = [results.get() for _ in producers]
+        if watcher.is_alive():
+            stop_watching.set()
+            watcher.join()
         for producer in producers:
             producer.join()
         server_cpu = cpu_s(proc.pid) - server_cpu
@@ -223,6 +248,7 @@ def phase(
         "lost": len(accepted - set(ids)),
         "duplicates": len(ids) - len(set(ids)),
         "server_cpu_s": round(server_cpu, 2),
+        "operator_reads": watched[0] if watched else 0,
         "server_release_lag_gauge_at_end_s": _gauge(metrics, "tarry_release_lag_seconds"),
         "server_delivery_lag_gauge_at_end_s": _gauge(metrics, "tarry_delivery_lag_seconds"),
     }
@@ -248,6 +274,9 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=3)
     parser.add_argument("--baseline-src", type=Path, help="another tarry source tree's src/")
     parser.add_argument("--rate", type=float, help="msg/s offered in overload (no capacity phase)")
+    parser.add_argument(
+        "--operator-s", type=float, default=0.0, help="an operator's reads every N s (0: none)"
+    )
     args = parser.parse_args()
     baseline: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="tarry-overload-") as tmp:
