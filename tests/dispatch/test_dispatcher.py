@@ -12,7 +12,7 @@ import pytest
 from tarry.config import DispatchConfig
 from tarry.dispatch.breaker import Breakers
 from tarry.dispatch.dispatcher import Dispatcher
-from tarry.errors import DeliveryFailed, Unavailable
+from tarry.errors import DeliveryFailed, StorageFault, Unavailable
 from tarry.model.ids import IdGenerator
 from tarry.model.message import Message
 from tarry.model.state import MessageState
@@ -366,7 +366,11 @@ async def test_a_release_at_once_happens_in_the_round_and_anything_else_takes_a_
     h.dispatcher._release_at_once = release_at_once
     h.dispatcher._release_local = release
     due = [(await h.schedule()).id for _ in range(3)]
+    # A send found the disk full: the store breaker opened at once
+    h.breakers.store.failure(StorageFault("no room", cause="disk full"))
     assert await h.dispatcher._round() == 3
+    # A release at once wrote nothing, so it did not close it (a healed send or the probe does)
+    assert h.breakers.store.is_open
     if at_once == "released":
         assert not h.dispatcher._releasing and h.dispatcher._inflight_messages == 0
     else:

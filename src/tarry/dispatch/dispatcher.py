@@ -377,7 +377,8 @@ class Dispatcher:
         except Exception as exc:  # the task's failure handling: breaker, claims given back
             self._spawn_release(batch, failed=exc)
             return True
-        self._breakers.store.success()
+        # No store success told: this wrote nothing (its markers go with a later group), so it
+        # says nothing of a disk found full; a success here closed the breaker a send opened.
         self.stats.released += len(batch)
         return True
 
