@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from tarry.config import TarryConfig
 from tarry.engine.memory_queues import MemoryQueues
@@ -21,6 +21,8 @@ from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore, QueueDatabase
 from tarry.store.sql import QueueConnection
 from tarry.transports.base import Transport
+
+T = TypeVar("T")
 
 __all__ = ["EngineContext", "MakeTxn"]
 
@@ -68,6 +70,17 @@ class EngineContext:
         """The queue database without the write-out the memory's barrier makes first: for a
         release, a receive or an ack, and for reads that rows in memory cannot change."""
         return self.qdb.database if isinstance(self.qdb, MemoryQueues) else self.qdb
+
+    async def read_beside(
+        self, queue: str, work: Callable[[QueueConnection], T]
+    ) -> tuple[T, int, int]:
+        """``work``'s answer from the queue database with ``queue``'s ready and in-flight rows
+        held in memory beside it (0, 0 where none are), nothing written out: a count operators
+        poll (``MemoryQueues.read_beside``)."""
+        memory = self.memory
+        if memory is None:
+            return await self.qdb.read(work), 0, 0
+        return await memory.read_beside(queue, work)
 
     def failure_queue(self, destination: str) -> str:
         """Where a message for ``destination`` goes when it cannot be delivered: the route's

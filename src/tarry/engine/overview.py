@@ -102,10 +102,8 @@ async def dead_letter_groups(ctx: EngineContext, queue: str) -> list[dict[str, A
     def work(conn: QueueConnection) -> list[dict[str, Any]]:
         return death_groups(conn, queue)
 
-    if ctx.memory is None:
-        return await ctx.qdb.read(work)
     # Counted where they are, not written out first (the console polls this).
-    groups, ready, in_flight = await ctx.memory.read_beside(queue, work)
+    groups, ready, in_flight = await ctx.read_beside(queue, work)
     return with_never_died(groups, ready + in_flight)
 
 

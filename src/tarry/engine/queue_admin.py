@@ -62,11 +62,9 @@ async def queue_info(ctx: EngineContext, name: str) -> QueueInfo:
     def work(conn: QueueConnection) -> tuple[int, int]:
         return ready_and_in_flight(conn, name, now)
 
-    if ctx.memory is None:
-        ready, in_flight = await ctx.qdb.read(work)
-    else:  # counted where they are, not written out first (the console polls this)
-        (ready, in_flight), ready_here, in_flight_here = await ctx.memory.read_beside(name, work)
-        ready, in_flight = ready + ready_here, in_flight + in_flight_here
+    # Counted where they are, not written out first (the console polls this).
+    (ready, in_flight), ready_here, in_flight_here = await ctx.read_beside(name, work)
+    ready, in_flight = ready + ready_here, in_flight + in_flight_here
     scheduled = await ctx.store.count_scheduled(name)
     return QueueInfo(
         name=name,
