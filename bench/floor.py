@@ -41,7 +41,6 @@ import asyncio
 import json
 import mmap
 import os
-import socket
 import sqlite3
 import struct
 import subprocess
@@ -59,7 +58,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from foundation import batch_schedule, cpu_s, start_server  # noqa: E402
+from foundation import batch_schedule, cpu_s, free_port, start_server, wait_for_port  # noqa: E402
 from logstore import messages  # noqa: E402
 
 from tarry.model.ids import IdGenerator  # noqa: E402
@@ -277,33 +276,16 @@ def floor_app(log_path: str | None) -> Callable[..., Any]:
     return app
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_for_port(port: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on port {port}")
-
-
 def part_http(tmp: Path, count: int) -> dict[str, Any]:
     out: dict[str, Any] = {"messages": count}
     for name, log_path in (("unread", None), ("floor", str(tmp / "http.log"))):
-        port = _free_port()
+        port = free_port()
         server = subprocess.Popen(
             [sys.executable, __file__, "--serve", str(port), "--log", log_path or ""],
             stderr=subprocess.DEVNULL,
         )
         try:
-            _wait_for_port(port)
+            wait_for_port(port)
             server_cpu, client_cpu = cpu_s(server.pid), time.process_time()
             result = asyncio.run(batch_schedule(f"http://127.0.0.1:{port}", count, BATCH, 2))
             out[name] = {
@@ -353,12 +335,12 @@ def part_requests(tmp: Path, count: int) -> dict[str, Any]:
     finally:
         proc.terminate()
         proc.wait()
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(port), "--log", ""], stderr=subprocess.DEVNULL
     )
     try:
-        _wait_for_port(port)
+        wait_for_port(port)
         calls = {"get": lambda c: c.get("/")}
         bare = asyncio.run(_request_costs(f"http://127.0.0.1:{port}", server.pid, calls, count))
     finally:

@@ -19,7 +19,11 @@ durable; its CPU is Redis's plus the poller's.
 ``--baseline-src`` runs tarry from another source tree too (e.g. a worktree of main before a
 change), in the same run. ``--only ...,in-database`` runs this tree once more with
 ``[store] queues_in_memory = false``: every release, receive and ack a transaction of the
-queue database, so the run shows what the local queues kept in memory save.
+queue database, so the run shows what the local queues kept in memory save. ``floor`` runs
+the same producer and consumer against ``ontime_floor.py``: a bare ASGI app on the same
+uvicorn that keeps messages in a heap and fsyncs each send and ack and does nothing else (the
+least any Python server of this design can spend here); ``floor-memory``, the same without
+its file.
 """
 
 from __future__ import annotations
@@ -40,7 +44,14 @@ import httpx
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from foundation import cpu_s, journal_lateness, percentile, start_server  # noqa: E402
+from foundation import (  # noqa: E402
+    cpu_s,
+    free_port,
+    journal_lateness,
+    percentile,
+    start_server,
+    wait_for_port,
+)
 
 QUEUE = "bench.ontime"
 BODY = "x" * 100
@@ -392,6 +403,31 @@ def run_redis(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def run_floor(args: argparse.Namespace, tmp: Path, *, memory: bool) -> dict[str, Any]:
+    """The same producer and consumer against ``ontime_floor.py``: the least a Python server on
+    tarry's HTTP stack spends on this workload (``memory``: without its file and fsyncs)."""
+    port = free_port()
+    command = [sys.executable, str(Path(__file__).with_name("ontime_floor.py"))]
+    command += ["--port", str(port), "--data", str(tmp), *(["--memory"] if memory else [])]
+    server = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port)
+        url = f"http://127.0.0.1:{port}"
+        cpu_before = cpu_s(server.pid)
+        consumer = _role("consume-tarry", args, url)
+        producer = _role("produce-tarry", args, url)
+        produced = _result(producer)
+        consumed = _result(consumer)
+        cpu_seconds = cpu_s(server.pid) - cpu_before
+    finally:
+        server.terminate()
+        server.wait()
+    result = _summary(produced, consumed, args.messages, cpu_seconds)
+    result["durable"] = not memory
+    result["messages_per_receive"] = round(consumed["received"] / max(consumed["receives"], 1), 1)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=100_000)
@@ -402,7 +438,8 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default="redis,tarry,baseline",
-        help="parts, comma-separated: redis, tarry, baseline (with --baseline-src), in-database",
+        help="parts, comma-separated: redis, tarry, baseline (with --baseline-src), "
+        "in-database, floor, floor-memory",
     )
     parser.add_argument("--deadline-s", type=float, default=300.0)
     parser.add_argument(
@@ -445,7 +482,13 @@ def main() -> None:
             results["in_database"] = run_tarry(
                 args, None, Path(tmp) / "in-database", in_database=True
             )
-    for other in ("redis", "baseline", "in_database"):
+        if "floor" in parts:
+            print("python floor (ontime_floor.py) ...", file=sys.stderr)
+            results["floor"] = run_floor(args, Path(tmp) / "floor", memory=False)
+        if "floor-memory" in parts:
+            print("python floor, nothing on disk ...", file=sys.stderr)
+            results["floor_memory"] = run_floor(args, Path(tmp) / "floor-memory", memory=True)
+    for other in ("redis", "baseline", "in_database", "floor", "floor_memory"):
         if other in results and "tarry" in results:
             mine, theirs = results["tarry"], results[other]
             results[f"ratio_to_{other}"] = {
