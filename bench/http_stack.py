@@ -1,13 +1,15 @@
 """The HTTP stack under `tarry serve`: asyncio + h11 (pure Python) against uvloop + httptools
 (uvicorn's ``standard`` extra, ``tarry[fast]``), in the same run; prints JSON.
 
-    .venv/bin/python bench/http_stack.py [--messages 50000] [--rounds 3]
+    .venv/bin/python bench/http_stack.py [--messages 50000] [--rounds 3] [--baseline-src DIR]
 
 Each round starts a fresh server per stack (``TARRY_SERVER__EVENT_LOOP`` and
 ``TARRY_SERVER__HTTP_PARSER``), stacks alternating, and sends ``--messages`` in HTTP batches of
 1,000 (due in an hour: the send path only), 2 requests in flight, then ``--single``
 one-message requests, 4 in flight; reports the rates and the server's CPU per message and per
-request, each stack's median over the rounds, and their ratios.
+request, each stack's median over the rounds, and their ratios. ``--baseline-src``: another
+tarry source tree's ``src`` (e.g. a worktree of main before a change) runs each round too, on
+uvloop + httptools, and the ratios of this tree to it are reported.
 """
 
 from __future__ import annotations
@@ -59,9 +61,17 @@ async def singles(url: str, count: int, concurrency: int, server_pid: int) -> di
     }
 
 
-def one(stack: str, messages: int, root: Path, single: int) -> dict[str, Any]:
+#: The ``--baseline-src`` tree's runs, on the fast stack.
+BASELINE = "baseline (uvloop+httptools)"
+
+
+def one(
+    stack: str, messages: int, root: Path, single: int, src: Path | None = None
+) -> dict[str, Any]:
     loop, parser = STACKS[stack]
     env = {**os.environ, "TARRY_SERVER__EVENT_LOOP": loop, "TARRY_SERVER__HTTP_PARSER": parser}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
     data = Path(tempfile.mkdtemp(dir=root))
     proc, url = start_server(data, "log", env=env)
     try:
@@ -79,13 +89,21 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--single", type=int, default=5_000)
+    parser.add_argument("--baseline-src", type=Path, help="another tarry source tree's src/")
     args = parser.parse_args()
-    runs: dict[str, list[dict[str, Any]]] = {stack: [] for stack in STACKS}
+    names = [*STACKS, *([BASELINE] if args.baseline_src else [])]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="tarry-http-stack-") as tmp:
         for number in range(args.rounds):
-            for stack in STACKS if number % 2 == 0 else reversed(list(STACKS)):
-                print(f"round {number + 1}: {stack}", file=sys.stderr)
-                runs[stack].append(one(stack, args.messages, Path(tmp), args.single))
+            for name in names if number % 2 == 0 else reversed(names):
+                print(f"round {number + 1}: {name}", file=sys.stderr)
+                if name == BASELINE:
+                    run = one(
+                        "uvloop+httptools", args.messages, Path(tmp), args.single, args.baseline_src
+                    )
+                else:
+                    run = one(name, args.messages, Path(tmp), args.single)
+                runs[name].append(run)
     medians = {
         stack: {
             "messages_per_s": statistics.median(r["messages_per_s"] for r in got),
@@ -100,6 +118,9 @@ def main() -> None:
         for stack, got in runs.items()
     }
     slow, fast = medians["asyncio+h11"], medians["uvloop+httptools"]
+    ratios = {"ratio_fast_to_plain": _ratios(fast, slow)}
+    if BASELINE in medians:
+        ratios["ratio_to_baseline"] = _ratios(fast, medians[BASELINE])
     print(
         json.dumps(
             {
@@ -109,24 +130,15 @@ def main() -> None:
                 "load_average": os.getloadavg()[0],
                 "runs": runs,
                 "medians": medians,
-                "ratio_fast_to_plain": {
-                    "messages_per_s": round(fast["messages_per_s"] / slow["messages_per_s"], 2),
-                    "server_cpu_us_per_message": round(
-                        fast["server_cpu_us_per_message"] / slow["server_cpu_us_per_message"], 2
-                    ),
-                    "single_requests_per_s": round(
-                        fast["single_requests_per_s"] / slow["single_requests_per_s"], 2
-                    ),
-                    "single_server_cpu_us_per_request": round(
-                        fast["single_server_cpu_us_per_request"]
-                        / slow["single_server_cpu_us_per_request"],
-                        2,
-                    ),
-                },
+                **ratios,
             },
             indent=2,
         )
     )
+
+
+def _ratios(mine: dict[str, float], theirs: dict[str, float]) -> dict[str, float]:
+    return {name: round(value / theirs[name], 2) for name, value in mine.items()}
 
 
 if __name__ == "__main__":

@@ -177,8 +177,8 @@ def test_receive_ack_and_nack_through_the_server_as_the_api_says(tmp_path: Path)
             "/v1/queues/q/ack", json={"receipts": [again[0]["receipt"], "x.1"]}
         )
         assert acked.json() == {"acked": 1, "unknown": ["x.1"]}
-        # The consumer's calls went by the lane; the declare and the send by the router.
-        assert routed == ["/v1/queues/q", "/v1/messages"]
+        # The send and the consumer's calls went by the lane; the declare by the router.
+        assert routed == ["/v1/queues/q"]
 
     _serve(tmp_path, scenario)
 
@@ -233,6 +233,13 @@ def test_the_lane_answers_byte_for_byte_as_the_whole_app(tmp_path: Path) -> None
         ("/v1/messages/batch", {"content": b"{"}),
         ("/v1/messages/batch", {"json": {"messages": [{"destination": "q"}]}, "headers": _EU}),
         ("/v1/messages/batch", {"json": {"messages": []}, "headers": {"authorization": ""}}),
+        ("/v1/messages", {"json": {"destination": "q", "delay_ms": "x"}}),
+        ("/v1/messages", {"json": {"destination": "nope", "body": "x"}}),
+        ("/v1/messages", {"json": ["q"]}),
+        ("/v1/messages", {"content": b"{"}),
+        ("/v1/messages", {"json": {"destination": "q", "body": "x" * (5 * 1024 * 1024)}}),
+        ("/v1/messages", {"json": {"destination": "q"}, "headers": _EU}),
+        ("/v1/messages", {"json": {"destination": "q"}, "headers": {"authorization": ""}}),
     ]
 
     def run(lane: bool) -> tuple[list[tuple[int, list[tuple[str, str]], bytes]], list[str]]:
@@ -258,6 +265,7 @@ def test_the_lane_answers_byte_for_byte_as_the_whole_app(tmp_path: Path) -> None
     assert statuses == [
         *(200, 200, 400, 200, 200, 400, 404, 400, 400, 400, 400, 400, 413),
         *(401, 401, 403, 200, 400, 200, 400, 400, 400, 200, 401),
+        *(400, 404, 400, 400, 413, 403, 401),
     ]
     assert b'"acked":0,"unknown":["x.1"]}' in by_lane[1][2]
     assert ("connection", "close") in by_lane[12][1]

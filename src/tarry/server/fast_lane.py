@@ -1,13 +1,14 @@
-"""The routes a consumer and a producer call for every batch (receive, ack, nack; a batch
-send), served ahead of everything FastAPI runs for a request.
+"""The routes a consumer and a producer call for every batch or message (receive, ack, nack;
+a send, a batch send), served ahead of everything FastAPI runs for a request.
 
 A consumer makes two requests for each batch it takes, and with a batch of a few dozen
 messages what every request costs before its route runs (FastAPI's telemetry check, its
 server-error, telemetry and body-limit layers, the search through every mounted route, the
 exception and exit-stack layers around it) comes to more than what the route does with its
-messages. ``LaneFirstAPI`` is the FastAPI app with a ``FastLane`` in front: the lane recognises
-these paths with a string split and calls the same route functions directly; everything else
-goes through the app as before.
+messages; a producer sending one message at a time pays it for each message.
+``LaneFirstAPI`` is the FastAPI app with a ``FastLane`` in front: the lane recognises these
+paths with a string split and calls the same route functions directly; everything else goes
+through the app as before.
 
 What a client sees is the same either way: the route's own response; for a ``TarryError`` the
 app's own handler's response (``tarry.server.errors``); for anything else the app's handler for

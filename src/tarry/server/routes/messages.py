@@ -52,8 +52,8 @@ async def send_batch(request: Request) -> JSON:
 
 
 #: The routes ``tarry.server.fast_lane.FastLane`` serves ahead of the app, by (method, path): a
-#: producer calls it for every batch it sends.
-PRODUCER_ROUTES = {("POST", "/v1/messages/batch"): send_batch}
+#: producer calls one of them for every message or batch it sends.
+PRODUCER_ROUTES = {("POST", "/v1/messages"): send, ("POST", "/v1/messages/batch"): send_batch}
 
 
 def _refusal(error: TarryError) -> dict[str, Any]:
