@@ -9,6 +9,7 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tarry.model.ids import id_due_ms
@@ -224,7 +225,7 @@ async def test_a_snapshot_holds_every_key_kept_when_it_was_captured(tmp_path: Pa
     keys = KeysAsOf.capture(store.state)
     await store.store([keyed(NOW + 20, "new")])
     del store.state.dedupe[next(iter(kept))]
-    hashes, ids = keys.arrays()
+    hashes, ids = (np.concatenate(chunks) for chunks in keys.chunks())
     # Then every key kept at the capture and still kept is read, with its id; no other
     read = dict(zip(hashes.tolist(), (i.decode() for i in ids.tolist()), strict=True))
     assert read == {k: v for k, v in kept.items() if k in store.state.dedupe}
