@@ -58,7 +58,14 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from foundation import batch_schedule, cpu_s, free_port, start_server, wait_for_port  # noqa: E402
+from foundation import (  # noqa: E402
+    batch_schedule,
+    cpu_s,
+    free_port,
+    read_asgi_body,
+    start_server,
+    wait_for_port,
+)  # noqa: E402
 from logstore import messages  # noqa: E402
 
 from tarry.model.ids import IdGenerator  # noqa: E402
@@ -218,15 +225,6 @@ def part_schedule(tmp: Path, count: int) -> dict[str, Any]:
 
 
 # --- http -------------------------------------------------------------------------------------
-async def _read_body(receive: Callable[[], Any]) -> bytes:
-    chunks = []
-    while True:
-        event = await receive()
-        chunks.append(event.get("body", b""))
-        if not event.get("more_body"):
-            return b"".join(chunks)
-
-
 def _answer(body: bytes) -> Callable[[Callable[[dict[str, Any]], Any]], Any]:
     async def send_all(send: Callable[[dict[str, Any]], Any]) -> None:
         headers = [(b"content-type", b"application/json")]
@@ -245,7 +243,7 @@ def floor_app(log_path: str | None) -> Callable[..., Any]:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = await _read_body(receive)
+        body = await read_asgi_body(receive)
         if file is None or scope["method"] != "POST":
             await _answer(b"{}")(send)
             return

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +162,16 @@ def wait_for_port(port: int, timeout_s: float = 30) -> None:
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"nothing listens on port {port}")
+
+
+async def read_asgi_body(receive: Callable[[], Awaitable[dict[str, Any]]]) -> bytes:
+    """A request's whole body, read from an ASGI app's ``receive``."""
+    chunks = []
+    while True:
+        event = await receive()
+        chunks.append(event.get("body", b""))
+        if not event.get("more_body"):
+            return b"".join(chunks)
 
 
 def cpu_s(pid: int) -> float:

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import heapq
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,9 @@ from typing import Any
 
 import orjson
 import uvicorn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from foundation import read_asgi_body  # noqa: E402
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -65,7 +69,7 @@ class FloorServer:
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        body = await _body(receive)
+        body = await read_asgi_body(receive)
         path: str = scope["path"]
         if path == "/v1/messages/batch":
             answer = await self._send_batch(orjson.loads(body)["messages"])
@@ -140,15 +144,6 @@ class FloorServer:
             self._filled = asyncio.Event()
         if pending:
             self._wake_at(pending[0][0])
-
-
-async def _body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        event = await receive()
-        chunks.append(event.get("body", b""))
-        if not event.get("more_body"):
-            return b"".join(chunks)
 
 
 def main() -> None:
