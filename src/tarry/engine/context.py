@@ -16,6 +16,7 @@ from tarry.engine.waiters import Waiters
 from tarry.model.events import Event
 from tarry.model.route_policy import RoutePolicy
 from tarry.model.time import Clock
+from tarry.queues import counts
 from tarry.queues.catalog import Catalog
 from tarry.queues.txn import QueueTxn
 from tarry.store.base import DelayedStore, QueueDatabase
@@ -81,6 +82,14 @@ class EngineContext:
         if memory is None:
             return await self.qdb.read(work), 0, 0
         return await memory.read_beside(queue, work)
+
+    async def counts_by_state(self) -> dict[str, int]:
+        """Messages per state in the local queues, those held in memory counted where they are,
+        nothing written out (``/metrics`` reads this at every scrape)."""
+        memory = self.memory
+        if memory is None:
+            return await self.qdb.read(counts.by_state)
+        return await memory.counts_by_state()
 
     def failure_queue(self, destination: str) -> str:
         """Where a message for ``destination`` goes when it cannot be delivered: the route's

@@ -152,11 +152,7 @@ class SeparatePath:
         return await release.release_now(self._ctx, accepted, kept, now_ms), kept
 
     async def counts_by_state(self) -> dict[str, int]:
-        memory = self._ctx.memory
-        if memory is not None:  # counted where they are, not written out first
-            by_state = await memory.counts_by_state()
-        else:
-            by_state = await self._ctx.qdb.read(counts.by_state)
+        by_state = await self._ctx.counts_by_state()
         by_state[MessageState.SCHEDULED.value] = await self._ctx.store.count_scheduled()
         return by_state
 

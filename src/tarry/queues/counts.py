@@ -39,6 +39,7 @@ def with_never_died(groups: list[dict[str, Any]], count: int) -> list[dict[str, 
     the local queues kept in memory hold only such), in the group of empty strings."""
     if not count:
         return groups
+    # ``death_groups`` is sorted by (reason, destination): the empty strings' group is first.
     if groups and (groups[0]["reason"], groups[0]["original_destination"]) == ("", ""):
         return [{**groups[0], "count": groups[0]["count"] + count}, *groups[1:]]
     never = {"reason": "", "original_destination": "", "count": count, "oldest": 0, "newest": 0}
